@@ -1,0 +1,154 @@
+"""tf.train.Example and TFRecord bytes without TensorFlow.
+
+The Example messages are built with the ``protobuf`` library from a descriptor
+equivalent to ``tensorflow/core/example/{example,feature}.proto`` that lives in
+a private descriptor pool, so it never clashes with TensorFlow's own copy when
+both are imported in one process (as in the tests). TFRecord framing uses
+``google_crc32c`` (the maintained C implementation Google's clients use).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+
+import google_crc32c
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+# The record keys of DESIGN.md section 6, with their value types.
+FEATURE_TYPES: dict[str, str] = {
+    "image/encoded": "bytes",
+    "image/format": "bytes",
+    "image/height": "int64",
+    "image/width": "int64",
+    "image/channels": "int64",
+    "image/class/label": "int64",
+    "image/class/text": "bytes",
+    "image/filename": "bytes",
+    "image/key/sha256": "bytes",
+}
+
+
+def _build_example_classes():
+    f = descriptor_pb2.FieldDescriptorProto
+    file_proto = descriptor_pb2.FileDescriptorProto(
+        name="imagerecords/tf_example.proto", package="tensorflow", syntax="proto3"
+    )
+
+    def message(name, *fields, options=None):
+        msg = file_proto.message_type.add(name=name)
+        for number, field_name, label, ftype, type_name, packed in fields:
+            field = msg.field.add(name=field_name, number=number, label=label, type=ftype)
+            if type_name:
+                field.type_name = type_name
+            if packed:
+                field.options.packed = True
+        if options:
+            msg.options.CopyFrom(options)
+        return msg
+
+    rep, opt = f.LABEL_REPEATED, f.LABEL_OPTIONAL
+    message("BytesList", (1, "value", rep, f.TYPE_BYTES, None, False))
+    message("FloatList", (1, "value", rep, f.TYPE_FLOAT, None, True))
+    message("Int64List", (1, "value", rep, f.TYPE_INT64, None, True))
+    feature = message(
+        "Feature",
+        (1, "bytes_list", opt, f.TYPE_MESSAGE, ".tensorflow.BytesList", False),
+        (2, "float_list", opt, f.TYPE_MESSAGE, ".tensorflow.FloatList", False),
+        (3, "int64_list", opt, f.TYPE_MESSAGE, ".tensorflow.Int64List", False),
+    )
+    feature.oneof_decl.add(name="kind")
+    for field in feature.field:
+        field.oneof_index = 0
+    features = message("Features")
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.field.add(name="key", number=1, label=opt, type=f.TYPE_STRING)
+    entry.field.add(
+        name="value", number=2, label=opt, type=f.TYPE_MESSAGE, type_name=".tensorflow.Feature"
+    )
+    entry.options.map_entry = True
+    features.field.add(
+        name="feature",
+        number=1,
+        label=rep,
+        type=f.TYPE_MESSAGE,
+        type_name=".tensorflow.Features.FeatureEntry",
+    )
+    message("Example", (1, "features", opt, f.TYPE_MESSAGE, ".tensorflow.Features", False))
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file_proto)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Feature")),
+    )
+
+
+Example, Feature = _build_example_classes()
+
+
+def make_example(values: Mapping[str, bytes | int | str]) -> bytes:
+    """Serializes one image record; keys and types follow ``FEATURE_TYPES``.
+
+    ``deterministic=True`` fixes the map's key order, so the same record is the
+    same bytes in every process (DESIGN.md section 6).
+    """
+    example = Example()
+    feature_map = example.features.feature
+    for key, value in values.items():
+        kind = FEATURE_TYPES[key]
+        if kind == "int64":
+            feature_map[key].int64_list.value.append(int(value))
+        else:
+            if isinstance(value, str):
+                value = value.encode("utf-8")
+            feature_map[key].bytes_list.value.append(value)
+    return example.SerializeToString(deterministic=True)
+
+
+def parse_example(data: bytes) -> dict[str, bytes | int]:
+    """Inverse of :func:`make_example` (used by tools and tests, not by the reader)."""
+    example = Example.FromString(data)
+    out: dict[str, bytes | int] = {}
+    for key, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        values = list(getattr(feature, kind).value)
+        out[key] = values[0] if len(values) == 1 else values
+    return out
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One TFRecord: length, masked CRC32C of length, data, masked CRC32C of data."""
+    length = struct.pack("<Q", len(data))
+    return b"".join(
+        (length, struct.pack("<I", _masked_crc(length)), data, struct.pack("<I", _masked_crc(data)))
+    )
+
+
+FRAME_OVERHEAD = 16  # bytes frame_record adds to each record
+
+
+def iter_records(stream) -> "Iterator[bytes]":  # noqa: F821 - doc type only
+    """Reads framed records from a binary stream, checking both CRCs."""
+    while True:
+        header = stream.read(12)
+        if not header:
+            return
+        if len(header) != 12:
+            raise ValueError("truncated TFRecord header")
+        (length,) = struct.unpack("<Q", header[:8])
+        (length_crc,) = struct.unpack("<I", header[8:])
+        if _masked_crc(header[:8]) != length_crc:
+            raise ValueError("TFRecord length CRC mismatch")
+        data = stream.read(length)
+        footer = stream.read(4)
+        if len(data) != length or len(footer) != 4:
+            raise ValueError("truncated TFRecord")
+        if _masked_crc(data) != struct.unpack("<I", footer)[0]:
+            raise ValueError("TFRecord data CRC mismatch")
+        yield data

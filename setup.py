@@ -1,0 +1,44 @@
+"""imagerecords: image folders -> shuffled, split TFRecord shards (Beam) + a tf.data reader."""
+
+import setuptools
+
+# The Beam job (beam_pipeline) needs these and *not* TensorFlow: Dataflow workers
+# stay light.  The reader (reader/) imports only TensorFlow, which is deliberately
+# not listed: a training job brings its own flavour (tensorflow, tensorflow-cpu,
+# a TPU or CUDA build) and it must win.
+INSTALL_REQUIRES = [
+    "apache-beam[gcp]==2.77.0",  # deploy/Dockerfile pins the same version.
+    "pillow>=10.0",
+    "google-cloud-storage>=2.10",
+    "google-crc32c>=1.5",
+    "protobuf>=4.21",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8",
+    "pytest-xdist>=3.5",
+    "tensorflow-cpu>=2.16",
+    "gcp-storage-emulator>=2024.8",
+    "cryptography>=42",
+    "scikit-image>=0.22",  # real photos for the demo and benchmarks
+    "ruff>=0.6",
+]
+
+BENCH_REQUIRES = ["matplotlib>=3.8", "scikit-image>=0.22"]
+
+setuptools.setup(
+    name="imagerecords",
+    version="0.1.0",
+    description="Convert image folders to shuffled, split TFRecord shards with Apache Beam, "
+    "and read them fast with tf.data.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["beam_pipeline", "beam_pipeline.*", "reader", "reader.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": TEST_REQUIRES + BENCH_REQUIRES,
+        "bench": BENCH_REQUIRES + ["tensorflow-cpu>=2.16"],
+    },
+    entry_points={"console_scripts": ["imagerecords=beam_pipeline.__main__:main"]},
+)
