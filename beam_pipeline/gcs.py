@@ -3,29 +3,251 @@
 Beam's ``FileSystems.match`` lists every object under a prefix; class discovery
 needs only the first "folder" level, which GCS answers with a delimiter listing
 in a few requests however many objects there are.
+
+The ``check_*`` functions run before any work starts and turn the storage
+client's exceptions into one-line :class:`UsageError` messages that say what to
+do (which bucket, which permission, which credentials).
+
+Every request here lists objects rather than reading bucket metadata: the role
+a reader usually has, ``roles/storage.objectViewer``, grants
+``storage.objects.list`` but not ``storage.buckets.get``, so a bucket lookup
+would fail for users who can read the images perfectly well. A listing of a
+missing bucket answers 404 and one without permission 403, which is all the
+checks need.
 """
 
 from __future__ import annotations
 
+from beam_pipeline.errors import UsageError
+
+# What the converter does to OUTPUT on GCS: write shards and metadata, "rename"
+# temporary shards (GCS has no rename: copy, then delete the source), delete old
+# files under --overwrite, and list to find leftovers.
+OUTPUT_PERMISSIONS = (
+    "storage.objects.create",
+    "storage.objects.delete",
+    "storage.objects.get",
+    "storage.objects.list",
+)
+
+# A prefix that holds only folder placeholders is empty; give up looking for a
+# real object after this many placeholders (a listing page), so that the check
+# stays one request on any sane bucket.
+_PLACEHOLDER_SCAN_LIMIT = 1000
+
+_CREDENTIALS_HELP = (
+    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, "
+    "or run `gcloud auth application-default login`"
+)
+
 
 def split_url(url: str) -> tuple[str, str]:
-    """``gs://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    """``gs://bucket/a/b`` -> ``("bucket", "a/b")``.
+
+    Raises:
+        ValueError: ``url`` is not a ``gs://`` URL.
+    """
     if not url.startswith("gs://"):
         raise ValueError(f"not a gs:// URL: {url}")
     bucket, _, prefix = url[len("gs://") :].partition("/")
     return bucket, prefix
 
 
+def is_folder_placeholder(name: str) -> bool:
+    """Whether an object name is a "folder" marker rather than a file.
+
+    The Cloud Console's "Create folder", ``gsutil``-era tools and the Hadoop
+    connector create zero-byte objects named ``dir/``. They are not images and
+    must be skipped when listing files; ``FileSystems.match`` returns them as
+    ordinary files named ``gs://bucket/dir/``.
+    """
+    return name.endswith("/")
+
+
+def _folder_prefix(prefix: str) -> str:
+    """``a/b`` -> ``a/b/``; the bucket root stays ``""``."""
+    prefix = prefix.rstrip("/")
+    return prefix + "/" if prefix else ""
+
+
 def _client():
+    # Imported lazily: the CLI imports this module for every run, local ones too.
     from google.cloud import storage
 
     return storage.Client()
 
 
+def usage_error(error: Exception, url: str, doing: str) -> UsageError | None:
+    """Translates a storage client exception into a one-line :class:`UsageError`.
+
+    Args:
+        error: what the google-cloud-storage / google-auth call raised.
+        url: the ``gs://`` URL the call was about (named in the message).
+        doing: what was attempted, for the message, e.g. ``"list objects in"``.
+
+    Returns:
+        The error to raise, or None when ``error`` is not a storage/auth failure
+        (the caller re-raises it unchanged).
+    """
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    bucket, _ = split_url(url)
+    if isinstance(error, auth.DefaultCredentialsError):
+        return UsageError(f"No Google Cloud credentials to {doing} {url}: {_CREDENTIALS_HELP}.")
+    if isinstance(error, (auth.RefreshError, api.Unauthorized)):
+        return UsageError(
+            f"Google Cloud credentials were rejected when trying to {doing} {url} "
+            f"({_first_line(error)}): {_CREDENTIALS_HELP}."
+        )
+    if isinstance(error, api.Forbidden):
+        return UsageError(
+            f"Permission denied to {doing} {url}: the account needs "
+            f"{_role_for(doing)} on bucket gs://{bucket} ({_first_line(error)})."
+        )
+    if isinstance(error, api.NotFound):
+        return UsageError(f"Bucket gs://{bucket} does not exist (from {url}).")
+    if isinstance(error, (auth.TransportError, api.ServiceUnavailable, _connection_errors())):
+        return UsageError(f"Cannot reach Google Cloud Storage to {doing} {url}: {error}")
+    return None
+
+
+def _role_for(doing: str) -> str:
+    if "write" in doing:
+        return "roles/storage.objectAdmin (or roles/storage.objectUser)"
+    return "roles/storage.objectViewer"
+
+
+def _first_line(error: Exception) -> str:
+    text = getattr(error, "message", None) or str(error)
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    import requests
+
+    return (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+
+
+def _first_objects(url: str, doing: str, limit: int):
+    """Yields up to ``limit`` object names under ``url``'s folder, mapping errors.
+
+    The first page request is what reveals a missing bucket, missing permission
+    or missing credentials, so every failure surfaces here as a UsageError.
+    """
+    bucket, prefix = split_url(url)
+    if not bucket:
+        raise UsageError(f"No bucket name in {url!r}: expected gs://BUCKET/PATH.")
+    try:
+        client = _client()
+        # page_size bounds each response; max_results bounds the whole scan.
+        blobs = client.list_blobs(
+            bucket, prefix=_folder_prefix(prefix), max_results=limit, page_size=min(limit, 1000)
+        )
+        for blob in blobs:
+            yield blob.name
+    except Exception as error:
+        translated = usage_error(error, url, doing)
+        if translated is None:
+            raise
+        raise translated from error
+
+
+def _holds_files(url: str, doing: str) -> bool:
+    """Whether the folder ``url`` holds any object that is not a folder placeholder."""
+    names = _first_objects(url, doing, _PLACEHOLDER_SCAN_LIMIT + 1)
+    for count, name in enumerate(names):
+        if not is_folder_placeholder(name) or count >= _PLACEHOLDER_SCAN_LIMIT:
+            return True
+    return False
+
+
+def _object_exists(url: str, doing: str) -> bool:
+    bucket, name = split_url(url)
+    if not name or name.endswith("/"):
+        return False
+    try:
+        return _client().bucket(bucket).blob(name).exists()
+    except Exception as error:
+        translated = usage_error(error, url, doing)
+        if translated is None:
+            raise
+        raise translated from error
+
+
 def list_prefixes(url: str) -> list[str]:
-    """Immediate sub-"folders" of ``url`` as ``gs://bucket/prefix/name`` (no trailing slash)."""
-    bucket, prefix = split_url(url.rstrip("/") + "/")
-    iterator = _client().list_blobs(bucket, prefix=prefix, delimiter="/")
-    for _ in iterator.pages:  # prefixes are filled in while pages are read
-        pass
+    """Immediate sub-"folders" of ``url`` as ``gs://bucket/prefix/name`` (no trailing slash).
+
+    One delimiter listing: GCS returns each first-level prefix once, so the cost
+    is a few requests whatever the number of objects below. A folder placeholder
+    ``url/name/`` shows up as the prefix ``name`` like any other folder.
+
+    Raises:
+        UsageError: missing bucket, permission or credentials.
+    """
+    bucket, prefix = split_url(url)
+    try:
+        iterator = _client().list_blobs(bucket, prefix=_folder_prefix(prefix), delimiter="/")
+        for _ in iterator.pages:  # prefixes are filled in while pages are read
+            pass
+    except Exception as error:
+        translated = usage_error(error, url, "list folders in")
+        if translated is None:
+            raise
+        raise translated from error
     return sorted(f"gs://{bucket}/{p.rstrip('/')}" for p in iterator.prefixes)
+
+
+def check_input(url: str) -> None:
+    """Fails early, with one clear line, when ``url`` cannot be read as input.
+
+    ``url`` is a folder (``gs://bucket/images``; the bucket root is allowed) that
+    must hold at least one object that is not a folder placeholder, or a single
+    existing object (a manifest stored in GCS).
+
+    Raises:
+        UsageError: the bucket does not exist, the caller may not list it, there
+            are no (valid) credentials, or nothing is stored under ``url``.
+    """
+    doing = "list objects in"
+    if _holds_files(url, doing) or _object_exists(url, "read"):
+        return
+    raise UsageError(f"No objects under {url}: nothing to convert (check the path).")
+
+
+def check_output(url: str) -> bool:
+    """Checks that the converter can write under ``url``.
+
+    Args:
+        url: the output folder, ``gs://bucket/prefix`` (the bucket must exist;
+            the prefix need not).
+
+    Returns:
+        Whether the output folder already holds objects (folder placeholders
+        do not count), so that the CLI can refuse it without ``--overwrite``.
+
+    Raises:
+        UsageError: the bucket does not exist, there are no (valid) credentials,
+            or the account lacks one of :data:`OUTPUT_PERMISSIONS`.
+    """
+    doing = "write to"
+    holds_files = _holds_files(url, doing)
+    bucket, _ = split_url(url)
+    try:
+        # testIamPermissions needs no permission itself and answers with the
+        # subset held, so a read-only account fails here and not after the
+        # whole job has run and the first shard is written.
+        granted = set(_client().bucket(bucket).test_iam_permissions(list(OUTPUT_PERMISSIONS)))
+    except Exception as error:
+        translated = usage_error(error, url, doing)
+        if translated is None:
+            raise
+        raise translated from error
+    missing = [p for p in OUTPUT_PERMISSIONS if p not in granted]
+    if missing:
+        raise UsageError(
+            f"Permission denied to write to {url}: the account lacks {', '.join(missing)} "
+            f"on bucket gs://{bucket}; grant roles/storage.objectAdmin "
+            "(or roles/storage.objectUser) on it."
+        )
+    return holds_files

@@ -54,9 +54,7 @@ def parse_splits(spec: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or not _SPLIT_NAME.match(name):
-            raise ValueError(
-                f"--splits: {part!r} is not NAME=FRACTION (names: letters, digits, _)"
-            )
+            raise ValueError(f"--splits: {part!r} is not NAME=FRACTION (names: letters, digits, _)")
         if name in fractions:
             raise ValueError(f"--splits: split {name!r} is given twice")
         try:
@@ -121,3 +119,7 @@ def dense_shard_numbers(nonempty: list[int]) -> dict[int, int]:
     and renumbering keeps "read shards in order = one permutation" true.
     """
     return {shard: rank for rank, shard in enumerate(sorted(set(nonempty)))}
+
+
+def is_valid_split_name(name: str) -> bool:
+    return bool(_SPLIT_NAME.match(name))

@@ -10,7 +10,7 @@ both are imported in one process (as in the tests). TFRecord framing uses
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import google_crc32c
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -133,7 +133,7 @@ def frame_record(data: bytes) -> bytes:
 FRAME_OVERHEAD = 16  # bytes frame_record adds to each record
 
 
-def iter_records(stream) -> "Iterator[bytes]":  # noqa: F821 - doc type only
+def iter_records(stream) -> Iterator[bytes]:
     """Reads framed records from a binary stream, checking both CRCs."""
     while True:
         header = stream.read(12)

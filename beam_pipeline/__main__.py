@@ -1,0 +1,345 @@
+"""Command line: ``python -m beam_pipeline --input PATH --output PATH [...]``.
+
+Flags not listed here are Apache Beam pipeline options (``--runner``,
+``--project``, ``--direct_num_workers``, ...) and pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+
+from beam_pipeline import images, keys, listing, metadata
+from beam_pipeline.errors import BooksDoNotBalance, UsageError
+
+EXAMPLE = (
+    "example: python -m beam_pipeline --input ./flowers --output ./flowers-records "
+    "--splits train=0.9,val=0.1 --image_size 256"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m beam_pipeline",
+        description="Convert an image-folder dataset into shuffled, split TFRecord shards. "
+        "Any other flag is an Apache Beam pipeline option (--runner, --project, ...).",
+        epilog=EXAMPLE,
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    add(
+        "--input",
+        help="Image root: INPUT/<class>/**/<image>, or INPUT/{train,val,test}/<class>/...",
+    )
+    add("--output", required=True, help="Output folder (local path or gs://bucket/prefix)")
+    add("--manifest", help="CSV or JSONL with path,label[,split] rows instead of class folders")
+    add(
+        "--splits",
+        default=keys.DEFAULT_SPLITS,
+        help="NAME=FRACTION,... summing to 1 (default %(default)s)",
+    )
+    add("--seed", type=int, default=42, help="Seed of the split and shuffle hashes (default 42)")
+    add("--image_size", type=int, default=256, help="Target size in pixels (default 256)")
+    add("--resize", default="shorter", help="shorter|longer|crop|pad|none (default shorter)")
+    add("--upscale", action="store_true", help="Also enlarge images smaller than --image_size")
+    add("--jpeg_quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
+    add(
+        "--target_shard_mb", type=float, default=200.0, help="Target shard size in MB (default 200)"
+    )
+    add("--min_shards", type=int, default=1, help="Minimum shards per split (default 1)")
+    add(
+        "--max_reject_fraction",
+        type=float,
+        default=0.01,
+        help="Fail (and write no dataset_info.json) if more images are rejected (default 0.01)",
+    )
+    add(
+        "--overwrite", action="store_true", help="Replace the outputs of an earlier run in --output"
+    )
+    add("--quiet", action="store_true", help="Print only the summary")
+    return parser
+
+
+class _ArgumentError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line, no usage dump
+        raise _ArgumentError(message)
+
+
+def _beam_option_names() -> set[str]:
+    """Every flag that some registered Beam PipelineOptions class accepts."""
+    from apache_beam.options import pipeline_options
+
+    parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+    stack = [pipeline_options.PipelineOptions]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        try:
+            cls._add_argparse_args(parser)
+        except Exception:  # pragma: no cover - an option class we cannot introspect
+            continue
+    return {opt for action in parser._actions for opt in action.option_strings}
+
+
+def _check_beam_args(beam_args: list[str]) -> None:
+    known = _beam_option_names()
+    for arg in beam_args:
+        if not arg.startswith("--"):
+            if arg.startswith("-"):
+                raise UsageError(f"unknown option {arg}")
+            continue
+        name = arg.split("=", 1)[0]
+        if name not in known:
+            hint = ""
+            if name.replace("-", "_") in known or name.replace("-", "_") in _OWN_FLAGS:
+                hint = f" (did you mean {name.replace('-', '_')}?)"
+            raise UsageError(f"unknown option {name}{hint}")
+
+
+_OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
+
+
+def parse_args(argv: list[str]):
+    """-> (our namespace, beam args). Raises UsageError for any bad argument."""
+    parser = build_parser()
+    parser.__class__ = _Parser
+    try:
+        args, beam_args = parser.parse_known_args(argv)
+    except _ArgumentError as error:
+        raise UsageError(str(error)) from None
+    _check_beam_args(beam_args)
+    if not args.input and not args.manifest:
+        raise UsageError("--input is required (or --manifest FILE)")
+    try:
+        args.split_fractions = keys.parse_splits(args.splits)
+        args.image_spec = images.ImageSpec(
+            resize=args.resize,
+            size=args.image_size,
+            upscale=args.upscale,
+            jpeg_quality=args.jpeg_quality,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if not args.target_shard_mb > 0:
+        raise UsageError(f"--target_shard_mb must be positive, got {args.target_shard_mb:g}")
+    if args.min_shards < 1:
+        raise UsageError(f"--min_shards must be at least 1, got {args.min_shards}")
+    if not 0.0 <= args.max_reject_fraction <= 1.0:
+        raise UsageError(
+            f"--max_reject_fraction must be in [0, 1], got {args.max_reject_fraction:g}"
+        )
+    return args, beam_args
+
+
+def _with_local_defaults(beam_args: list[str]) -> list[str]:
+    """DirectRunner with no explicit mode: use every core, not one in-memory thread.
+
+    ``multi_threading`` is avoided on purpose (DESIGN.md section 5: it was seen
+    to lose records under load); ``multi_processing`` runs one SDK worker
+    process per core.
+    """
+    joined = " ".join(beam_args)
+    runner = re.search(r"--runner[= ](\S+)", joined)
+    if runner and runner.group(1) not in ("DirectRunner", "direct"):
+        return beam_args
+    extra = []
+    if "--direct_running_mode" not in joined:
+        extra.append("--direct_running_mode=multi_processing")
+        if "--direct_num_workers" not in joined:
+            extra.append(f"--direct_num_workers={os.cpu_count() or 1}")
+    return beam_args + extra
+
+
+def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
+    """Refuses a non-empty output (unless --overwrite) or one inside the input."""
+    out = listing.normalize_root(output)
+    if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
+        raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
+    if listing.is_gcs(out):
+        from beam_pipeline import gcs
+
+        nonempty = gcs.check_output(out)
+    elif listing.is_local(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise UsageError(f"--output {output} is a file, not a folder")
+        nonempty = os.path.isdir(out) and bool(os.listdir(out))
+    else:
+        from apache_beam.io.filesystems import FileSystems
+
+        nonempty = bool(FileSystems.match([out + "/*"])[0].metadata_list)
+    if nonempty and not overwrite:
+        raise UsageError(
+            f"--output {output} is not empty; pass --overwrite to replace an earlier run"
+        )
+
+
+_OUR_OUTPUT = re.compile(
+    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)$"
+)
+
+
+def clear_output(output: str) -> list[str]:
+    """Deletes an earlier run's files (dataset_info.json first); returns others left in place."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_pipeline.pipeline import TMP_DIR
+
+    out = listing.normalize_root(output)
+    info = listing.join(out, metadata.INFO_FILE)
+    if FileSystems.exists(info):
+        FileSystems.delete([info])  # first: the folder stops claiming to be complete
+    found = FileSystems.match([out.rstrip("/") + "/**"])[0].metadata_list
+    ours, others = [], []
+    for meta in found:
+        rel = meta.path[len(out) :].lstrip("/")
+        if _OUR_OUTPUT.match(rel) or rel.startswith(TMP_DIR + "/"):
+            ours.append(meta.path)
+        else:
+            others.append(rel)
+    if ours:
+        FileSystems.delete(ours)
+    return others
+
+
+def _summary(info: dict, seconds: float, counters: dict[str, int]) -> str:
+    lines = [f"{'split':<12}{'records':>10}{'rejected':>10}{'shards':>8}{'MB':>10}"]
+    rejected = info["rejected"].get("by_split", {})
+    for name, split in info["splits"].items():
+        lines.append(
+            f"{name:<12}{split['num_examples']:>10}{rejected.get(name, 0):>10}"
+            f"{len(split['shards']):>8}{split['num_bytes'] / 1e6:>10.1f}"
+        )
+    written = sum(s["num_examples"] for s in info["splits"].values())
+    total = written + info["rejected"]["count"]
+    lines.append(
+        f"{'total':<12}{written:>10}{info['rejected']['count']:>10}"
+        f"{sum(len(s['shards']) for s in info['splits'].values()):>8}"
+        f"{sum(s['num_bytes'] for s in info['splits'].values()) / 1e6:>10.1f}"
+    )
+    lines.append(
+        f"{total} images read in {seconds:.1f} s wall time: {total / max(seconds, 1e-9):.1f} images/s"
+    )
+    if counters:
+        lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+    return "\n".join(lines)
+
+
+def _counters(result) -> dict[str, int]:
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from beam_pipeline.pipeline import NAMESPACE
+
+    try:
+        queried = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
+    except Exception:  # some runners do not report metrics
+        return {}
+    out = {}
+    for counter in queried["counters"]:
+        value = counter.committed if counter.committed is not None else counter.attempted
+        out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + (value or 0)
+    return out
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Validates arguments, builds and runs the pipeline; returns dataset_info.
+
+    Raises:
+        UsageError: bad arguments or input, before any work starts.
+        BooksDoNotBalance: the job lost, doubled or rejected too many images.
+    """
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipeline import pipeline
+
+    args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    started = time.monotonic()
+    layout = listing.discover(args.input, args.manifest)
+    output = listing.normalize_root(args.output)
+    check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    config = pipeline.JobConfig(
+        layout=layout,
+        output=output,
+        splits=args.split_fractions,
+        seed=args.seed,
+        image=args.image_spec,
+        target_shard_bytes=int(args.target_shard_mb * 2**20),
+        min_shards=args.min_shards,
+        max_reject_fraction=args.max_reject_fraction,
+    )
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    if layout.kind == "manifest":
+        say(
+            f"imagerecords: {layout.num_manifest_rows} images in manifest, {len(layout.classes)} classes"
+        )
+    else:
+        say(
+            f"imagerecords: {len(layout.classes)} classes in {len(layout.folders)} folders "
+            f"({layout.kind} layout) under {layout.root}"
+        )
+    if args.overwrite:
+        others = clear_output(output)
+        if others:
+            say(f"imagerecords: left {len(others)} unrelated files in --output, e.g. {others[0]}")
+    options = PipelineOptions(_with_local_defaults(beam_args))
+    with_runner = options.get_all_options()
+    say(
+        f"imagerecords: running on {with_runner.get('runner') or 'DirectRunner'}"
+        + (
+            f" ({with_runner.get('direct_running_mode')}, {with_runner.get('direct_num_workers')} workers)"
+            if not with_runner.get("runner") or "Direct" in str(with_runner.get("runner"))
+            else ""
+        )
+    )
+    p = beam.Pipeline(options=options)
+    pipeline.build(p, config)
+    result = p.run()
+    result.wait_until_finish()
+    seconds = time.monotonic() - started
+    with FileSystems.open(listing.join(output, metadata.INFO_FILE)) as stream:
+        info = json.load(stream)
+    print(_summary(info, seconds, _counters(result)), flush=True)
+    return info
+
+
+def _books_message(error: BaseException) -> str | None:
+    """The BooksDoNotBalance message inside a runner's wrapped exception, if any."""
+    text = str(error)
+    match = re.search(r"BooksDoNotBalance: (.*?)(?: \[while running|\n|$)", text)
+    return match.group(1) if match else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # multi_processing workers relay their start-up chatter (unparseable runner
+    # flags, no semi_persistent_directory) as warnings; they mean nothing here.
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    try:
+        run(argv)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except BooksDoNotBalance as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        message = _books_message(error)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Decode, orient, convert, resize and JPEG-encode one image with Pillow only.
+
+The single entry point is :func:`convert`. It never lets an exception other
+than :class:`Rejected` escape for a bad input, so the Beam step can turn every
+failure into a rejection record with a reason (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
+
+# Formats recognised by content (DESIGN.md section 2). Camera MPO files open
+# through the JPEG plugin and are read as their first frame.
+_PIL_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP", "TIFF")
+_MAGIC = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    (b"II+\x00", "TIFF"),
+    (b"MM\x00+", "TIFF"),
+)
+_WHITE = (255, 255, 255)
+
+# Image.open(formats=...) looks formats up in Pillow's registry, which holds only
+# the most common plugins until init() has loaded all of them (MPO among them).
+Image.init()
+_PAD_COLOUR = (0, 0, 0)
+
+
+class Rejected(Exception):
+    """An input that cannot become a record; ``str()`` is the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSpec:
+    """How every image is stored (``--resize``, ``--image_size``, ...)."""
+
+    resize: str = "shorter"
+    size: int = 256
+    upscale: bool = False
+    jpeg_quality: int = 90
+
+    def __post_init__(self):
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(
+                f"--resize must be one of {', '.join(RESIZE_MODES)}; got {self.resize!r}"
+            )
+        if self.resize != "none" and not 1 <= self.size <= 65500:
+            raise ValueError(f"--image_size must be in 1..65500, got {self.size}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"--jpeg_quality must be in 1..100, got {self.jpeg_quality}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Converted:
+    jpeg: bytes
+    height: int
+    width: int
+    passed_through: bool = False
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format named by the file's first bytes, or None."""
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return name
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def _scaled(width: int, height: int, scale: float) -> tuple[int, int]:
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def target_size(width: int, height: int, spec: ImageSpec) -> tuple[int, int]:
+    """The size the image is resized to before any crop or pad."""
+    if spec.resize == "none":
+        return width, height
+    side = min(width, height) if spec.resize in ("shorter", "crop") else max(width, height)
+    scale = spec.size / side
+    if scale >= 1.0 and not spec.upscale:
+        return width, height
+    return _scaled(width, height, scale)
+
+
+def _open(data: bytes) -> Image.Image:
+    if not data:
+        raise Rejected("empty file")
+    sniffed = sniff_format(data)
+    try:
+        image = Image.open(io.BytesIO(data), formats=_PIL_FORMATS)
+    except Image.DecompressionBombError as error:
+        raise Rejected(f"decompression bomb: {error}") from None
+    except UnidentifiedImageError:
+        if sniffed is None:
+            raise Rejected(
+                "not an image: content is not JPEG, PNG, GIF, BMP, WebP or TIFF"
+            ) from None
+        raise Rejected(f"corrupt image: {sniffed} header cannot be read") from None
+    except Exception as error:  # Pillow raises many types on malformed headers.
+        raise Rejected(f"corrupt image: {type(error).__name__}: {error}") from None
+    width, height = image.size
+    # Pillow raises only above twice its limit; its limit itself is what we keep.
+    if Image.MAX_IMAGE_PIXELS and width * height > Image.MAX_IMAGE_PIXELS:
+        raise Rejected(
+            f"decompression bomb: {width}x{height} = {width * height} pixels exceeds "
+            f"Pillow's limit of {Image.MAX_IMAGE_PIXELS}"
+        )
+    return image
+
+
+def _orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(0x0112, 1) or 1)
+    except Exception:  # A broken EXIF block must not reject an otherwise good image.
+        return 1
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Any Pillow mode to 8-bit RGB; alpha composited onto white."""
+    mode = image.mode
+    if mode == "RGB":
+        return image  # convert() would copy the whole image for nothing.
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        # 16-bit grey: keep the high byte (convert("L") would clip at 255).
+        return image.convert("I").point(lambda v: v * (1 / 256)).convert("L").convert("RGB")
+    if mode in ("I", "F"):
+        low, high = image.getextrema()
+        span = (high - low) or 1
+        grey = image.convert("F").point(lambda v: (v - low) * (255.0 / span))
+        return grey.convert("L").convert("RGB")
+    has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, _WHITE)
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return image.convert("RGB")
+
+
+def _resize(image: Image.Image, spec: ImageSpec) -> Image.Image:
+    width, height = image.size
+    new_size = target_size(width, height, spec)
+    if new_size != (width, height):
+        # reducing_gap lets Pillow box-reduce by an integer factor first: same
+        # quality for large downscales at a fraction of the cost.
+        image = image.resize(new_size, Image.Resampling.BICUBIC, reducing_gap=3.0)
+    if spec.resize == "crop":
+        width, height = image.size
+        crop_w, crop_h = min(spec.size, width), min(spec.size, height)
+        left, top = (width - crop_w) // 2, (height - crop_h) // 2
+        if (crop_w, crop_h) != (width, height):
+            image = image.crop((left, top, left + crop_w, top + crop_h))
+    elif spec.resize == "pad":
+        width, height = image.size
+        if (width, height) != (spec.size, spec.size):
+            canvas = Image.new("RGB", (max(width, spec.size), max(height, spec.size)), _PAD_COLOUR)
+            canvas.paste(image, ((canvas.width - width) // 2, (canvas.height - height) // 2))
+            image = canvas
+    return image
+
+
+def _can_pass_through(image: Image.Image, spec: ImageSpec, orientation: int) -> bool:
+    """A baseline RGB JPEG already of the stored size can be kept byte for byte."""
+    if image.format != "JPEG" or image.mode != "RGB" or orientation != 1:
+        return False
+    if image.info.get("progressive") or image.info.get("progression"):
+        return False
+    width, height = image.size
+    if target_size(width, height, spec) != (width, height):
+        return False
+    if spec.resize in ("crop", "pad") and (width, height) != (spec.size, spec.size):
+        return False
+    return True
+
+
+def convert(data: bytes, spec: ImageSpec) -> Converted:
+    """Turns source file bytes into a stored baseline RGB JPEG.
+
+    Raises:
+        Rejected: the bytes are not a usable image; ``str(error)`` says why.
+    """
+    image = _open(data)
+    try:
+        orientation = _orientation(image)
+        passthrough = _can_pass_through(image, spec, orientation)
+        if (
+            not passthrough
+            and image.format == "JPEG"
+            and spec.resize != "none"
+            and image.mode in ("RGB", "L")
+        ):
+            # DCT-domain downscale while decoding: the cheapest large-JPEG speed-up.
+            # draft() picks the largest 1/2^k scale that keeps both sides >= the
+            # request, so the final resize still only downscales.
+            width, height = image.size
+            if orientation >= 5:  # 90-degree rotations swap the axes
+                width, height = height, width
+            request = target_size(width, height, spec)
+            if orientation >= 5:
+                request = request[::-1]
+            if request != image.size:
+                image.draft(image.mode, request)
+        image.load()  # decodes, so a truncated file is rejected even when passed through
+        if passthrough:
+            return Converted(data, image.height, image.width, passed_through=True)
+        if orientation != 1:
+            image = ImageOps.exif_transpose(image)
+        image = _resize(_to_rgb(image), spec)
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=spec.jpeg_quality)
+        return Converted(buffer.getvalue(), image.height, image.width)
+    except Rejected:
+        raise
+    except Image.DecompressionBombError as error:
+        raise Rejected(f"decompression bomb: {error}") from None
+    except Exception as error:  # truncated data, bad tiles, unsupported modes, ...
+        raise Rejected(f"corrupt image: {type(error).__name__}: {error}") from None

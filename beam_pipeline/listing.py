@@ -1,0 +1,327 @@
+"""Finds the images: class folders, pre-split layouts and manifests.
+
+Discovery of the *folders* happens when the pipeline is built (a handful of
+delimiter listings), so bad input is refused before any work starts and the
+class list - hence the class ids - is fixed. Listing the *files* inside each
+folder happens in the pipeline, one folder per element, so a million-image
+bucket is not listed by one worker (DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import posixpath
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipeline import gcs, keys
+from beam_pipeline.errors import UsageError
+
+PRESPLIT_FOLDERS = ("train", "val", "validation", "test")
+MANIFEST_SUFFIXES = (".csv", ".jsonl")
+
+
+class ImageRef(NamedTuple):
+    """One listed input image: the element between listing and conversion."""
+
+    image_id: str  # path relative to the input root, POSIX separators
+    path: str  # full local path or URL, for FileSystems.open
+    label: int
+    split: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassFolder:
+    """A folder whose files (at any depth) all belong to one class."""
+
+    path: str
+    label: int
+    split: str | None  # fixed by a pre-split layout, else None (assigned by hash)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What the launcher found: the classes and where to list images."""
+
+    kind: str  # "classes" | "presplit" | "manifest"
+    root: str
+    classes: tuple[str, ...]
+    folders: tuple[ClassFolder, ...] = ()
+    manifest: str | None = None
+    num_manifest_rows: int = 0
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        """Splits fixed by the layout (pre-split folders), in a stable order."""
+        seen: dict[str, None] = {}
+        for folder in self.folders:
+            if folder.split:
+                seen[folder.split] = None
+        return tuple(seen)
+
+
+# ---------------------------------------------------------------- path helpers
+
+
+def is_gcs(path: str) -> bool:
+    return path.startswith("gs://")
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def join(base: str, *parts: str) -> str:
+    if is_local(base):
+        return os.path.join(base, *parts)
+    return posixpath.join(base, *parts)
+
+
+def normalize_root(path: str) -> str:
+    """Absolute local path or URL, without a trailing separator."""
+    if is_local(path):
+        return os.path.abspath(os.path.expanduser(path))
+    return path.rstrip("/")
+
+
+def relative_id(root: str, path: str) -> str:
+    """The image ID: ``path`` relative to ``root`` with POSIX separators."""
+    rel = path[len(root) :].lstrip("/\\")
+    return rel.replace(os.sep, "/") if is_local(root) else rel
+
+
+def is_hidden(relative_path: str) -> bool:
+    return any(part.startswith(".") for part in relative_path.replace("\\", "/").split("/"))
+
+
+def _escape_glob(path: str) -> str:
+    # FileSystems.match treats * ? [ as wildcards; folder names may contain them.
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+
+
+# ----------------------------------------------------- discovery (launch time)
+
+
+def list_subfolders(path: str) -> list[str]:
+    """Immediate, non-hidden sub-folder names of ``path``, sorted."""
+    if is_gcs(path):
+        names = [posixpath.basename(p) for p in gcs.list_prefixes(path)]
+    elif is_local(path):
+        with os.scandir(path) as entries:
+            names = [e.name for e in entries if e.is_dir()]
+    else:
+        # Any other Beam filesystem: derive first-level folders from a full match.
+        root = path.rstrip("/") + "/"
+        names = set()
+        for metadata in FileSystems.match([_escape_glob(root) + "**"])[0].metadata_list:
+            rel = metadata.path[len(root) :]
+            if "/" in rel:
+                names.add(rel.split("/", 1)[0])
+        names = list(names)
+    return sorted(n for n in names if n and not n.startswith("."))
+
+
+def _has_any_file(path: str) -> bool:
+    """True if some non-hidden file lies anywhere below a local folder."""
+    for _dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if any(not f.startswith(".") for f in filenames):
+            return True
+    return False
+
+
+def sort_class_names(names) -> list[str]:
+    """Sorted class names; numerically when every name is an integer (so "10" > "9")."""
+    names = set(names)
+    if names and all(n.isdigit() for n in names):
+        return sorted(names, key=lambda n: (int(n), n))
+    return sorted(names)
+
+
+def discover(input_path: str | None, manifest: str | None = None) -> Layout:
+    """Inspects the input and returns its :class:`Layout`.
+
+    Raises:
+        UsageError: the input is missing, empty or not laid out as expected.
+    """
+    if manifest:
+        return _discover_manifest(manifest, input_path)
+    if not input_path:
+        raise UsageError("--input is required (or --manifest)")
+    root = normalize_root(input_path)
+    if is_local(root):
+        if not os.path.exists(root):
+            raise UsageError(f"--input: {input_path} does not exist")
+        if not os.path.isdir(root):
+            raise UsageError(f"--input: {input_path} is not a folder")
+    elif is_gcs(root):
+        gcs.check_input(root)
+    top = list_subfolders(root)
+    if not top:
+        raise UsageError(
+            f"--input: no class folders in {input_path}; expected {input_path}/<class_name>/<images>"
+        )
+    if set(top) <= set(PRESPLIT_FOLDERS) and "train" in top and len(top) >= 2:
+        folders = []
+        class_names: set[str] = set()
+        per_split = {split: list_subfolders(join(root, split)) for split in top}
+        for names in per_split.values():
+            class_names.update(names)
+        classes = sort_class_names(class_names)
+        ids = {name: i for i, name in enumerate(classes)}
+        for split, names in per_split.items():
+            folders += [ClassFolder(join(root, split, n), ids[n], split) for n in names]
+        kind = "presplit"
+    else:
+        classes = sort_class_names(top)
+        folders = [ClassFolder(join(root, name), i, None) for i, name in enumerate(classes)]
+        kind = "classes"
+    if not classes:
+        raise UsageError(f"--input: {input_path} has split folders but no class folders in them")
+    if is_local(root) and not any(_has_any_file(f.path) for f in folders):
+        raise UsageError(f"--input: no image files found under {input_path}")
+    return Layout(kind=kind, root=root, classes=tuple(classes), folders=tuple(folders))
+
+
+# ------------------------------------------------------------------- manifests
+
+
+class ManifestRow(NamedTuple):
+    image_id: str
+    path: str
+    label_name: str
+    split: str | None
+
+
+def _open_text(path: str):
+    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+
+
+def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[ManifestRow]:
+    """Rows of a ``path,label[,split]`` CSV or JSONL manifest.
+
+    Relative paths are relative to the manifest's folder (and so are IDs);
+    absolute paths get IDs relative to ``input_root`` when they lie under it.
+
+    Raises:
+        UsageError: a malformed row, naming its line.
+    """
+    base = normalize_root(
+        posixpath.dirname(manifest)
+        if not is_local(manifest)
+        else os.path.dirname(os.path.abspath(manifest))
+    )
+    root = normalize_root(input_root) if input_root else None
+    with _open_text(manifest) as stream:
+        if manifest.endswith(".jsonl"):
+            rows = _jsonl_rows(stream, manifest)
+        else:
+            rows = _csv_rows(stream, manifest)
+        for line, path, label, split in rows:
+            if not path or not label:
+                raise UsageError(f"--manifest {manifest}:{line}: needs a path and a label")
+            if split and not keys.is_valid_split_name(split):
+                raise UsageError(f"--manifest {manifest}:{line}: bad split name {split!r}")
+            if is_local(path) and not os.path.isabs(path):
+                full = normalize_root(join(base, path))
+                image_id = posixpath.normpath(path.replace("\\", "/"))
+            else:
+                full = path
+                image_id = relative_id(root, path) if root and path.startswith(root + "/") else path
+            yield ManifestRow(image_id, full, label, split or None)
+
+
+def _csv_rows(stream, name):
+    reader = csv.reader(stream)
+    for number, row in enumerate(reader, start=1):
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        cells = [cell.strip() for cell in row]
+        if number == 1 and cells[0].lower() == "path":
+            continue  # header
+        if len(cells) not in (2, 3):
+            raise UsageError(f"--manifest {name}:{number}: expected path,label[,split], got {row}")
+        yield number, cells[0], cells[1], cells[2] if len(cells) == 3 else None
+
+
+def _jsonl_rows(stream, name):
+    for number, text in enumerate(stream, start=1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--manifest {name}:{number}: not JSON ({error.msg})") from None
+        if not isinstance(row, dict):
+            raise UsageError(f"--manifest {name}:{number}: expected an object")
+        label = row.get("label")
+        yield (
+            number,
+            str(row.get("path") or ""),
+            "" if label is None else str(label),
+            row.get("split"),
+        )
+
+
+def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
+    if is_local(manifest) and not os.path.isfile(manifest):
+        raise UsageError(f"--manifest: {manifest} does not exist")
+    if not manifest.endswith(MANIFEST_SUFFIXES):
+        raise UsageError(f"--manifest must end in .csv or .jsonl, got {manifest}")
+    if not is_local(manifest) and not FileSystems.exists(manifest):
+        raise UsageError(f"--manifest: {manifest} does not exist")
+    labels: set[str] = set()
+    seen: set[str] = set()
+    duplicates: list[str] = []
+    count = 0
+    for row in read_manifest(manifest, input_path):
+        labels.add(row.label_name)
+        if row.image_id in seen:
+            duplicates.append(row.image_id)
+        seen.add(row.image_id)
+        count += 1
+    if duplicates:
+        shown = ", ".join(duplicates[:5])
+        raise UsageError(f"--manifest: {len(duplicates)} paths appear more than once: {shown}")
+    if not count:
+        raise UsageError(f"--manifest: {manifest} lists no images")
+    root = (
+        normalize_root(input_path)
+        if input_path
+        else normalize_root(
+            os.path.dirname(os.path.abspath(manifest))
+            if is_local(manifest)
+            else posixpath.dirname(manifest)
+        )
+    )
+    return Layout(
+        kind="manifest",
+        root=root,
+        classes=tuple(sort_class_names(labels)),
+        manifest=manifest,
+        num_manifest_rows=count,
+    )
+
+
+# ------------------------------------------------- listing (inside the pipeline)
+
+
+def list_folder(folder: ClassFolder, root: str) -> Iterator[tuple[str, str, int, str | None]]:
+    """Every non-hidden file below a class folder: ``(image_id, path, label, split)``."""
+    prefix = folder.path.rstrip("/\\")
+    pattern = _escape_glob(prefix) + ("/**" if not is_local(prefix) else os.sep + "**")
+    for metadata in FileSystems.match([pattern])[0].metadata_list:
+        path = metadata.path
+        if path.endswith("/"):
+            continue  # a GCS "folder placeholder" object, not a file
+        if is_hidden(path[len(prefix) :]):
+            continue
+        yield relative_id(root, path), path, folder.label, folder.split

@@ -1,0 +1,89 @@
+"""dataset_info.json and labels.txt (DESIGN.md section 7). Pure: no Beam, no TF."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+
+from beam_pipeline import __version__
+from beam_pipeline.records import FEATURE_TYPES
+
+FORMAT_VERSION = 1
+INFO_FILE = "dataset_info.json"
+LABELS_FILE = "labels.txt"
+REJECTS_FILE = "rejects.jsonl"
+
+
+def split_order(configured: Iterable[str], present: Iterable[str]) -> list[str]:
+    """Configured splits first, in their order, then any others (from a manifest) sorted."""
+    order = list(dict.fromkeys(configured))
+    return order + sorted(set(present) - set(order))
+
+
+def build_info(
+    *,
+    source: str,
+    seed: int,
+    classes: Sequence[str],
+    image: Mapping[str, object],
+    splits: Sequence[str],
+    shards: Iterable[Mapping],
+    rejected_by_split: Mapping[str, int],
+    config: Mapping[str, object],
+) -> dict:
+    """The dataset_info.json object.
+
+    Args:
+        shards: one mapping per written shard with ``split``, ``file``,
+            ``num_examples``, ``num_bytes``, ``sha256`` and ``class_counts``
+            (label id -> count).
+    """
+    per_split = {
+        name: {
+            "num_examples": 0,
+            "num_bytes": 0,
+            "class_counts": dict.fromkeys(classes, 0),
+            "shards": [],
+        }
+        for name in splits
+    }
+    for shard in sorted(shards, key=lambda s: s["file"]):
+        entry = per_split[shard["split"]]
+        entry["num_examples"] += shard["num_examples"]
+        entry["num_bytes"] += shard["num_bytes"]
+        for label, count in shard["class_counts"].items():
+            entry["class_counts"][classes[int(label)]] += count
+        entry["shards"].append(
+            {key: shard[key] for key in ("file", "num_examples", "num_bytes", "sha256")}
+        )
+    return {
+        "format_version": FORMAT_VERSION,
+        "created_by": f"imagerecords {__version__}",
+        "source": source,
+        "seed": seed,
+        "classes": list(classes),
+        "image": dict(image),
+        "features": dict(FEATURE_TYPES),
+        "splits": per_split,
+        "rejected": {
+            "count": sum(rejected_by_split.values()),
+            "file": REJECTS_FILE,
+            "by_split": {name: rejected_by_split.get(name, 0) for name in splits},
+        },
+        "config": dict(config),
+    }
+
+
+def dumps(info: Mapping) -> bytes:
+    """Stable bytes: a rerun with the same seed and config writes the same file."""
+    return (json.dumps(info, indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+
+def labels_text(classes: Sequence[str]) -> bytes:
+    return "".join(f"{name}\n" for name in classes).encode("utf-8")
+
+
+def rejects_jsonl(rejections: Iterable[Mapping[str, str]]) -> bytes:
+    """One ``{"path", "reason", ...}`` object per line, sorted by path."""
+    rows = sorted(rejections, key=lambda r: (r["path"], r["reason"]))
+    return "".join(json.dumps(dict(r), sort_keys=True) + "\n" for r in rows).encode("utf-8")

@@ -1,0 +1,453 @@
+"""The Beam graph: one composite PTransform per stage (DESIGN.md sections 2-7).
+
+ListImages      PBegin -> ImageRef
+ConvertImages   ImageRef -> Record (main) + Rejection ("rejected")
+WriteShards     Record -> ShardInfo dict (main) + (image_id, split) ("written")
+CheckBooks      listed / written / rejected IDs -> problem strings
+Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (last)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from typing import NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
+
+from beam_pipeline import images, keys, listing, metadata, records
+from beam_pipeline.errors import BooksDoNotBalance
+
+NAMESPACE = "imagerecords"
+TMP_DIR = ".imagerecords-tmp"
+REJECTED = "rejected"
+WRITTEN = "written"
+_MAX_PROBLEMS_SHOWN = 20
+_LOG_EVERY_S = 30.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """Everything the graph needs; built and validated by the CLI."""
+
+    layout: listing.Layout
+    output: str
+    splits: dict[str, float]
+    seed: int = 42
+    image: images.ImageSpec = images.ImageSpec()
+    target_shard_bytes: int = 200 * 2**20
+    min_shards: int = 1
+    max_reject_fraction: float = 0.01
+
+    @property
+    def split_names(self) -> list[str]:
+        """Splits in dataset_info order: the layout's own, else --splits."""
+        return list(self.layout.split_names or self.splits)
+
+
+class Record(NamedTuple):
+    """A converted image: the element between ConvertImages and WriteShards."""
+
+    split: str
+    key: int  # order key, unsigned 64-bit
+    image_id: str
+    label: int
+    payload: bytes  # serialized tf.train.Example
+
+
+class Rejection(NamedTuple):
+    image_id: str
+    path: str
+    split: str
+    reason: str
+
+
+def _read_bytes(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        return stream.read()
+
+
+def _output_path(output: str, name: str) -> str:
+    return listing.join(output, name)
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Temp file then rename: readers never see a partial file."""
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        stream.write(data)
+    FileSystems.rename([temp], [path])
+
+
+# --------------------------------------------------------------------- listing
+
+
+class ListImages(beam.PTransform):
+    """PBegin -> ImageRef, with every image's split assigned."""
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, pbegin):
+        layout, seed, splits = self._config.layout, self._config.seed, self._config.splits
+        listed = Metrics.counter(NAMESPACE, "images_listed")
+
+        def to_ref(image_id, path, label, split):
+            listed.inc()
+            return listing.ImageRef(
+                image_id, path, label, split or keys.assign_split(seed, image_id, splits)
+            )
+
+        if layout.kind == "manifest":
+            label_of = {name: i for i, name in enumerate(layout.classes)}
+            refs = (
+                pbegin
+                | "ManifestPath" >> beam.Create([layout.manifest])
+                # str -> ImageRef (one worker streams the file; conversion fans out below)
+                | "ReadManifest"
+                >> beam.FlatMap(
+                    lambda path: (
+                        to_ref(row.image_id, row.path, label_of[row.label_name], row.split)
+                        for row in listing.read_manifest(path, layout.root)
+                    )
+                )
+            )
+        else:
+            refs = (
+                pbegin
+                | "ClassFolders" >> beam.Create(list(layout.folders))
+                # ClassFolder, one per worker: folders are listed in parallel
+                | "SpreadFolders" >> beam.Reshuffle()
+                | "ListFolder"
+                >> beam.FlatMap(
+                    lambda folder: (
+                        to_ref(*entry) for entry in listing.list_folder(folder, layout.root)
+                    )
+                )
+            )
+        # ImageRef, redistributed so that conversion is not fused to the listing worker
+        return refs | "SpreadImages" >> beam.Reshuffle()
+
+
+# ------------------------------------------------------------------ conversion
+
+
+class _ConvertFn(beam.DoFn):
+    def __init__(self, config: JobConfig):
+        self._spec = config.image
+        self._seed = config.seed
+        self._classes = config.layout.classes
+        self._converted = Metrics.counter(NAMESPACE, "images_converted")
+        self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
+        self._passed = Metrics.counter(NAMESPACE, "images_passed_through")
+        self._bytes_in = Metrics.counter(NAMESPACE, "bytes_read")
+        self._bytes_out = Metrics.counter(NAMESPACE, "record_bytes")
+
+    def setup(self):
+        self._count = 0
+        self._last_log = time.monotonic()
+        self._started = self._last_log
+
+    def process(self, ref: listing.ImageRef):
+        try:
+            data = _read_bytes(ref.path)
+        except Exception as error:  # an unreadable file is a rejection, not a crash
+            self._rejected.inc()
+            reason = f"cannot read: {type(error).__name__}: {error}"
+            yield TaggedOutput(REJECTED, Rejection(ref.image_id, ref.path, ref.split, reason))
+            return
+        self._bytes_in.inc(len(data))
+        try:
+            converted = images.convert(data, self._spec)
+        except images.Rejected as rejection:
+            self._rejected.inc()
+            yield TaggedOutput(
+                REJECTED, Rejection(ref.image_id, ref.path, ref.split, str(rejection))
+            )
+            return
+        self._converted.inc()
+        if converted.passed_through:
+            self._passed.inc()
+        payload = records.make_example(
+            {
+                "image/encoded": converted.jpeg,
+                "image/format": b"jpeg",
+                "image/height": converted.height,
+                "image/width": converted.width,
+                "image/channels": 3,
+                "image/class/label": ref.label,
+                "image/class/text": self._classes[ref.label],
+                "image/filename": ref.image_id,
+                "image/key/sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+        self._bytes_out.inc(len(payload))
+        self._log_progress()
+        yield Record(
+            ref.split, keys.order_key(self._seed, ref.image_id), ref.image_id, ref.label, payload
+        )
+
+    def _log_progress(self):
+        self._count += 1
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_EVERY_S:
+            rate = self._count / (now - self._started)
+            log.info("worker converted %d images (%.1f images/s)", self._count, rate)
+            self._last_log = now
+
+
+class ConvertImages(beam.PTransform):
+    """ImageRef -> Record, with Rejection on the ``rejected`` output."""
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, refs):
+        return refs | "Convert" >> beam.ParDo(_ConvertFn(self._config)).with_outputs(
+            REJECTED, main="records"
+        )
+
+
+# --------------------------------------------------------------------- shards
+
+
+def _assign_shard(record: Record, shard_counts: dict[str, int]):
+    shard = keys.shard_of_key(record.key, shard_counts[record.split])
+    return (record.split, shard), (record.key, record.image_id, record.label, record.payload)
+
+
+class _WriteShardFn(beam.DoFn):
+    """((split, hash shard), [(key, id, label, payload)]) -> ShardInfo dict.
+
+    Holds one shard's records in memory (to sort them), never a whole split.
+    """
+
+    def __init__(self, output: str):
+        self._output = output
+        self._shards = Metrics.counter(NAMESPACE, "shards_written")
+        self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
+
+    def process(self, element, nonempty):
+        (split, shard), items = element
+        numbering = keys.dense_shard_numbers([s for sp, s in nonempty if sp == split])
+        name = keys.shard_filename(split, numbering[shard], len(numbering))
+        final = _output_path(self._output, name)
+        # Sorting by (key, id) makes the shard's bytes independent of bundle order.
+        items = sorted(items, key=lambda item: (item[0], item[1]))
+        temp = _output_path(self._output, f"{TMP_DIR}/{name}.{uuid.uuid4().hex}")
+        digest = hashlib.sha256()
+        size = 0
+        class_counts: Counter[int] = Counter()
+        with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            for _, _, label, payload in items:
+                framed = records.frame_record(payload)
+                stream.write(framed)
+                digest.update(framed)
+                size += len(framed)
+                class_counts[label] += 1
+        # A retried bundle writes identical bytes under a new temp name; the
+        # rename replaces, so no partial or duplicate shard is ever visible.
+        FileSystems.rename([temp], [final])
+        self._shards.inc()
+        self._bytes.inc(size)
+        for _, image_id, _, _ in items:
+            yield TaggedOutput(WRITTEN, (image_id, split))
+        yield {
+            "split": split,
+            "file": name,
+            "num_examples": len(items),
+            "num_bytes": size,
+            "sha256": digest.hexdigest(),
+            "class_counts": {str(k): v for k, v in sorted(class_counts.items())},
+        }
+
+
+class WriteShards(beam.PTransform):
+    """Record -> ShardInfo dicts (main) and (image_id, split) per record (``written``)."""
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, recs):
+        target, minimum = self._config.target_shard_bytes, self._config.min_shards
+        shard_counts = (
+            recs
+            # Record -> (split, framed size)
+            | "RecordSizes"
+            >> beam.Map(lambda r: (r.split, len(r.payload) + records.FRAME_OVERHEAD))
+            | "BytesPerSplit" >> beam.CombinePerKey(sum)
+            # (split, bytes) -> (split, shard count)
+            | "ShardsPerSplit"
+            >> beam.MapTuple(lambda split, size: (split, keys.num_shards(size, target, minimum)))
+        )
+        groups = (
+            recs
+            # Record -> ((split, hash shard), (key, id, label, payload))
+            | "AssignShard" >> beam.Map(_assign_shard, shard_counts=AsDict(shard_counts))
+            | "GroupByShard" >> beam.GroupByKey()
+        )
+        # (split, hash shard) of every non-empty shard, for dense renumbering
+        nonempty = groups | "NonEmptyShards" >> beam.Map(lambda kv: kv[0])
+        return groups | "WriteShard" >> beam.ParDo(
+            _WriteShardFn(self._config.output), nonempty=AsList(nonempty)
+        ).with_outputs(WRITTEN, main="shards")
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+def _balance(entry):
+    """(image_id, {listed, written, rejected}) -> problem strings (normally none)."""
+    image_id, groups = entry
+    listed, written, rejected = (list(groups[k]) for k in ("listed", "written", "rejected"))
+    if len(listed) == 1 and len(written) + len(rejected) == 1:
+        return
+    if not listed:
+        yield f"not listed but written/rejected: {image_id}"
+    elif len(listed) > 1:
+        yield f"listed {len(listed)} times: {image_id}"
+    elif not written and not rejected:
+        yield f"lost (neither written nor rejected): {image_id} [{listed[0]}]"
+    else:
+        yield f"doubled ({len(written)} records, {len(rejected)} rejections): {image_id}"
+
+
+class CheckBooks(beam.PTransform):
+    """Compares listed IDs with written + rejected ones; -> (count, first problems)."""
+
+    def expand(self, pcolls):
+        problems = pcolls | "JoinById" >> beam.CoGroupByKey() | "Balance" >> beam.FlatMap(_balance)
+        count = problems | "CountProblems" >> beam.combiners.Count.Globally()
+        shown = problems | "FirstProblems" >> beam.combiners.Top.Smallest(_MAX_PROBLEMS_SHOWN)
+        return count, shown
+
+
+class _Finalize(beam.DoFn):
+    def __init__(self, config: JobConfig):
+        self._config = config
+
+    def process(self, _, shards, rejects, listed, problem_count, problems):
+        config = self._config
+        output = config.output
+        _write_atomically(
+            _output_path(output, metadata.REJECTS_FILE),
+            metadata.rejects_jsonl(
+                {"path": r.path, "id": r.image_id, "split": r.split, "reason": r.reason}
+                for r in rejects
+            ),
+        )
+        _write_atomically(
+            _output_path(output, metadata.LABELS_FILE), metadata.labels_text(config.layout.classes)
+        )
+        total_listed = sum(listed.values())
+        if problem_count:
+            raise BooksDoNotBalance(
+                f"the job's books do not balance: {problem_count} image IDs were lost or "
+                f"doubled; dataset_info.json was not written. First: " + "; ".join(problems)
+            )
+        if not total_listed:
+            raise BooksDoNotBalance("no images were found in the input; nothing was written")
+        written = sum(s["num_examples"] for s in shards)
+        if written + len(rejects) != total_listed:
+            raise BooksDoNotBalance(
+                f"the job's books do not balance: listed {total_listed}, wrote {written}, "
+                f"rejected {len(rejects)}; dataset_info.json was not written"
+            )
+        fraction = len(rejects) / total_listed
+        if fraction > config.max_reject_fraction:
+            raise BooksDoNotBalance(
+                f"too many rejected images: {len(rejects)} of {total_listed} "
+                f"({fraction:.1%}) > --max_reject_fraction {config.max_reject_fraction:g}; "
+                f"see {_output_path(output, metadata.REJECTS_FILE)}; "
+                "dataset_info.json was not written"
+            )
+        rejected_by_split = Counter(r.split for r in rejects)
+        splits = metadata.split_order(
+            config.split_names, [s["split"] for s in shards] + list(rejected_by_split)
+        )
+        spec = config.image
+        info = metadata.build_info(
+            source=config.layout.manifest or config.layout.root,
+            seed=config.seed,
+            classes=config.layout.classes,
+            image={
+                "resize": spec.resize,
+                "size": spec.size,
+                "upscale": spec.upscale,
+                "jpeg_quality": spec.jpeg_quality,
+                "format": "jpeg",
+                "channels": 3,
+            },
+            splits=splits,
+            shards=shards,
+            rejected_by_split=rejected_by_split,
+            config={
+                "layout": config.layout.kind,
+                "splits": config.splits if config.layout.kind != "presplit" else None,
+                "target_shard_mb": config.target_shard_bytes / 2**20,
+                "min_shards": config.min_shards,
+                "max_reject_fraction": config.max_reject_fraction,
+            },
+        )
+        _delete_tree(_output_path(output, TMP_DIR))
+        # Written last: its presence means the dataset is complete.
+        _write_atomically(_output_path(output, metadata.INFO_FILE), metadata.dumps(info))
+        yield json.dumps({s: info["splits"][s]["num_examples"] for s in splits})
+
+
+def _delete_tree(path: str) -> None:
+    matches = FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list
+    if matches:
+        FileSystems.delete([m.path for m in matches])
+    if listing.is_local(path) and FileSystems.exists(path):
+        FileSystems.delete([path])
+
+
+# ----------------------------------------------------------------------- graph
+
+
+def build(pipeline: beam.Pipeline, config: JobConfig):
+    """Adds the whole conversion to ``pipeline``; returns the final summary PCollection."""
+    refs = pipeline | "ListImages" >> ListImages(config)
+    converted = refs | "ConvertImages" >> ConvertImages(config)
+    written = converted.records | "WriteShards" >> WriteShards(config)
+    rejects = converted[REJECTED]
+
+    problem_count, problems = {
+        # (image_id, split) from each side of the books
+        "listed": refs | "ListedIds" >> beam.Map(lambda r: (r.image_id, r.split)),
+        "written": written[WRITTEN],
+        "rejected": rejects | "RejectedIds" >> beam.Map(lambda r: (r.image_id, r.split)),
+    } | "CheckBooks" >> CheckBooks()
+    listed_per_split = (
+        refs
+        | "ListedSplits" >> beam.Map(lambda r: r.split)
+        | "CountListed" >> beam.combiners.Count.PerElement()
+    )
+    return (
+        pipeline
+        | "Start" >> beam.Create([None])
+        | "Finalize"
+        >> beam.ParDo(
+            _Finalize(config),
+            shards=AsList(written.shards),
+            rejects=AsList(rejects),
+            listed=AsDict(listed_per_split),
+            problem_count=AsSingleton(problem_count),
+            problems=AsSingleton(problems),
+        )
+    )
