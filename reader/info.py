@@ -1,0 +1,341 @@
+"""``dataset_info.json`` -> a small, frozen, typed object (DESIGN.md section 7).
+
+The converter writes ``dataset_info.json`` *last*, so its presence is what says
+"this conversion finished and its books balanced". The reader therefore never
+guesses a dataset from a shard glob: no ``dataset_info.json``, no dataset.
+
+Everything goes through ``tf.io.gfile``, so ``gs://`` (and any other filesystem
+TensorFlow knows, e.g. ``ram://`` in tests) works exactly like a local path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import posixpath
+import types
+from collections.abc import Mapping
+
+import tensorflow as tf
+
+INFO_FILENAME = "dataset_info.json"
+LABELS_FILENAME = "labels.txt"
+SUPPORTED_FORMAT_VERSIONS = (1,)
+
+
+class DatasetInfoError(ValueError):
+    """``dataset_info.json`` is unreadable, of an unknown version, or malformed."""
+
+
+class UnknownSplitError(KeyError, ValueError):
+    """The requested split is not in the dataset; the message lists the splits there are."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes.
+        return str(self.args[0])
+
+
+class IncompleteDatasetError(FileNotFoundError):
+    """The folder has no ``dataset_info.json``: the conversion did not finish (or never ran)."""
+
+
+def join_path(base: str, name: str) -> str:
+    """Joins a file name onto a local or URL-style (``gs://``) directory.
+
+    ``os.path.join`` would use ``\\`` on Windows for ``gs://`` paths; URL-style
+    paths always take ``/``.
+    """
+    if "://" in base:
+        return posixpath.join(base, name)
+    return tf.io.gfile.join(base, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One ``.tfrecord`` file of a split.
+
+    Attributes:
+        file: The file name relative to the dataset folder, as written in the JSON.
+        path: The full path (dataset folder + ``file``), ready for ``TFRecordDataset``.
+        num_examples: Records in this shard, or ``None`` when the JSON does not say.
+        num_bytes: Size in bytes, or ``None`` when the JSON does not say.
+        sha256: Hex SHA-256 of the file, or ``None``.
+    """
+
+    file: str
+    path: str
+    num_examples: int | None = None
+    num_bytes: int | None = None
+    sha256: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    """One split (``train``, ``val``, ...).
+
+    Attributes:
+        name: The split name.
+        num_examples: Records in the split (all shards together).
+        num_bytes: Bytes in the split, or ``None``.
+        class_counts: Read-only mapping class name -> records of that class.
+        shards: The shards, in shard order (reading them in this order yields the
+            converter's seeded permutation of the split).
+    """
+
+    name: str
+    num_examples: int
+    num_bytes: int | None
+    class_counts: Mapping[str, int]
+    shards: tuple[ShardInfo, ...]
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Full paths of the shards, in shard order."""
+        return tuple(shard.path for shard in self.shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSpec:
+    """How the converter stored the images (``"image"`` in the JSON).
+
+    Attributes:
+        resize: ``shorter``, ``longer``, ``crop``, ``pad`` or ``none``.
+        size: The ``--image_size`` the converter used, or ``None``.
+        jpeg_quality: JPEG quality used when re-encoding, or ``None``.
+    """
+
+    resize: str | None = None
+    size: int | None = None
+    jpeg_quality: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """A parsed ``dataset_info.json``; build it with :func:`load_info`.
+
+    Attributes:
+        path: The dataset folder.
+        format_version: The contract version (only 1 exists).
+        classes: Class names; the class id is the position in this tuple.
+        image: How the images were stored.
+        splits: Read-only mapping split name -> :class:`SplitInfo`, in JSON order.
+        seed: The converter's seed, or ``None``.
+        source: Where the images came from, or ``None``.
+        created_by: The tool and version that wrote the dataset, or ``None``.
+        features: Read-only mapping record key -> type name, as written by the converter.
+        rejected_count: Images the converter rejected (see ``rejects.jsonl``).
+    """
+
+    path: str
+    format_version: int
+    classes: tuple[str, ...]
+    image: ImageSpec
+    splits: Mapping[str, SplitInfo]
+    seed: int | None = None
+    source: str | None = None
+    created_by: str | None = None
+    features: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
+    rejected_count: int = 0
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (labels are ``0 .. num_classes - 1``)."""
+        return len(self.classes)
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        """The split names, in the order the JSON lists them."""
+        return tuple(self.splits)
+
+    def split(self, name: str) -> SplitInfo:
+        """The :class:`SplitInfo` of ``name``.
+
+        Raises:
+            UnknownSplitError: naming the splits that do exist.
+        """
+        try:
+            return self.splits[name]
+        except KeyError:
+            raise UnknownSplitError(
+                f"split {name!r} is not in {join_path(self.path, INFO_FILENAME)}; "
+                f"its splits are: {', '.join(self.splits) or '(none)'}"
+            ) from None
+
+    def num_examples(self, split: str) -> int:
+        """Records in ``split``."""
+        return self.split(split).num_examples
+
+    def class_counts(self, split: str) -> Mapping[str, int]:
+        """Class name -> records of that class in ``split``."""
+        return self.split(split).class_counts
+
+    def files(self, split: str) -> tuple[str, ...]:
+        """Full paths of the shards of ``split``, in shard order."""
+        return self.split(split).files
+
+    def steps_per_epoch(self, split: str, batch_size: int, drop_remainder: bool = True) -> int:
+        """Batches in one pass over ``split``.
+
+        Args:
+            split: The split name.
+            batch_size: The *global* batch size (what one training step consumes
+                over all replicas).
+            drop_remainder: ``True`` (training default) counts full batches only,
+                ``False`` (evaluation default, or ``pad_to_batch``) also counts the
+                last partial batch.
+
+        Returns:
+            ``floor(n / batch_size)`` or ``ceil(n / batch_size)``.
+        """
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        n = self.num_examples(split)
+        return n // batch_size if drop_remainder else math.ceil(n / batch_size)
+
+
+def _as_int(value, what: str, where: str, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    # bool is an int subclass; true/false in the JSON is a bug, not a count.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DatasetInfoError(f"{where}: {what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _parse_split(name: str, raw, folder: str, classes: tuple[str, ...], where: str) -> SplitInfo:
+    where = f"{where}: split {name!r}"
+    if not isinstance(raw, Mapping):
+        raise DatasetInfoError(f"{where} must be an object")
+    raw_shards = raw.get("shards")
+    if not isinstance(raw_shards, list):
+        raise DatasetInfoError(f"{where} has no 'shards' list")
+    shards = []
+    for i, shard in enumerate(raw_shards):
+        if not isinstance(shard, Mapping) or not isinstance(shard.get("file"), str):
+            raise DatasetInfoError(f"{where}: shard {i} has no 'file'")
+        shards.append(
+            ShardInfo(
+                file=shard["file"],
+                path=join_path(folder, shard["file"]),
+                num_examples=_as_int(shard.get("num_examples"), "num_examples", where, True),
+                num_bytes=_as_int(shard.get("num_bytes"), "num_bytes", where, True),
+                sha256=shard.get("sha256"),
+            )
+        )
+    num_examples = _as_int(raw.get("num_examples"), "num_examples", where)
+    counted = [s.num_examples for s in shards]
+    if None not in counted and sum(counted) != num_examples:
+        raise DatasetInfoError(
+            f"{where}: num_examples is {num_examples} but its shards hold {sum(counted)}"
+        )
+    class_counts = raw.get("class_counts", {})
+    if not isinstance(class_counts, Mapping):
+        raise DatasetInfoError(f"{where}: class_counts must be an object")
+    unknown = sorted(set(class_counts) - set(classes))
+    if unknown:
+        raise DatasetInfoError(f"{where}: class_counts names unknown classes {unknown}")
+    return SplitInfo(
+        name=name,
+        num_examples=num_examples,
+        num_bytes=_as_int(raw.get("num_bytes"), "num_bytes", where, True),
+        class_counts=types.MappingProxyType(
+            {c: _as_int(n, f"class_counts[{c!r}]", where) for c, n in class_counts.items()}
+        ),
+        shards=tuple(shards),
+    )
+
+
+def info_from_dict(raw: Mapping, path: str) -> DatasetInfo:
+    """Builds a :class:`DatasetInfo` from the decoded JSON of the dataset at ``path``.
+
+    Raises:
+        DatasetInfoError: on an unknown ``format_version`` or a malformed field.
+    """
+    where = join_path(path, INFO_FILENAME)
+    if not isinstance(raw, Mapping):
+        raise DatasetInfoError(f"{where}: expected a JSON object")
+    version = raw.get("format_version")
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        raise DatasetInfoError(
+            f"{where}: format_version {version!r} is not supported by this reader "
+            f"(it reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))}); "
+            "upgrade imagerecords or re-convert the dataset"
+        )
+    classes = raw.get("classes")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise DatasetInfoError(f"{where}: 'classes' must be a list of names")
+    if len(set(classes)) != len(classes):
+        raise DatasetInfoError(f"{where}: 'classes' has duplicate names")
+    classes = tuple(classes)
+    splits = raw.get("splits")
+    if not isinstance(splits, Mapping) or not splits:
+        raise DatasetInfoError(f"{where}: 'splits' must be a non-empty object")
+    image = raw.get("image") or {}
+    if not isinstance(image, Mapping):
+        raise DatasetInfoError(f"{where}: 'image' must be an object")
+    rejected = raw.get("rejected") or {}
+    return DatasetInfo(
+        path=path,
+        format_version=version,
+        classes=classes,
+        image=ImageSpec(
+            resize=image.get("resize"),
+            size=_as_int(image.get("size"), "image.size", where, True),
+            jpeg_quality=_as_int(image.get("jpeg_quality"), "image.jpeg_quality", where, True),
+        ),
+        splits=types.MappingProxyType(
+            {name: _parse_split(name, s, path, classes, where) for name, s in splits.items()}
+        ),
+        seed=raw.get("seed"),
+        source=raw.get("source"),
+        created_by=raw.get("created_by"),
+        features=types.MappingProxyType(dict(raw.get("features") or {})),
+        rejected_count=_as_int(rejected.get("count", 0), "rejected.count", where) or 0,
+    )
+
+
+def load_info(path: str) -> DatasetInfo:
+    """Reads and checks ``dataset_info.json`` of the dataset at ``path``.
+
+    Args:
+        path: The dataset folder (local, ``gs://...``, any ``tf.io.gfile`` path),
+            or the ``dataset_info.json`` file itself.
+
+    Returns:
+        The parsed, frozen :class:`DatasetInfo`.
+
+    Raises:
+        IncompleteDatasetError: the folder has no ``dataset_info.json`` (the
+            converter writes it last, so the conversion is unfinished or failed).
+        DatasetInfoError: the file is not JSON, has an unknown ``format_version``,
+            or a malformed field.
+    """
+    path = str(path)
+    if path == INFO_FILENAME or path.endswith(("/" + INFO_FILENAME, "\\" + INFO_FILENAME)):
+        info_file = path
+        path = path[: -len(INFO_FILENAME)].rstrip("/\\") or "."
+    else:
+        path = path.rstrip("/") or "/"
+        info_file = join_path(path, INFO_FILENAME)
+    if not tf.io.gfile.exists(info_file):
+        if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path):
+            shards = tf.io.gfile.glob(join_path(path, "*.tfrecord"))
+            detail = (
+                f"it holds {len(shards)} .tfrecord file(s) but no {INFO_FILENAME}, which the "
+                "converter writes last: the conversion is unfinished or failed (see its log "
+                "and rejects.jsonl), so these shards may be partial"
+                if shards
+                else f"it has no {INFO_FILENAME}: is this an imagerecords output folder?"
+            )
+        else:
+            detail = "the folder does not exist"
+        raise IncompleteDatasetError(f"cannot read dataset at {path}: {detail}")
+    with tf.io.gfile.GFile(info_file, "r") as f:
+        text = f.read()
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetInfoError(f"{info_file} is not valid JSON: {e}") from None
+    return info_from_dict(raw, path)

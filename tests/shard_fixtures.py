@@ -1,0 +1,226 @@
+"""Writes a small dataset that follows DESIGN.md sections 3, 5, 6 and 7, without Beam.
+
+The reader's tests must not depend on the converter (written in parallel, and
+slow to start), so this module produces the same *files* in pure Python:
+
+* one Pillow-made JPEG per image, of varying sizes, each a solid class colour
+  with a small random patch (so every image is different, and a test can check
+  that the decoded pixels belong to the label they came with);
+* split assignment ``u = H(seed, "split", id)`` and the global shuffle
+  ``k = H(seed, "order", id)``: shard ``i`` of ``n`` holds keys in
+  ``[i*2^64/n, (i+1)*2^64/n)``, sorted inside the shard, empty shards dropped
+  and the rest renumbered, so classes are interleaved inside every shard just
+  as the real converter leaves them;
+* records built with ``beam_pipeline.records`` (the converter's own encoder);
+* ``labels.txt``, ``rejects.jsonl`` and ``dataset_info.json`` written last.
+
+The hashing is re-implemented here (a few lines) rather than imported from
+``beam_pipeline.keys`` so the fixture does not move when the converter's
+internals do; it is the contract's algorithm either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from PIL import Image, ImageDraw
+
+from beam_pipeline import records
+
+# Far apart in RGB, so a decoded image's mean colour names its class.
+CLASS_COLOURS = (
+    (220, 30, 30),
+    (30, 200, 30),
+    (30, 30, 220),
+    (230, 230, 30),
+    (30, 220, 220),
+    (220, 30, 220),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixtureRecord:
+    """What the fixture wrote for one image."""
+
+    filename: str
+    label: int
+    class_name: str
+    sha256: str
+    height: int
+    width: int
+    colour: tuple[int, int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class FixtureDataset:
+    """A dataset on disk plus the ground truth a test compares against.
+
+    Attributes:
+        path: The dataset folder.
+        info: The ``dataset_info.json`` content that was written.
+        records: split name -> its records in shard order (the on-disk order).
+    """
+
+    path: str
+    info: dict
+    records: dict[str, list[FixtureRecord]]
+
+    def filenames(self, split: str) -> list[str]:
+        return [r.filename for r in self.records[split]]
+
+
+def _hash64(seed: int, purpose: str, image_id: str) -> int:
+    payload = f"{seed}\0{purpose}\0{image_id}".encode()
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
+
+
+def _assign_split(seed: int, image_id: str, fractions: Mapping[str, float]) -> str:
+    point = _hash64(seed, "split", image_id) / 2**64
+    cumulative = 0.0
+    for name, fraction in fractions.items():
+        cumulative += fraction
+        if point < cumulative:
+            return name
+    return list(fractions)[-1]
+
+
+def _make_jpeg(rng: random.Random, colour, height: int, width: int, quality: int) -> bytes:
+    image = Image.new("RGB", (width, height), colour)
+    # A small patch of random colour (<= ~4 % of the area) makes every image
+    # unique while leaving the mean close to the class colour.
+    patch_w, patch_h = max(1, width // 5), max(1, height // 5)
+    x, y = rng.randrange(width - patch_w + 1), rng.randrange(height - patch_h + 1)
+    fill = tuple(rng.randrange(256) for _ in range(3))
+    ImageDraw.Draw(image).rectangle([x, y, x + patch_w - 1, y + patch_h - 1], fill=fill)
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def write_dataset(
+    out_dir: str | os.PathLike,
+    classes: Sequence[str] = ("cat", "dog", "fish"),
+    per_class: int | Sequence[int] = 30,
+    splits: Mapping[str, float] | None = None,
+    shards: Mapping[str, int] | None = None,
+    seed: int = 42,
+    min_side: int = 24,
+    max_side: int = 96,
+    jpeg_quality: int = 90,
+    format_version: int = 1,
+    write_info: bool = True,
+) -> FixtureDataset:
+    """Writes a contract-conformant dataset to ``out_dir`` and returns its ground truth.
+
+    Args:
+        out_dir: Output folder (created).
+        classes: Class names; ids follow the sorted order, as the converter's do.
+        per_class: Images per class (one number, or one per class).
+        splits: Split fractions; default ``train=0.75, val=0.25``.
+        shards: Hash-range shard count per split before empty ones are dropped;
+            default ``train=4``, every other split ``1``.
+        seed: The split and order hash seed.
+        min_side, max_side: Image sides are drawn from this range, independently.
+        jpeg_quality: JPEG quality of the stored images.
+        format_version: Written into ``dataset_info.json`` (tests of refusals).
+        write_info: ``False`` leaves out ``dataset_info.json``, like an unfinished run.
+    """
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    classes = sorted(classes)
+    splits = dict(splits or {"train": 0.75, "val": 0.25})
+    shards = {name: 1 for name in splits} | {"train": 4} | dict(shards or {})
+    counts = [per_class] * len(classes) if isinstance(per_class, int) else list(per_class)
+    rng = random.Random(seed)
+
+    by_split: dict[str, list[tuple[int, FixtureRecord, bytes]]] = {name: [] for name in splits}
+    for label, (name, count) in enumerate(zip(classes, counts, strict=True)):
+        colour = CLASS_COLOURS[label % len(CLASS_COLOURS)]
+        for i in range(count):
+            image_id = f"{name}/img_{i:04d}.jpg"
+            height, width = rng.randint(min_side, max_side), rng.randint(min_side, max_side)
+            jpeg = _make_jpeg(rng, colour, height, width, jpeg_quality)
+            record = FixtureRecord(
+                filename=image_id,
+                label=label,
+                class_name=name,
+                sha256=hashlib.sha256(jpeg).hexdigest(),
+                height=height,
+                width=width,
+                colour=colour,
+            )
+            payload = records.make_example(
+                {
+                    "image/encoded": jpeg,
+                    "image/format": b"jpeg",
+                    "image/height": height,
+                    "image/width": width,
+                    "image/channels": 3,
+                    "image/class/label": label,
+                    "image/class/text": name,
+                    "image/filename": image_id,
+                    "image/key/sha256": record.sha256,
+                }
+            )
+            split = _assign_split(seed, image_id, splits)
+            by_split[split].append((_hash64(seed, "order", image_id), record, payload))
+
+    info_splits = {}
+    ordered: dict[str, list[FixtureRecord]] = {}
+    for split, items in by_split.items():
+        n = shards[split]
+        ranges: dict[int, list] = {}
+        for key, record, payload in sorted(items, key=lambda item: item[0]):
+            ranges.setdefault((key * n) >> 64, []).append((record, payload))
+        nonempty = sorted(ranges)
+        shard_entries = []
+        ordered[split] = []
+        for index, hash_range in enumerate(nonempty):
+            file = f"{split}-{index:05d}-of-{len(nonempty):05d}.tfrecord"
+            data = b"".join(records.frame_record(payload) for _, payload in ranges[hash_range])
+            with open(os.path.join(out_dir, file), "wb") as f:
+                f.write(data)
+            shard_entries.append(
+                {
+                    "file": file,
+                    "num_examples": len(ranges[hash_range]),
+                    "num_bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
+            ordered[split].extend(record for record, _ in ranges[hash_range])
+        class_counts = Counter(r.class_name for r in ordered[split])
+        info_splits[split] = {
+            "num_examples": len(ordered[split]),
+            "num_bytes": sum(s["num_bytes"] for s in shard_entries),
+            "class_counts": {name: class_counts.get(name, 0) for name in classes},
+            "shards": shard_entries,
+        }
+
+    with open(os.path.join(out_dir, "labels.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(f"{name}\n" for name in classes))
+    with open(os.path.join(out_dir, "rejects.jsonl"), "w", encoding="utf-8"):
+        pass
+    info = {
+        "format_version": format_version,
+        "created_by": "imagerecords tests/shard_fixtures.py",
+        "source": "memory://fixture",
+        "seed": seed,
+        "classes": classes,
+        "image": {"resize": "none", "size": max_side, "jpeg_quality": jpeg_quality},
+        "features": dict(records.FEATURE_TYPES),
+        "splits": info_splits,
+        "rejected": {"count": 0, "file": "rejects.jsonl"},
+    }
+    if write_info:
+        # Last, as the converter does: its presence means "complete".
+        with open(os.path.join(out_dir, "dataset_info.json"), "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=2)
+    return FixtureDataset(path=out_dir, info=info, records=ordered)
