@@ -100,8 +100,9 @@ def _check_beam_args(beam_args: list[str]) -> None:
         name = arg.split("=", 1)[0]
         if name not in known:
             hint = ""
-            if name.replace("-", "_") in known or name.replace("-", "_") in _OWN_FLAGS:
-                hint = f" (did you mean {name.replace('-', '_')}?)"
+            underscored = "--" + name[2:].replace("-", "_")
+            if underscored in known or underscored in _OWN_FLAGS:
+                hint = f" (did you mean {underscored}?)"
             raise UsageError(f"unknown option {name}{hint}")
 
 

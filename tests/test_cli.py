@@ -1,0 +1,314 @@
+"""End to end through the command line on generated image folders."""
+
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from beam_pipeline import keys
+from beam_pipeline.__main__ import main
+from tests import contract
+from tests.image_factory import add_bad_files, make_class_folders
+
+IN_MEMORY = "--direct_running_mode=in_memory"
+
+
+def convert(input_root, output, *extra, mode=IN_MEMORY):
+    argv = ["--input", str(input_root), "--output", str(output), "--quiet", *extra]
+    if mode:
+        argv.append(mode)
+    return main(argv)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """60 images in 3 classes (some nested) + a corrupt and a non-image file."""
+    base = tmp_path_factory.mktemp("cli")
+    root = base / "images"
+    ids = make_class_folders(str(root), per_class=20)
+    bad = add_bad_files(str(root))
+    out = base / "out"
+    assert convert(root, out, "--max_reject_fraction", "0.1") == 0
+    return root, out, ids, bad
+
+
+def test_every_input_is_exactly_once_a_record_or_a_rejection(dataset):
+    root, out, ids, bad = dataset
+    by_split = contract.check_output(str(out), str(root))
+    written = [i for rows in by_split.values() for i in contract.ids(rows)]
+    rejected = [r["id"] for r in contract.read_rejects(str(out))]
+    assert sorted(written + rejected) == sorted(ids + list(bad))
+    assert len(set(written)) == len(written)
+    assert sorted(written) == sorted(ids)
+
+
+def test_rejections_carry_reasons(dataset):
+    root, out, _, bad = dataset
+    rejects = {r["id"]: r for r in contract.read_rejects(str(out))}
+    assert set(rejects) == set(bad)
+    for image_id, reason in bad.items():
+        assert rejects[image_id]["reason"].startswith(reason)
+        assert rejects[image_id]["path"] == os.path.join(str(root), image_id)
+    info = contract.load_info(str(out))
+    assert info["rejected"]["count"] == len(bad)
+
+
+def test_labels_follow_sorted_class_folders(dataset):
+    root, out, _, _ = dataset
+    info = contract.load_info(str(out))
+    assert info["classes"] == sorted(os.listdir(root))
+    for rows in contract.check_output(str(out), decode=False).values():
+        for row in rows:
+            folder = row["image/filename"].decode().split("/")[0]
+            assert info["classes"][row["image/class/label"]] == folder
+
+
+def test_splits_follow_the_hash_and_order_is_the_seeded_shuffle(dataset):
+    root, out, ids, _ = dataset
+    fractions = keys.parse_splits(keys.DEFAULT_SPLITS)
+    for split, rows in contract.check_output(str(out), decode=False).items():
+        got = contract.ids(rows)
+        assert all(keys.assign_split(42, i, fractions) == split for i in got)
+        order = [keys.order_key(42, i) for i in got]
+        assert order == sorted(order)
+    train = contract.ids(contract.check_output(str(out), decode=False)["train"])
+    assert train != sorted(train), "records are in listing order, not shuffled"
+
+
+def test_metadata_describes_the_run(dataset):
+    _, out, _, _ = dataset
+    info = contract.load_info(str(out))
+    assert info["seed"] == 42
+    assert info["image"]["resize"] == "shorter" and info["image"]["size"] == 256
+    assert set(info["splits"]) == {"train", "val", "test"}
+    assert set(info["features"]) >= {"image/encoded", "image/class/label", "image/key/sha256"}
+    assert not [n for n in os.listdir(out) if n.startswith(".") or "tmp" in n]
+
+
+def test_rerun_in_multi_processing_mode_is_byte_identical(dataset, tmp_path):
+    root, out, _, _ = dataset
+    # Through the real entry point, with the CLI's own default mode (multi_processing).
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "beam_pipeline",
+            "--input",
+            str(root),
+            "--output",
+            str(tmp_path / "o"),
+            "--max_reject_fraction",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "multi_processing" in result.stderr
+    assert "images/s" in result.stdout and "train" in result.stdout
+    assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
+
+
+def test_adding_images_moves_no_image_to_another_split(dataset, tmp_path):
+    root, out, ids, _ = dataset
+    grown = tmp_path / "grown"
+    shutil.copytree(root, grown)
+    make_class_folders(
+        str(grown), classes=("cat", "dog", "fish"), per_class=30, seed=9, nested=False
+    )
+    make_class_folders(
+        str(grown), classes=("cat",), per_class=30, seed=10, nested=False
+    )  # overwrite some
+    assert convert(grown, tmp_path / "o", "--max_reject_fraction", "0.1") == 0
+
+    def split_of(folder):
+        return {
+            i: split
+            for split, rows in contract.check_output(str(folder), decode=False).items()
+            for i in contract.ids(rows)
+        }
+
+    before, after = split_of(out), split_of(tmp_path / "o")
+    assert len(after) > len(before)
+    assert all(after[i] == split for i, split in before.items())
+
+
+def test_small_target_shard_size_gives_expected_shard_count(dataset, tmp_path):
+    root, _, _, _ = dataset
+    assert (
+        convert(root, tmp_path / "o", "--target_shard_mb", "0.05", "--max_reject_fraction", "0.1")
+        == 0
+    )
+    info = contract.load_info(str(tmp_path / "o"))
+    by_split = contract.check_output(str(tmp_path / "o"), decode=False)
+    train = info["splits"]["train"]
+    expected = math.ceil(train["num_bytes"] / int(0.05 * 2**20))
+    assert expected >= 3
+    # Hash ranges that happen to be empty are dropped, never written.
+    assert expected - 1 <= len(train["shards"]) <= expected
+    assert all(s["num_examples"] > 0 for s in train["shards"])
+    order = [keys.order_key(42, i) for i in contract.ids(by_split["train"])]
+    assert order == sorted(order)  # shard i holds the i-th key range
+
+
+def test_min_shards(dataset, tmp_path):
+    root, _, _, _ = dataset
+    assert convert(root, tmp_path / "o", "--min_shards", "4", "--max_reject_fraction", "0.1") == 0
+    info = contract.load_info(str(tmp_path / "o"))
+    assert 3 <= len(info["splits"]["train"]["shards"]) <= 4
+    contract.check_output(str(tmp_path / "o"), decode=False)
+
+
+def test_other_seed_other_order(dataset, tmp_path):
+    root, out, _, _ = dataset
+    assert convert(root, tmp_path / "o", "--seed", "7", "--max_reject_fraction", "0.1") == 0
+    a = contract.ids(contract.check_output(str(out), decode=False)["train"])
+    b = contract.ids(contract.check_output(str(tmp_path / "o"), decode=False)["train"])
+    assert a != b
+
+
+def test_too_many_rejections_fail_without_dataset_info(dataset, tmp_path, capsys):
+    root, _, _, bad = dataset
+    assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.01") == 1
+    err = capsys.readouterr().err
+    assert "too many rejected images: 2 of 62" in err
+    assert not (tmp_path / "o" / "dataset_info.json").exists()
+    assert {r["id"] for r in contract.read_rejects(str(tmp_path / "o"))} == set(bad)
+
+
+def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypatch):
+    """Simulates a runner that drops a record: the job must fail and name it."""
+    from beam_pipeline import pipeline
+
+    root, _, ids, _ = dataset
+    victim = sorted(ids)[0]
+    original = pipeline._ConvertFn.process
+
+    def lossy(self, ref):
+        if ref.image_id != victim:
+            yield from original(self, ref)
+
+    monkeypatch.setattr(pipeline._ConvertFn, "process", lossy)
+    assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.1") == 1
+    err = capsys.readouterr().err
+    assert "books do not balance" in err and victim in err
+    assert not (tmp_path / "o" / "dataset_info.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--input", "{tmp}/missing", "--output", "{tmp}/o"], "does not exist"),
+        (["--input", "{tmp}/empty", "--output", "{tmp}/o"], "no class folders"),
+        (["--input", "{tmp}/noimages", "--output", "{tmp}/o"], "no image files"),
+        (["--input", "{root}", "--output", "{tmp}/o", "--splits", "train=0.8,val=0.1"], "sum to 1"),
+        (
+            ["--input", "{root}", "--output", "{tmp}/o", "--resize", "stretch"],
+            "--resize must be one of",
+        ),
+        (["--input", "{root}", "--output", "{tmp}/o", "--jpeg_quality", "0"], "--jpeg_quality"),
+        (["--input", "{root}", "--output", "{tmp}/o", "--jpeg_quality", "101"], "--jpeg_quality"),
+        (["--input", "{root}", "--output", "{out}"], "is not empty; pass --overwrite"),
+        (["--input", "{root}", "--output", "{root}/cat/o"], "inside --input"),
+        (
+            ["--input", "{root}", "--output", "{tmp}/o", "--image-size", "3"],
+            "did you mean --image_size",
+        ),
+        (["--input", "{root}", "--output", "{tmp}/o", "--image_size", "big"], "invalid int"),
+        (["--output", "{tmp}/o"], "--input is required"),
+        (["--input", "{root}"], "--output"),
+        (
+            ["--input", "{root}", "--output", "{tmp}/o", "--target_shard_mb", "0"],
+            "--target_shard_mb",
+        ),
+        (
+            ["--input", "{root}", "--output", "{tmp}/o", "--max_reject_fraction", "2"],
+            "--max_reject_fraction",
+        ),
+        (["--manifest", "{tmp}/nope.csv", "--output", "{tmp}/o"], "does not exist"),
+    ],
+)
+def test_bad_arguments_give_one_clear_message(dataset, tmp_path, capsys, args, message):
+    root, out, _, _ = dataset
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "noimages" / "cat").mkdir(parents=True)
+    argv = [a.format(tmp=tmp_path, root=root, out=out) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err, err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists(), "work started despite bad arguments"
+
+
+def test_overwrite_replaces_an_earlier_run(dataset, tmp_path):
+    root, _, _, _ = dataset
+    out = tmp_path / "o"
+    assert convert(root, out, "--min_shards", "3", "--max_reject_fraction", "0.1") == 0
+    (out / "notes.md").write_text("mine")
+    assert convert(root, out, "--overwrite", "--max_reject_fraction", "0.1") == 0
+    info = contract.load_info(str(out))
+    assert len(info["splits"]["train"]["shards"]) == 1
+    assert sorted(n for n in os.listdir(out) if n.startswith("train")) == [
+        "train-00000-of-00001.tfrecord"
+    ]
+    assert (out / "notes.md").read_text() == "mine"  # not ours: left alone
+
+
+def test_presplit_layout_keeps_its_splits(tmp_path):
+    root = tmp_path / "in"
+    train = make_class_folders(str(root / "train"), classes=("a", "b"), per_class=6, nested=False)
+    val = make_class_folders(
+        str(root / "validation"), classes=("a", "b", "c"), per_class=3, seed=3, nested=False
+    )
+    assert convert(root, tmp_path / "o") == 0
+    info = contract.load_info(str(tmp_path / "o"))
+    assert info["classes"] == ["a", "b", "c"]
+    by_split = contract.check_output(str(tmp_path / "o"), str(root))
+    assert set(by_split) == {"train", "validation"}
+    assert sorted(contract.ids(by_split["train"])) == sorted(f"train/{i}" for i in train)
+    assert sorted(contract.ids(by_split["validation"])) == sorted(f"validation/{i}" for i in val)
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_manifest(tmp_path, kind):
+    root = tmp_path / "pool"
+    ids = make_class_folders(str(root), classes=("x", "y"), per_class=8, nested=False)
+    rows = [
+        (f"pool/{i}", "odd" if n % 2 else "even", "test" if n < 4 else "")
+        for n, i in enumerate(ids)
+    ]
+    manifest = tmp_path / f"list.{kind}"
+    if kind == "csv":
+        with open(manifest, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["path", "label", "split"])
+            writer.writerows(rows)
+    else:
+        with open(manifest, "w") as f:
+            for path, label, split in rows:
+                f.write(
+                    json.dumps(
+                        {"path": path, "label": label, **({"split": split} if split else {})}
+                    )
+                    + "\n"
+                )
+    assert (
+        main(["--manifest", str(manifest), "--output", str(tmp_path / "o"), "--quiet", IN_MEMORY])
+        == 0
+    )
+    info = contract.load_info(str(tmp_path / "o"))
+    assert info["classes"] == ["even", "odd"]
+    by_split = contract.check_output(str(tmp_path / "o"), str(tmp_path))
+    assert sorted(contract.ids(by_split["test"]))[:4] == sorted(r[0] for r in rows[:4])[:4]
+    got = {
+        i: r for rows_ in by_split.values() for r in rows_ for i in [r["image/filename"].decode()]
+    }
+    assert set(got) == {r[0] for r in rows}
+    for path, label, _ in rows:
+        assert info["classes"][got[path]["image/class/label"]] == label

@@ -1,0 +1,159 @@
+"""Table tests of the pure helpers in beam_pipeline.keys (no Beam, no TF)."""
+
+import math
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from beam_pipeline import keys
+
+
+def test_keys_module_imports_neither_beam_nor_tensorflow():
+    code = (
+        "import sys, beam_pipeline.keys, beam_pipeline.images, beam_pipeline.records, "
+        "beam_pipeline.metadata\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'tensorflow')]\n"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "seed, purpose, image_id",
+    [(42, "order", "cat/1.jpg"), (0, "split", "dog/a b/ü.png"), (7, "order", "")],
+)
+def test_hash64_is_stable_and_64_bit(seed, purpose, image_id):
+    value = keys.hash64(seed, purpose, image_id)
+    assert value == keys.hash64(seed, purpose, image_id)
+    assert 0 <= value < 2**64
+    # Same value in a fresh interpreter (Python's hash() would differ per process).
+    code = f"from beam_pipeline import keys; print(keys.hash64({seed}, {purpose!r}, {image_id!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) == value
+
+
+def test_hash64_separates_seed_purpose_and_id():
+    values = {
+        keys.hash64(1, "order", "a"),
+        keys.hash64(2, "order", "a"),
+        keys.hash64(1, "split", "a"),
+        keys.hash64(1, "order", "b"),
+        keys.hash64(1, "orde", "ra"),  # no collision by concatenation
+    }
+    assert len(values) == 5
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("train=0.8,val=0.1,test=0.1", {"train": 0.8, "val": 0.1, "test": 0.1}),
+        ("train=1", {"train": 1.0}),
+        (" a=0.5 , b=0.5 ", {"a": 0.5, "b": 0.5}),
+        ("train=0.7,validation=0.3", {"train": 0.7, "validation": 0.3}),
+    ],
+)
+def test_parse_splits_accepts(spec, expected):
+    assert keys.parse_splits(spec) == expected
+    assert list(keys.parse_splits(spec)) == list(expected)  # order kept
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("train=0.8,val=0.1", "sum to 1"),
+        ("train=0.8,val=0.3", "sum to 1"),
+        ("train", "NAME=FRACTION"),
+        ("train=abc", "not a number"),
+        ("train=0.5,train=0.5", "twice"),
+        ("tr-ain=1", "NAME=FRACTION"),
+        ("train=1.5,val=-0.5", "[0, 1]"),
+        ("", "no splits"),
+    ],
+)
+def test_parse_splits_rejects(spec, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        keys.parse_splits(spec)
+
+
+def test_assign_split_matches_fractions_and_is_stable():
+    fractions = {"train": 0.8, "val": 0.1, "test": 0.1}
+    ids = [f"class{i % 7}/img_{i}.jpg" for i in range(20000)]
+    counts = Counter(keys.assign_split(42, i, fractions) for i in ids)
+    for name, fraction in fractions.items():
+        # 4 standard deviations of a binomial: fails only if assignment is biased.
+        sd = math.sqrt(len(ids) * fraction * (1 - fraction))
+        assert abs(counts[name] - len(ids) * fraction) < 4 * sd, counts
+    # Stability: an image's split depends only on its own ID.
+    before = {i: keys.assign_split(42, i, fractions) for i in ids[:500]}
+    assert all(keys.assign_split(42, i, fractions) == s for i, s in before.items())
+    # A different seed gives a different assignment.
+    assert any(keys.assign_split(43, i, fractions) != s for i, s in before.items())
+
+
+def test_assign_split_skips_zero_fractions():
+    fractions = {"train": 1.0, "val": 0.0}
+    assert {keys.assign_split(1, f"x{i}", fractions) for i in range(300)} == {"train"}
+
+
+@pytest.mark.parametrize(
+    "total, target, minimum, expected",
+    [
+        (0, 100, 1, 1),
+        (1, 100, 1, 1),
+        (100, 100, 1, 1),
+        (101, 100, 1, 2),
+        (1000, 100, 1, 10),
+        (1001, 100, 1, 11),
+        (50, 100, 4, 4),
+        (10_000, 100, 4, 100),
+        (250 * 2**20, 200 * 2**20, 1, 2),
+    ],
+)
+def test_num_shards(total, target, minimum, expected):
+    assert keys.num_shards(total, target, minimum) == expected
+
+
+@pytest.mark.parametrize(
+    "key, shards, expected",
+    [
+        (0, 1, 0),
+        (2**64 - 1, 1, 0),
+        (0, 4, 0),
+        (2**62 - 1, 4, 0),
+        (2**62, 4, 1),
+        (2**63, 4, 2),
+        (2**64 - 1, 4, 3),
+        (2**64 // 3, 3, 0),  # floor(2^64/3) < 2^64/3
+        (2**64 // 3 + 1, 3, 1),
+    ],
+)
+def test_shard_of_key(key, shards, expected):
+    assert keys.shard_of_key(key, shards) == expected
+
+
+def test_shard_of_key_rejects_out_of_range():
+    with pytest.raises(ValueError):
+        keys.shard_of_key(2**64, 2)
+
+
+def test_shards_in_order_are_sorted_keys():
+    """Reading shards 0..n-1, each sorted, yields all keys in increasing order."""
+    all_keys = [keys.order_key(5, f"id{i}") for i in range(2000)]
+    n = 7
+    shards = [sorted(k for k in all_keys if keys.shard_of_key(k, n) == i) for i in range(n)]
+    assert [k for shard in shards for k in shard] == sorted(all_keys)
+
+
+@pytest.mark.parametrize(
+    "nonempty, expected",
+    [([0, 1, 2], {0: 0, 1: 1, 2: 2}), ([3, 0, 5], {0: 0, 3: 1, 5: 2}), ([2, 2], {2: 0})],
+)
+def test_dense_shard_numbers(nonempty, expected):
+    assert keys.dense_shard_numbers(nonempty) == expected
+
+
+def test_shard_filename():
+    assert keys.shard_filename("train", 3, 12) == "train-00003-of-00012.tfrecord"
