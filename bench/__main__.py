@@ -1,0 +1,150 @@
+"""``python -m bench`` (``make bench``): the converter and reader benchmarks of issue 5.
+
+Examples::
+
+    python -m bench                    # everything, full size (~10 min on 2 cores)
+    python -m bench --quick            # tiny smoke run, results under bench/results/raw/quick
+    python -m bench --only converter   # re-measure one half, keep the other half's numbers
+    python -m bench --only reader
+    python -m bench --report-only      # redraw table and chart from results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench import converters, data, machine, readers, report
+from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--only", choices=("converter", "reader"), help="run one half")
+    parser.add_argument(
+        "--sets",
+        default="web,phone",
+        help="image sets for the converter benchmark (comma-separated; default web,phone)",
+    )
+    parser.add_argument(
+        "--converters",
+        default=",".join(converters.CONVERTERS),
+        help="converters to run (default: %(default)s)",
+    )
+    parser.add_argument("--results-dir", type=Path, help="default bench/results (quick: raw/quick)")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
+    parser.add_argument(
+        "--report-only", action="store_true", help="redraw from results.json, measure nothing"
+    )
+    return parser.parse_args(argv)
+
+
+def _previous(results_dir: Path, sizes: Sizes) -> dict:
+    """The last results of the same size, so ``--only`` keeps the other half."""
+    path = results_dir / "results.json"
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    return old if old.get("sizes") == sizes.name else {}
+
+
+def _converter_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Path) -> dict:
+    rows = []
+    wanted = [c.strip() for c in args.converters.split(",") if c.strip()]
+    for image_set in sets.values():
+        converters.warm_page_cache(image_set)
+        for converter in wanted:
+            result = converters.run_converter(
+                converter, image_set, out_root, log_dir, timeout_s=sizes.timeout_s
+            )
+            rows.append(dataclasses.asdict(result))
+    return {"measured_at": _now(), "rows": rows}
+
+
+def _records_for_reader(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path):
+    """imagerecords' output for the web set, converting it (untimed) if needed."""
+    out = converters.imagerecords_output(out_root, "web")
+    if (out / "dataset_info.json").exists():
+        return out
+    if not converters.beam_pipeline_available():
+        return None
+    print("[bench] converting the web set for the reader benchmark ...", flush=True)
+    result = converters.run_converter("imagerecords", web, out_root, log_dir, sizes.timeout_s)
+    return out if result.ok else None
+
+
+def _reader_half(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -> dict:
+    records = _records_for_reader(sizes, web, out_root, log_dir)
+    rows = readers.run_readers(
+        web.path,
+        records,
+        batch=sizes.read_batch_size,
+        warmup=sizes.read_warmup_epochs,
+        epochs=sizes.read_epochs,
+        one_process=sizes is QUICK,
+        log_dir=log_dir,
+        timeout_s=sizes.timeout_s,
+    )
+    return {
+        "measured_at": _now(),
+        "batch": sizes.read_batch_size,
+        "image_size": 224,
+        "warmup": sizes.read_warmup_epochs,
+        "epochs": sizes.read_epochs,
+        "rows": [dataclasses.asdict(r) for r in rows],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark; returns the process exit status."""
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    results_dir = args.results_dir or (RESULTS_DIR / "raw" / "quick" if args.quick else RESULTS_DIR)
+    if args.report_only:
+        report.write(json.loads((results_dir / "results.json").read_text()), results_dir)
+        print(f"[bench] redrew {results_dir}/results.md and chart.png")
+        return 0
+
+    started = time.perf_counter()
+    cache_dir = args.cache_dir
+    out_root = cache_dir / "out" / sizes.name
+    log_dir = cache_dir / "logs" / sizes.name
+    results = _previous(results_dir, sizes)
+    results.update(machine=machine.describe(), sizes=sizes.name)
+
+    set_names = [s.strip() for s in args.sets.split(",") if s.strip()]
+    if args.only != "converter" and "web" not in set_names:
+        set_names.append("web")  # the reader benchmark reads the web set
+    counts = {"web": sizes.web_images, "phone": sizes.phone_images}
+    sets = {n: data.ensure_image_set(n, counts[n], cache_dir, sizes.name) for n in set_names}
+    results["data"] = [{**dataclasses.asdict(s), "path": str(s.path)} for s in sets.values()]
+
+    if args.only != "reader":
+        converter_sets = {n: s for n, s in sets.items() if n in args.sets.split(",")}
+        results["converter"] = _converter_half(args, sizes, converter_sets, out_root, log_dir)
+    if args.only != "converter":
+        results["reader"] = _reader_half(sizes, sets["web"], out_root, log_dir)
+
+    results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    results["finished_at"] = _now()
+    results["duration_s"] = round(time.perf_counter() - started, 1)
+    report.write(results, results_dir)
+    print(f"[bench] wrote {results_dir}/results.md, results.json, chart.png "
+          f"in {results['duration_s']:.0f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

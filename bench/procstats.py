@@ -1,0 +1,186 @@
+"""Runs a command as a child process and measures it from the outside.
+
+Every benchmarked tool runs in a fresh child so that (a) its wall clock
+includes its own start-up (interpreter, imports, Beam's worker processes), as
+a user would see it, (b) memory is measured per tool rather than accumulated
+in one long-lived harness process, and (c) TensorFlow's thread pools from one
+reader run cannot slow the next.
+
+Peak memory is reported two ways, because a pool of workers is the point of
+two of the converters:
+
+* ``peak_tree_rss_mb``: the largest *sum* of RSS over the child and all its
+  descendants, sampled every 50 ms from ``/proc`` (no psutil needed). This is
+  what the machine has to have. Sampling can miss a spike shorter than 50 ms.
+* ``peak_proc_rss_mb``: the largest RSS of any single process in the tree,
+  from the kernel's own accounting (``wait4``'s ``ru_maxrss``, which covers
+  the child and the descendants it waited for). Exact, but not a sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+@dataclasses.dataclass
+class ProcResult:
+    """What one child run did.
+
+    Attributes:
+        returncode: exit status (negative: killed by that signal; None: timed out).
+        wall_s: wall-clock seconds from spawn to exit.
+        cpu_s: user + system CPU seconds of the child and its waited-for children.
+        peak_tree_rss_mb: peak summed RSS of the process tree (sampled).
+        peak_proc_rss_mb: peak RSS of the largest single process (exact).
+        stdout: captured standard output.
+        stderr: captured standard error.
+    """
+
+    returncode: int | None
+    wall_s: float
+    cpu_s: float
+    peak_tree_rss_mb: float
+    peak_proc_rss_mb: float
+    stdout: str
+    stderr: str
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the process ended while we looked
+            continue
+        # The command name (field 2) may contain spaces and parentheses: split
+        # after the last ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_KB
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def tree_rss_kb(root_pid: int) -> int:
+    """Current summed RSS (KiB) of ``root_pid`` and all of its descendants."""
+    children = _children_map()
+    total, stack = 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        total += _rss_kb(pid)
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+class _RssSampler(threading.Thread):
+    def __init__(self, pid: int, interval_s: float = 0.05):
+        super().__init__(daemon=True)
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_kb = 0
+        self._stop_event = threading.Event()
+
+    def run(self):
+        while not self._stop_event.is_set():
+            self.peak_kb = max(self.peak_kb, tree_rss_kb(self.pid))
+            self._stop_event.wait(self.interval_s)
+
+    def stop(self):
+        self._stop_event.set()
+        self.join()
+
+
+def run_measured(
+    cmd: list[str],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 900,
+    log_path: Path | None = None,
+) -> ProcResult:
+    """Runs ``cmd`` to completion, measuring wall clock, CPU and memory.
+
+    Args:
+        cmd: the command line.
+        cwd: working directory.
+        env: environment (default: inherit).
+        timeout_s: kill the whole process group after this many seconds.
+        log_path: if given, stdout and stderr are also written there (for
+            looking into a failed or slow run afterwards).
+
+    Returns:
+        The measurements and captured output.
+    """
+    start = time.perf_counter()
+    # Output goes to temporary files, not pipes: a chatty child (Beam logs a
+    # lot) must never block on a full pipe while we are sampling.
+    with tempfile.TemporaryDirectory(prefix="bench-proc-") as tmp:
+        stdout_path, stderr_path = Path(tmp) / "out", Path(tmp) / "err"
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
+            )
+            sampler = _RssSampler(proc.pid)
+            sampler.start()
+            returncode: int | None
+            try:
+                _, status, usage = _wait4_with_timeout(proc.pid, timeout_s)
+                returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+            finally:
+                sampler.stop()
+            if returncode is None:
+                # Kill the whole session: Beam's workers must not outlive the run.
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                _, _, usage = os.wait4(proc.pid, 0)
+            proc.returncode = returncode if returncode is not None else -9
+        wall = time.perf_counter() - start
+        stdout = stdout_path.read_text(errors="replace")
+        stderr = stderr_path.read_text(errors="replace")
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(
+            f"$ {' '.join(cmd)}\n# rc={returncode} wall={wall:.2f}s\n"
+            f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+        )
+    return ProcResult(
+        returncode=returncode,
+        wall_s=wall,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        peak_tree_rss_mb=max(sampler.peak_kb, usage.ru_maxrss) / 1024,
+        peak_proc_rss_mb=usage.ru_maxrss / 1024,
+        stdout=stdout,
+        stderr=stderr,
+    )
+
+
+def _wait4_with_timeout(pid: int, timeout_s: float):
+    """``os.wait4`` with a deadline; returns (pid, None, None) on timeout."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        waited, status, usage = os.wait4(pid, os.WNOHANG)
+        if waited == pid:
+            return waited, status, usage
+        if time.monotonic() >= deadline:
+            return pid, None, None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)

@@ -1,0 +1,145 @@
+"""Reader benchmark: runs ``bench.read_worker`` for each pipeline and collects the numbers.
+
+In a full run every variant gets its own child process (fresh TensorFlow, its
+own thread pools and memory peak); a quick run puts all variants in one child
+to pay TensorFlow's start-up once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from bench.procstats import run_measured
+from bench.read_pipelines import VARIANTS
+from bench.settings import READ_IMAGE_SIZE, REPO_DIR
+
+_NEEDS_RECORDS = {"tfrecord_per_example", "imagerecords_train", "imagerecords_eval"}
+_NEEDS_READER = {"imagerecords_train", "imagerecords_eval"}
+
+
+@dataclasses.dataclass
+class ReaderResult:
+    """One reader pipeline.
+
+    Attributes:
+        variant: one of ``bench.read_pipelines.VARIANTS``.
+        ok: whether it ran.
+        note: why not (empty when fine).
+        images_per_s: images / second over the timed epochs.
+        epoch_images_per_s: the same, per timed epoch (spread = noise).
+        peak_tree_rss_mb: peak RSS of its child process (only when it ran alone).
+        cpu_s: CPU seconds of the child (only when it ran alone).
+    """
+
+    variant: str
+    ok: bool
+    note: str = ""
+    images_per_s: float = float("nan")
+    epoch_images_per_s: list[float] = dataclasses.field(default_factory=list)
+    peak_tree_rss_mb: float = float("nan")
+    cpu_s: float = float("nan")
+
+
+def reader_available() -> bool:
+    """Whether the reader under test has landed (``reader.make_dataset`` importable)."""
+    init = REPO_DIR / "reader" / "__init__.py"
+    return init.exists() and "make_dataset" in init.read_text(encoding="utf-8")
+
+
+def _unavailable(variant: str, files_root: Path, records_dir: Path | None) -> str:
+    if variant in _NEEDS_READER and not reader_available():
+        return "reader.make_dataset not in repo"
+    if variant in _NEEDS_RECORDS and (
+        records_dir is None or not (records_dir / "dataset_info.json").exists()
+    ):
+        return "no imagerecords output to read"
+    return ""
+
+
+def run_readers(
+    files_root: Path,
+    records_dir: Path | None,
+    *,
+    batch: int,
+    warmup: int,
+    epochs: int,
+    one_process: bool,
+    log_dir: Path,
+    timeout_s: float,
+    variants: tuple[str, ...] = VARIANTS,
+) -> list[ReaderResult]:
+    """Times each reader pipeline.
+
+    Args:
+        files_root: the original image set (for the file-based baselines).
+        records_dir: imagerecords' output for that set (None if it failed).
+        batch: batch size.
+        warmup: untimed epochs first.
+        epochs: timed epochs.
+        one_process: run all variants in one child (quick) instead of one each.
+        log_dir: where the children's output is kept.
+        timeout_s: limit per child.
+        variants: which pipelines.
+
+    Returns:
+        One result per variant, in ``variants`` order.
+    """
+    results: dict[str, ReaderResult] = {}
+    runnable = []
+    for variant in variants:
+        why = _unavailable(variant, files_root, records_dir)
+        if why:
+            results[variant] = ReaderResult(variant, ok=False, note=why)
+        else:
+            runnable.append(variant)
+    groups = [runnable] if one_process else [[v] for v in runnable]
+    for group in groups:
+        if not group:
+            continue
+        cmd = [sys.executable, "-m", "bench.read_worker"]
+        for variant in group:
+            cmd += ["--variant", variant]
+        cmd += [
+            *("--files-root", str(files_root), "--records", str(records_dir or "")),
+            *("--batch", str(batch), "--image-size", str(READ_IMAGE_SIZE)),
+            *("--warmup", str(warmup), "--epochs", str(epochs)),
+        ]
+        proc = run_measured(
+            cmd,
+            cwd=REPO_DIR,
+            timeout_s=timeout_s,
+            log_path=log_dir / f"read-{'+'.join(group)}.log",
+        )
+        found = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("BENCH_RESULT "):
+                raw = json.loads(line[len("BENCH_RESULT ") :])
+                found[raw["variant"]] = raw
+        for variant in group:
+            raw = found.get(variant)
+            if raw is None:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                why = "timed out" if proc.returncode is None else f"exit {proc.returncode}: {tail}"
+                results[variant] = ReaderResult(variant, ok=False, note=why[:200])
+                continue
+            result = ReaderResult(variant, ok=raw["ok"], note=raw.get("note", ""))
+            if raw["ok"]:
+                result.images_per_s = raw["images_per_s"]
+                result.epoch_images_per_s = [
+                    n / s for n, s in zip(raw["epoch_images"], raw["epoch_seconds"], strict=True)
+                ]
+            if len(group) == 1:
+                result.peak_tree_rss_mb = proc.peak_tree_rss_mb
+                result.cpu_s = proc.cpu_s
+            results[variant] = result
+    for variant in variants:
+        r = results[variant]
+        print(
+            f"[bench] read {variant:<22} "
+            + (f"{r.images_per_s:8.1f} images/s" if r.ok else f"n/a: {r.note}"),
+            flush=True,
+        )
+    return [results[v] for v in variants]

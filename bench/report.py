@@ -1,0 +1,250 @@
+"""Writes the benchmark's results: ``results.json``, ``results.md`` and ``chart.png``.
+
+The JSON holds every raw number and is the source of the other two, so the
+table and chart can be re-drawn (``python -m bench --report-only``) without
+re-running anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from bench.converters import LABELS as CONVERTER_LABELS
+from bench.read_pipelines import LABELS as READER_LABELS
+
+# Targets of issue 5.
+TARGETS = {
+    "converter_vs_floor": 0.8,
+    "reader_vs_keras": 1.5,
+    "reader_vs_tfrecord": 1.3,
+}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float:
+    if not numerator or not denominator or math.isnan(numerator) or math.isnan(denominator):
+        return float("nan")
+    return numerator / denominator
+
+
+def ratios(results: dict) -> dict:
+    """The headline ratios of issue 5 from the raw results."""
+    conv = {
+        (r["image_set"], r["converter"]): r for r in results.get("converter", {}).get("rows", [])
+    }
+    out = {}
+    for image_set in ("web", "phone"):
+        ir = conv.get((image_set, "imagerecords"), {}).get("images_per_s")
+        out[f"converter_{image_set}_vs_floor"] = _ratio(
+            ir, conv.get((image_set, "floor"), {}).get("images_per_s")
+        )
+        out[f"converter_{image_set}_vs_naive"] = _ratio(
+            ir, conv.get((image_set, "naive"), {}).get("images_per_s")
+        )
+    read = {r["variant"]: r for r in results.get("reader", {}).get("rows", [])}
+    train = read.get("imagerecords_train", {}).get("images_per_s")
+    out["reader_train_vs_keras"] = _ratio(train, read.get("keras_dir", {}).get("images_per_s"))
+    out["reader_train_vs_tfrecord"] = _ratio(
+        train, read.get("tfrecord_per_example", {}).get("images_per_s")
+    )
+    out["reader_eval_vs_keras"] = _ratio(
+        read.get("imagerecords_eval", {}).get("images_per_s"),
+        read.get("keras_dir", {}).get("images_per_s"),
+    )
+    return out
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _verdict(value: float, target: float) -> str:
+    if math.isnan(value):
+        return "not measured"
+    return "**met**" if value >= target else "not met"
+
+
+def markdown(results: dict) -> str:
+    """The results as a Markdown page (machine, data, tables, ratios)."""
+    m = results["machine"]
+    lines = [
+        "# imagerecords benchmark results",
+        "",
+        f"Written by `python -m bench` ({results['sizes']}) on {results['finished_at']}; "
+        "see `docs/performance.md` for the method.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu_model']}, `nproc` = {m['nproc']}; RAM {m['ram_gib']} GiB; {m['os']}",
+        f"- Python {m['python']}; "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+        + f"; {m['libjpeg']}",
+        f"- Load average (1/5/15 min) at start {m['loadavg_start']}, "
+        f"at end {m.get('loadavg_end', 'n/a')} (a shared machine: other jobs were running)",
+        "",
+        "## Data (generated from scikit-image's photos, cached)",
+        "",
+        "| set | images | MB | mean MP | formats |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for d in results["data"]:
+        formats = ", ".join(f"{k} {v}" for k, v in d["formats"].items())
+        lines.append(
+            f"| {d['name']} | {d['num_images']} | {d['num_bytes'] / 1e6:.1f} "
+            f"| {d['megapixels']:.2f} | {formats} |"
+        )
+    r = ratios(results)
+    conv = results.get("converter")
+    if conv:
+        lines += [
+            "",
+            f"## Converter (measured {conv['measured_at']})",
+            "",
+            "Wall clock of the whole process, start-up included; `work` is the tool's own "
+            "timing without start-up. Peak RSS is summed over the process tree.",
+            "",
+            "| set | converter | images/s | MB/s in | wall s | work images/s | CPU s "
+            "| peak RSS MB | note |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for row in conv["rows"]:
+            lines.append(
+                f"| {row['image_set']} | {CONVERTER_LABELS[row['converter']]} "
+                f"| {_fmt(row['images_per_s'])} | {_fmt(row['mb_per_s'])} "
+                f"| {_fmt(row['wall_s'])} | {_fmt(row['work_images_per_s'])} "
+                f"| {_fmt(row['cpu_s'])} | {_fmt(row['peak_tree_rss_mb'], 0)} | {row['note']} |"
+            )
+        lines += [
+            "",
+            "| ratio | web | phone | target |",
+            "|---|---:|---:|---|",
+            f"| imagerecords / codec floor | {_fmt(r['converter_web_vs_floor'], 2)}x "
+            f"| {_fmt(r['converter_phone_vs_floor'], 2)}x | >= 0.8x: web "
+            f"{_verdict(r['converter_web_vs_floor'], 0.8)}, phone "
+            f"{_verdict(r['converter_phone_vs_floor'], 0.8)} |",
+            f"| imagerecords / naive loop | {_fmt(r['converter_web_vs_naive'], 2)}x "
+            f"| {_fmt(r['converter_phone_vs_naive'], 2)}x | well above 1x |",
+        ]
+    read = results.get("reader")
+    if read:
+        lines += [
+            "",
+            f"## Reader (web set, measured {read['measured_at']})",
+            "",
+            f"Images/s at {read['image_size']}x{read['image_size']}, batch {read['batch']}, "
+            f"{read['epochs']} timed epoch(s) after {read['warmup']} warm-up epoch(s). "
+            "Baselines repeat, so all are timed in steady state.",
+            "",
+            "| pipeline | images/s | per epoch | peak RSS MB | CPU s | note |",
+            "|---|---:|---|---:|---:|---|",
+        ]
+        for row in read["rows"]:
+            per_epoch = " / ".join(f"{x:.0f}" for x in row["epoch_images_per_s"]) or "n/a"
+            lines.append(
+                f"| {READER_LABELS[row['variant']]} | {_fmt(row['images_per_s'])} | {per_epoch} "
+                f"| {_fmt(row['peak_tree_rss_mb'], 0)} | {_fmt(row['cpu_s'])} | {row['note']} |"
+            )
+        lines += [
+            "",
+            "| ratio | value | target |",
+            "|---|---:|---|",
+            f"| imagerecords (train) / image_dataset_from_directory "
+            f"| {_fmt(r['reader_train_vs_keras'], 2)}x "
+            f"| >= 1.5x: {_verdict(r['reader_train_vs_keras'], 1.5)} |",
+            f"| imagerecords (train) / per-example TFRecord "
+            f"| {_fmt(r['reader_train_vs_tfrecord'], 2)}x "
+            f"| >= 1.3x: {_verdict(r['reader_train_vs_tfrecord'], 1.3)} |",
+            f"| imagerecords (eval) / image_dataset_from_directory "
+            f"| {_fmt(r['reader_eval_vs_keras'], 2)}x | - |",
+        ]
+    lines += ["", "![chart](chart.png)", ""]
+    return "\n".join(lines)
+
+
+def chart(results: dict, path: Path) -> None:
+    """Draws images/s per tool: converter on each set, and the reader."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    conv = results.get("converter")
+    if conv:
+        for image_set in ("web", "phone"):
+            rows = [r for r in conv["rows"] if r["image_set"] == image_set]
+            if rows:
+                floor = next((r["images_per_s"] for r in rows if r["converter"] == "floor"), None)
+                panels.append(
+                    (
+                        f"Converter, {image_set} set (images/s, wall clock)",
+                        [CONVERTER_LABELS[r["converter"]] for r in rows],
+                        [r["images_per_s"] for r in rows],
+                        (0.8 * floor, "target: 0.8x floor") if floor else None,
+                    )
+                )
+    read = results.get("reader")
+    if read:
+        rows = read["rows"]
+        keras = next((r["images_per_s"] for r in rows if r["variant"] == "keras_dir"), None)
+        panels.append(
+            (
+                f"Reader, web set (images/s at {read['image_size']}px, batch {read['batch']})",
+                [READER_LABELS[r["variant"]] for r in rows],
+                [r["images_per_s"] for r in rows],
+                (1.5 * keras, "target: 1.5x keras") if keras and not math.isnan(keras) else None,
+            )
+        )
+    if not panels:
+        return
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.3 * len(panels) + 0.6))
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (title, labels, values, target) in zip(axes, panels, strict=True):
+        clean = [0.0 if (v is None or math.isnan(v)) else v for v in values]
+        colours = ["#d62728" if "imagerecords" in label else "#7f7f7f" for label in labels]
+        bars = ax.barh(range(len(labels)), clean, color=colours)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10, loc="left")
+        for bar, value in zip(bars, values, strict=True):
+            text = "n/a" if value is None or math.isnan(value) else f"{value:,.0f}"
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {text}",
+                    va="center", fontsize=8)  # fmt: skip
+        if target and not math.isnan(target[0]):
+            ax.axvline(target[0], color="#1f77b4", linestyle="--", linewidth=1)
+            ax.text(target[0], len(labels) - 0.4, f" {target[1]}", color="#1f77b4", fontsize=7)
+        ax.set_xlim(0, max(clean + [target[0] if target else 0]) * 1.25 or 1)
+        ax.tick_params(axis="x", labelsize=8)
+    m = results["machine"]
+    fig.suptitle(
+        f"imagerecords benchmark: {m['nproc']} cores, {m['cpu_model']}, {m['ram_gib']} GiB "
+        f"({results['sizes']})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _no_nan(value):
+    # NaN is not JSON; a number that was not measured is null.
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def write(results: dict, results_dir: Path) -> None:
+    """Writes results.json, results.md and chart.png into ``results_dir``."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results["ratios"] = ratios(results)
+    text = json.dumps(_no_nan(results), indent=1, default=str)
+    (results_dir / "results.json").write_text(text + "\n")
+    (results_dir / "results.md").write_text(markdown(results))
+    chart(results, results_dir / "chart.png")
