@@ -18,6 +18,8 @@ checks need.
 
 from __future__ import annotations
 
+import logging
+
 from beam_pipeline.errors import UsageError
 
 # What the converter does to OUTPUT on GCS: write shards and metadata, "rename"
@@ -74,7 +76,16 @@ def _client():
     # Imported lazily: the CLI imports this module for every run, local ones too.
     from google.cloud import storage
 
-    return storage.Client()
+    # Without credentials google-auth logs a warning about the GCE metadata
+    # server before it raises; the UsageError built from the exception says
+    # what to do, so the warning would only be a confusing extra line.
+    auth_logger = logging.getLogger("google.auth._default")
+    level = auth_logger.level
+    auth_logger.setLevel(logging.ERROR)
+    try:
+        return storage.Client()
+    finally:
+        auth_logger.setLevel(level)
 
 
 def usage_error(error: Exception, url: str, doing: str) -> UsageError | None:
@@ -94,7 +105,10 @@ def usage_error(error: Exception, url: str, doing: str) -> UsageError | None:
 
     bucket, _ = split_url(url)
     if isinstance(error, auth.DefaultCredentialsError):
-        return UsageError(f"No Google Cloud credentials to {doing} {url}: {_CREDENTIALS_HELP}.")
+        return UsageError(
+            f"No Google Cloud credentials to {doing} {url} ({_first_sentence(error)}): "
+            f"{_CREDENTIALS_HELP}."
+        )
     if isinstance(error, (auth.RefreshError, api.Unauthorized)):
         return UsageError(
             f"Google Cloud credentials were rejected when trying to {doing} {url} "
@@ -121,6 +135,10 @@ def _role_for(doing: str) -> str:
 def _first_line(error: Exception) -> str:
     text = getattr(error, "message", None) or str(error)
     return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def _first_sentence(error: Exception) -> str:
+    return _first_line(error).split(". ")[0].rstrip(".")
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:

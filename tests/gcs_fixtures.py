@@ -2,7 +2,10 @@
 
 Import the fixtures explicitly in a test module::
 
-    from tests.gcs_fixtures import gcs_emulator, gcs_bucket, tf_gcs_env  # noqa: F401
+    from tests import gcs_fixtures
+
+    gcs_emulator = gcs_fixtures.gcs_emulator  # an import would read as unused to linters
+    gcs_bucket = gcs_fixtures.gcs_bucket
 
 * ``gcs_emulator`` (session): starts the emulator as a subprocess on a free
   127.0.0.1 port, points ``STORAGE_EMULATOR_HOST`` at it and sets

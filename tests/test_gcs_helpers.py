@@ -1,0 +1,247 @@
+"""beam_pipeline.gcs against a real GCS API server (the emulator), plus the failure modes.
+
+The emulator does not enforce IAM, so permission errors come from a tiny server
+that answers the way GCS does when an account lacks a permission (status, JSON
+error body); the storage client under test is the real one either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from beam_pipeline import gcs
+from beam_pipeline.errors import UsageError
+from tests import gcs_fixtures
+from tests.gcs_fixtures import REPO_ROOT
+
+# Fixtures used by name in this module (an import would read as unused to linters).
+gcs_emulator = gcs_fixtures.gcs_emulator
+gcs_bucket = gcs_fixtures.gcs_bucket
+
+
+@pytest.fixture
+def images(gcs_emulator, gcs_bucket):
+    """``gs://BUCKET/in`` with class folders, nested files and folder placeholders."""
+    for name in [
+        "in/",  # placeholder for the input folder itself
+        "in/cat/a.jpg",
+        "in/cat/deeper/b.jpg",
+        "in/dog/c.jpg",
+        "in/fish/",  # a class folder created in the Console, still empty
+        "in/readme.txt",  # a file beside the class folders is not a class
+        "income/x.jpg",  # shares the prefix "in" but is another folder
+    ]:
+        gcs_emulator.upload_bytes(f"gs://{gcs_bucket}/{name}", b"" if name.endswith("/") else b"x")
+    return f"gs://{gcs_bucket}/in"
+
+
+def test_split_url():
+    assert gcs.split_url("gs://bucket/a/b/") == ("bucket", "a/b/")
+    assert gcs.split_url("gs://bucket") == ("bucket", "")
+    with pytest.raises(ValueError):
+        gcs.split_url("/local/path")
+
+
+def test_folder_placeholders_are_names_ending_in_a_slash():
+    assert gcs.is_folder_placeholder("in/fish/")
+    assert not gcs.is_folder_placeholder("in/fish/a.jpg")
+
+
+@pytest.mark.parametrize("suffix", ["", "/"])
+def test_list_prefixes_gives_immediate_folders_only(images, suffix):
+    bucket = gcs.split_url(images)[0]
+    assert gcs.list_prefixes(images + suffix) == [
+        f"gs://{bucket}/in/cat",
+        f"gs://{bucket}/in/dog",
+        f"gs://{bucket}/in/fish",
+    ]
+    assert gcs.list_prefixes(f"gs://{bucket}") == [f"gs://{bucket}/in", f"gs://{bucket}/income"]
+    assert gcs.list_prefixes(images + "/cat") == [f"gs://{bucket}/in/cat/deeper"]
+    assert gcs.list_prefixes(images + "/dog") == []
+
+
+def test_check_input_accepts_a_folder_a_bucket_root_and_a_single_object(images):
+    bucket = gcs.split_url(images)[0]
+    gcs.check_input(images)
+    gcs.check_input(images + "/")
+    gcs.check_input(f"gs://{bucket}")
+    gcs.check_input(images + "/readme.txt")  # e.g. a manifest stored in GCS
+
+
+def test_check_input_missing_bucket(gcs_emulator):
+    with pytest.raises(UsageError, match=r"^Bucket gs://no-such-bucket-7 does not exist"):
+        gcs.check_input("gs://no-such-bucket-7/images")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "nothing-here",  # no object at all
+        "in/fish",  # only a folder placeholder
+        "in/ca",  # a prefix of a folder name is not a folder
+    ],
+)
+def test_check_input_empty_prefix(images, path):
+    url = f"gs://{gcs.split_url(images)[0]}/{path}"
+    with pytest.raises(UsageError, match=rf"^No objects under {url}: nothing to convert"):
+        gcs.check_input(url)
+
+
+def test_check_output_says_whether_the_folder_holds_files(images):
+    bucket = gcs.split_url(images)[0]
+    assert gcs.check_output(images) is True
+    assert gcs.check_output(f"gs://{bucket}/new/output") is False
+    assert gcs.check_output(f"gs://{bucket}/in/fish") is False  # placeholder only
+    with pytest.raises(UsageError, match=r"^Bucket gs://no-such-bucket-7 does not exist"):
+        gcs.check_output("gs://no-such-bucket-7/out")
+
+
+# ------------------------------------------------------------ IAM failures
+
+
+class _GcsDenies(BaseHTTPRequestHandler):
+    """Answers like GCS for an account with only ``granted`` permissions on a bucket."""
+
+    granted: tuple[str, ...] = ()
+    status = 403
+
+    def do_GET(self):  # noqa: N802 - http.server naming
+        if "/iam/testPermissions" in self.path:
+            self._json(
+                200,
+                {"kind": "storage#testIamPermissionsResponse", "permissions": list(self.granted)},
+            )
+        elif "/o" in self.path and "storage.objects.list" in self.granted:
+            self._json(200, {"kind": "storage#objects", "items": [], "prefixes": []})
+        else:
+            message = (
+                "alice@example.com does not have storage.objects.list access to the Google "
+                "Cloud Storage bucket. Permission 'storage.objects.list' denied on resource "
+                "(or it may not exist)."
+            )
+            if self.status == 401:
+                message = "Invalid Credentials"
+            self._json(
+                self.status,
+                {
+                    "error": {
+                        "code": self.status,
+                        "message": message,
+                        "errors": [{"message": message}],
+                    }
+                },
+            )
+
+    def _json(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def gcs_account(monkeypatch):
+    """Points the storage client at a server that denies; yields a function to set the grants."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_GcsDenies,), {}))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+
+    def account(*granted, status=403):
+        server.RequestHandlerClass.granted = granted
+        server.RequestHandlerClass.status = status
+
+    yield account
+    server.shutdown()
+    server.server_close()
+
+
+def test_no_permission_to_read_names_the_role(gcs_account):
+    gcs_account()
+    for check in (gcs.check_input, gcs.list_prefixes):
+        with pytest.raises(UsageError) as error:
+            check("gs://private/images")
+        message = str(error.value)
+        assert message.startswith("Permission denied to list ")
+        assert "gs://private/images" in message
+        assert "roles/storage.objectViewer" in message
+        assert "storage.objects.list" in message  # GCS's own reason is kept
+        assert "\n" not in message
+
+
+def test_read_only_account_cannot_be_the_output(gcs_account):
+    gcs_account("storage.objects.get", "storage.objects.list")
+    with pytest.raises(UsageError) as error:
+        gcs.check_output("gs://shared/out")
+    message = str(error.value)
+    assert message.startswith("Permission denied to write to gs://shared/out")
+    assert "storage.objects.create, storage.objects.delete" in message
+    assert "roles/storage.objectAdmin" in message
+
+
+def test_writable_account_passes_check_output(gcs_account):
+    gcs_account(*gcs.OUTPUT_PERMISSIONS)
+    assert gcs.check_output("gs://shared/out") is False
+
+
+def test_unauthenticated_request_asks_for_credentials(gcs_account):
+    # The client is anonymous here (STORAGE_EMULATOR_HOST); GCS answers 401 to an
+    # anonymous request for a private bucket and the client cannot refresh.
+    gcs_account(status=401)
+    with pytest.raises(
+        UsageError, match="^No Google Cloud credentials to list objects in gs://priv"
+    ):
+        gcs.check_input("gs://private/images")
+
+
+# ------------------------------------------------------------ no credentials
+
+
+def _offline_env(tmp_path, **extra) -> dict[str, str]:
+    """An environment with no credentials anywhere and no emulator."""
+    env = {k: v for k, v in os.environ.items() if k not in {"STORAGE_EMULATOR_HOST"}}
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    env.update(
+        HOME=str(tmp_path),  # no ~/.config/gcloud/application_default_credentials.json
+        CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+        NO_GCE_CHECK="true",  # do not wait for a GCE metadata server
+        PATH=os.path.dirname(sys.executable),  # no gcloud binary to ask
+        PYTHONPATH=str(REPO_ROOT),
+        **extra,
+    )
+    return env
+
+
+@pytest.mark.parametrize("adc", [None, "missing.json"])
+def test_no_credentials_fail_fast_with_the_fix(tmp_path, adc):
+    """Through the CLI, as a user sees it: one line, exit status 2, in about a second."""
+    extra = {"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / adc)} if adc else {}
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_pipeline", "--input", "gs://some-bucket/images"]
+        + ["--output", str(tmp_path / "out")],
+        env=_offline_env(tmp_path, **extra),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    message = result.stderr.strip()
+    assert message.startswith("error: No Google Cloud credentials to list objects in gs://some")
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in message
+    assert "gcloud auth application-default login" in message
+    assert len(message.splitlines()) == 1
+    if adc:
+        assert "missing.json was not found" in message
