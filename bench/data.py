@@ -135,8 +135,9 @@ def _random_crop(rng: np.random.Generator, src: Image.Image, out_size, min_area:
     crop_w = min(width, (area * aspect) ** 0.5)
     crop_h = min(height, crop_w / aspect)
     crop_w = crop_h * aspect
-    x0 = rng.uniform(0, width - crop_w)
-    y0 = rng.uniform(0, height - crop_h)
+    # max(0, ...): float rounding can make the crop a hair wider than the source.
+    x0 = rng.uniform(0, max(0.0, width - crop_w))
+    y0 = rng.uniform(0, max(0.0, height - crop_h))
     box = (x0, y0, x0 + crop_w, y0 + crop_h)
     return src.resize(out_size, Image.Resampling.BICUBIC, box=box)
 

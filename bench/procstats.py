@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclasses.dataclass
@@ -37,7 +38,10 @@ class ProcResult:
     Attributes:
         returncode: exit status (negative: killed by that signal; None: timed out).
         wall_s: wall-clock seconds from spawn to exit.
-        cpu_s: user + system CPU seconds of the child and its waited-for children.
+        cpu_s: user + system CPU seconds of the whole process tree: the larger of
+            the kernel's count for the child and the children it waited for, and
+            the sum of the last sampled CPU time of every process seen in the
+            tree (which also covers workers that were killed, never waited for).
         peak_tree_rss_mb: peak summed RSS of the process tree (sampled).
         peak_proc_rss_mb: peak RSS of the largest single process (exact).
         stdout: captured standard output.
@@ -53,8 +57,10 @@ class ProcResult:
     stderr: str
 
 
-def _children_map() -> dict[int, list[int]]:
+def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """(parent pid -> child pids, pid -> own user+system CPU ticks) from /proc."""
     children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -65,9 +71,11 @@ def _children_map() -> dict[int, list[int]]:
             continue
         # The command name (field 2) may contain spaces and parentheses: split
         # after the last ')'.
+        # fields[0] is field 3 of proc(5): ppid is field 4, utime/stime 14/15.
         fields = stat[stat.rfind(b")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(entry))
-    return children
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    return children, ticks
 
 
 def _rss_kb(pid: int) -> int:
@@ -78,15 +86,16 @@ def _rss_kb(pid: int) -> int:
         return 0
 
 
-def tree_rss_kb(root_pid: int) -> int:
-    """Current summed RSS (KiB) of ``root_pid`` and all of its descendants."""
-    children = _children_map()
-    total, stack = 0, [root_pid]
+def tree_sample(root_pid: int) -> tuple[int, dict[int, int]]:
+    """(summed RSS in KiB, pid -> CPU ticks) of ``root_pid`` and all its descendants now."""
+    children, ticks = _process_table()
+    total, cpu, stack = 0, {}, [root_pid]
     while stack:
         pid = stack.pop()
         total += _rss_kb(pid)
+        cpu[pid] = ticks.get(pid, 0)
         stack.extend(children.get(pid, ()))
-    return total
+    return total, cpu
 
 
 class _RssSampler(threading.Thread):
@@ -94,11 +103,14 @@ class _RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.interval_s = pid, interval_s
         self.peak_kb = 0
+        self.cpu_ticks: dict[int, int] = {}  # last seen, per process of the tree
         self._stop_event = threading.Event()
 
     def run(self):
         while not self._stop_event.is_set():
-            self.peak_kb = max(self.peak_kb, tree_rss_kb(self.pid))
+            rss_kb, cpu = tree_sample(self.pid)
+            self.peak_kb = max(self.peak_kb, rss_kb)
+            self.cpu_ticks.update(cpu)
             self._stop_event.wait(self.interval_s)
 
     def stop(self):
@@ -164,7 +176,7 @@ def run_measured(
     return ProcResult(
         returncode=returncode,
         wall_s=wall,
-        cpu_s=usage.ru_utime + usage.ru_stime,
+        cpu_s=max(usage.ru_utime + usage.ru_stime, sum(sampler.cpu_ticks.values()) / _CLK_TCK),
         peak_tree_rss_mb=max(sampler.peak_kb, usage.ru_maxrss) / 1024,
         peak_proc_rss_mb=usage.ru_maxrss / 1024,
         stdout=stdout,

@@ -59,7 +59,7 @@ FULL = Sizes(
 )
 QUICK = Sizes(
     name="quick",
-    web_images=80,
+    web_images=48,
     phone_images=6,
     read_batch_size=16,
     read_warmup_epochs=1,

@@ -1,0 +1,195 @@
+"""Where the reader's time goes: ``python -m bench.profile_reader [--quick]``.
+
+An ablation on imagerecords' web-set output: the same records through
+pipelines that each add one stage, timed in one process after a warm-up,
+with the process's CPU time per image next to the images/s (on a shared
+2-core machine CPU-ms per image is the steadier number, and
+``2 cores / CPU-ms`` is the ceiling). Stages:
+
+* raw ``TFRecordDataset`` -> batch (I/O + framing only);
+* + ``parse_example`` on the batch, vs ``parse_single_example`` per record;
+* + ``decode_jpeg`` (full image, no resize), per record vs ``map_fn`` over a batch;
+* + resize to 224 (the tutorial pipeline);
+* + random crop while decoding (``decode_and_crop_jpeg``) + flip, per record;
+* imagerecords' reader as shipped (train, train with ``decode_before_batching``, eval);
+* for reference, decoding the original files (what ``image_dataset_from_directory`` pays).
+
+Written to ``bench/results/raw/profile/reader.txt`` and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+from bench.converters import imagerecords_output
+from bench.data import list_images
+from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, RESULTS_DIR
+
+PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measure(ds, images_per_epoch: int, epochs: int) -> tuple[float, float]:
+    """(images/s, CPU ms per image) over ``epochs`` after one warm-up epoch."""
+    iterator = iter(ds)
+
+    def pull(n):
+        got = 0
+        while got < n:
+            batch = next(iterator)
+            first = batch[0] if isinstance(batch, tuple) else batch
+            got += int(first.shape[0])
+        return got
+
+    pull(images_per_epoch)
+    cpu0, t0 = _cpu_s(), time.perf_counter()
+    got = pull(images_per_epoch * epochs)
+    wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    return got / wall, 1000 * cpu / got
+
+
+def build_variants(records: Path, files_root: Path, batch: int) -> dict:
+    """name -> (dataset factory, images per epoch)."""
+    import tensorflow as tf
+
+    import reader
+
+    auto = tf.data.AUTOTUNE
+    size = (READ_IMAGE_SIZE, READ_IMAGE_SIZE)
+    info = json.loads((records / "dataset_info.json").read_text())
+    n_train = info["splits"]["train"]["num_examples"]
+    shards = sorted(str(p) for p in records.glob("train-*.tfrecord"))
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    }
+
+    def records_ds():
+        return tf.data.TFRecordDataset(shards).repeat()
+
+    def single(fn):
+        return lambda: records_ds().map(fn, num_parallel_calls=auto).batch(batch).prefetch(auto)
+
+    def parse1(r):
+        e = tf.io.parse_single_example(r, spec)
+        return e["image/encoded"], e["image/class/label"]
+
+    def decode1(r):
+        e = tf.io.parse_single_example(r, spec)
+        return tf.io.decode_jpeg(e["image/encoded"], channels=3)[:8, :8], e["image/class/label"]
+
+    def decode_resize1(r):
+        e = tf.io.parse_single_example(r, spec)
+        image = tf.io.decode_jpeg(e["image/encoded"], channels=3)
+        return tf.image.resize(image, size), e["image/class/label"]
+
+    def crop_resize1(r):
+        e = tf.io.parse_single_example(r, spec)
+        encoded = e["image/encoded"]
+        shape = tf.io.extract_jpeg_shape(encoded)
+        begin, crop, _ = tf.image.sample_distorted_bounding_box(
+            shape,
+            tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+            area_range=(0.08, 1.0),
+            aspect_ratio_range=(3 / 4, 4 / 3),
+            max_attempts=10,
+            min_object_covered=0.1,
+        )
+        window = tf.stack([begin[0], begin[1], crop[0], crop[1]])
+        image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+        image = tf.image.random_flip_left_right(tf.image.resize(image, size))
+        return image, e["image/class/label"]
+
+    def batched_parse():
+        ds = records_ds().batch(batch)
+        return ds.map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=auto).map(
+            lambda e: (e["image/encoded"], e["image/class/label"])
+        )
+
+    def batched_map_fn_decode():
+        def fn(e):
+            images = tf.map_fn(
+                lambda x: tf.io.decode_jpeg(x, channels=3)[:8, :8],
+                e["image/encoded"],
+                fn_output_signature=tf.TensorSpec([None, None, 3], tf.uint8),
+                parallel_iterations=16,
+            )
+            return images, e["image/class/label"]
+
+        ds = records_ds().batch(batch)
+        ds = ds.map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=auto)
+        return ds.map(fn, num_parallel_calls=auto).prefetch(auto)
+
+    def files_decode():
+        files = tf.data.Dataset.list_files(str(files_root / "*" / "*"), seed=1).repeat()
+
+        def load(path):
+            image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+            return tf.image.resize(image, size), 0
+
+        return files.map(load, num_parallel_calls=auto).batch(batch).prefetch(auto)
+
+    def ir(**kw):
+        return lambda: reader.make_dataset(
+            str(records), "train", batch_size=batch, image_size=READ_IMAGE_SIZE, **kw
+        ).repeat()
+
+    n_files = len(list_images(files_root))
+    return {
+        "raw records, batched": (lambda: records_ds().batch(batch), n_train),
+        "+ parse_example per batch": (batched_parse, n_train),
+        "+ parse_single_example per record": (single(parse1), n_train),
+        "+ decode_jpeg per record (no resize)": (single(decode1), n_train),
+        "+ decode_jpeg via map_fn over batch (no resize)": (batched_map_fn_decode, n_train),
+        "tutorial: parse1 + decode + resize 224": (single(decode_resize1), n_train),
+        "parse1 + crop-decode + resize + flip": (single(crop_resize1), n_train),
+        "imagerecords train (as shipped)": (ir(training=True), n_train),
+        "imagerecords train, decode_before_batching": (
+            ir(training=True, decode_before_batching=True),
+            n_train,
+        ),
+        "imagerecords eval (as shipped)": (ir(training=False), n_train),
+        "original files: decode_image + resize": (files_decode, n_files),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Times every ablation variant and writes the summary."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--only", help="substring of the variants to run")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    records = imagerecords_output(CACHE_DIR / "out" / sizes.name, "web")
+    files_root = CACHE_DIR / "data" / f"web-{sizes.name}"
+    if not (records / "dataset_info.json").exists():
+        raise SystemExit(f"no imagerecords output at {records}: run `python -m bench` first")
+    lines = [
+        f"# reader ablation, web set, batch {sizes.read_batch_size}, "
+        f"{args.epochs} epochs after 1 warm-up",
+        f"{'variant':<50}{'images/s':>10}{'CPU ms/img':>12}",
+    ]
+    print("\n".join(lines), flush=True)
+    for name, (factory, per_epoch) in build_variants(
+        records, files_root, sizes.read_batch_size
+    ).items():
+        if args.only and args.only not in name:
+            continue
+        rate, cpu_ms = _measure(factory(), per_epoch, args.epochs)
+        lines.append(f"{name:<50}{rate:>10.0f}{cpu_ms:>12.2f}")
+        print(lines[-1], flush=True)
+    PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+    (PROFILE_DIR / "reader.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Smoke test of the benchmark harness (``python -m bench``) at tiny sizes.
+
+It checks the wiring, not the speed: the data generator, every converter and
+reader runner, the measurement of child processes and the report all work
+together and the table has a row for every tool. A tool that has not landed
+(or fails) must still get its row, marked "n/a" with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("skimage")
+
+from bench import __main__ as bench_main  # noqa: E402
+from bench import procstats, report  # noqa: E402
+from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
+from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
+
+
+def test_run_measured_counts_the_whole_process_tree():
+    code = (
+        "import multiprocessing as mp\n"
+        "def f(_):\n"
+        "    b = bytearray(40_000_000)\n"
+        "    import time; time.sleep(0.3); return len(b)\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.get_context('fork').Pool(2) as p: print(sum(p.map(f, range(2))))\n"
+    )
+    result = procstats.run_measured([sys.executable, "-c", code], timeout_s=60)
+    assert result.returncode == 0 and result.stdout.strip() == "80000000"
+    # Two workers holding 40 MB each at the same time: the tree peak sees both.
+    assert result.peak_tree_rss_mb > 75
+    assert result.peak_proc_rss_mb < result.peak_tree_rss_mb
+
+
+def test_run_measured_kills_a_hung_child():
+    result = procstats.run_measured(
+        [sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=1
+    )
+    assert result.returncode is None and result.wall_s < 10
+
+
+@pytest.mark.slow
+def test_quick_run_writes_a_table_with_every_row(tmp_path):
+    results_dir = tmp_path / "results"
+    status = bench_main.main(
+        [
+            "--quick",
+            "--sets",
+            "web",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--results-dir",
+            str(results_dir),
+        ]
+    )
+    assert status == 0
+    table = (results_dir / "results.md").read_text()
+    for label in CONVERTER_LABELS.values():
+        assert f"| web | {label} |" in table
+    for label in READER_LABELS.values():
+        assert f"| {label} |" in table
+    assert "nproc" in table and "Load average" in table
+    assert (results_dir / "chart.png").stat().st_size > 10_000
+
+    raw = json.loads((results_dir / "results.json").read_text())
+    rows = {r["converter"]: r for r in raw["converter"]["rows"]}
+    # The baselines live in bench/ and must always run.
+    assert rows["floor"]["ok"] and rows["floor"]["images_per_s"] > 0
+    assert rows["naive"]["ok"] and rows["naive"]["images_per_s"] > 0
+    readers = {r["variant"]: r for r in raw["reader"]["rows"]}
+    assert readers["keras_dir"]["ok"] and readers["tfdata_files"]["ok"]
+    # Every row is either measured or says why not.
+    for row in [*rows.values(), *readers.values()]:
+        assert row["ok"] or row["note"]
+
+
+def test_report_marks_missing_numbers_and_ratios():
+    results = {
+        "machine": {
+            "nproc": 2,
+            "cpu_model": "cpu",
+            "ram_gib": 1.0,
+            "os": "Linux",
+            "python": "3.11",
+            "versions": {},
+            "libjpeg": "libjpeg-turbo",
+            "loadavg_start": [0, 0, 0],
+        },
+        "sizes": "quick",
+        "finished_at": "now",
+        "data": [],
+        "converter": {
+            "measured_at": "now",
+            "rows": [
+                {"image_set": "web", "converter": "floor", "images_per_s": 100.0, "note": ""},
+                {"image_set": "web", "converter": "imagerecords", "images_per_s": 90.0, "note": ""},
+                {"image_set": "web", "converter": "naive", "images_per_s": None, "note": "failed"},
+            ],
+        },
+    }
+    for row in results["converter"]["rows"]:
+        for key in ("mb_per_s", "wall_s", "work_images_per_s", "cpu_s", "peak_tree_rss_mb"):
+            row.setdefault(key, None)
+    ratios = report.ratios(results)
+    assert ratios["converter_web_vs_floor"] == pytest.approx(0.9)
+    text = report.markdown(results)
+    assert "0.90x" in text and "n/a" in text and "**met**" in text
