@@ -48,6 +48,35 @@ FAKE_TOKEN = "imagerecords-test-token"
 FAKE_PROJECT = "imagerecords-test"
 
 
+# Runs the emulator with one fix: it builds an object's ``mediaLink`` from the
+# raw object name, so a name with "#" or "?" yields a URL that points elsewhere
+# (the client downloads through mediaLink and gets 404). GCS percent-encodes the
+# name there; so does this wrapper, before the emulator's own entry point.
+_EMULATOR_MAIN = """
+import sys
+import urllib.parse
+
+from gcp_storage_emulator.handlers import objects
+
+_make_object_resource = objects._make_object_resource
+
+
+def make_object_resource(base_url, bucket_name, object_name, *args, **kwargs):
+    obj = _make_object_resource(base_url, bucket_name, object_name, *args, **kwargs)
+    quoted = urllib.parse.quote(object_name, safe="")
+    obj["mediaLink"] = obj["mediaLink"].replace(f"/o/{object_name}?", f"/o/{quoted}?", 1)
+    obj["selfLink"] = obj["selfLink"].replace(f"/o/{object_name}", f"/o/{quoted}", 1)
+    return obj
+
+
+objects._make_object_resource = make_object_resource
+
+from gcp_storage_emulator.__main__ import main
+
+main(sys.argv[1:])
+"""
+
+
 def _die_with_parent() -> None:
     """preexec_fn: the child gets SIGTERM if pytest dies without tearing down."""
     if sys.platform.startswith("linux"):
@@ -117,7 +146,7 @@ class GcsEmulator:
             port = free_port()
             log = log_dir / f"emulator-{port}.log"
             process = subprocess.Popen(
-                [sys.executable, "-m", "gcp_storage_emulator", "start"]
+                [sys.executable, "-c", _EMULATOR_MAIN, "start"]
                 + ["--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
                 stdin=subprocess.DEVNULL,
                 stdout=log.open("wb"),

@@ -47,6 +47,11 @@ def source(gcs_emulator, tmp_path_factory) -> Source:
     ids = make_class_folders(str(local), per_class=6, size_range=(60, 160))
     bad = add_bad_files(str(local))
     (local / "dog" / ".DS_Store").write_bytes(b"\0hidden")  # skipped, not rejected
+    # Names that need escaping somewhere: URL syntax, glob syntax, non-ASCII.
+    for name in ("cat/with space #1?.jpg", "dog/[x] 100%+.jpg", "sea [lion]*/déjà vu.jpg"):
+        (local / name).parent.mkdir(exist_ok=True)
+        (local / name).write_bytes((local / ids[0]).read_bytes())
+        ids.append(name)
     bucket = gcs_emulator.create_bucket()
     url = f"gs://{bucket}/images"
     gcs_emulator.upload_dir(local, url)
