@@ -116,6 +116,7 @@ def write_dataset(
     jpeg_quality: int = 90,
     format_version: int = 1,
     write_info: bool = True,
+    class_sorted_shards: bool = False,
 ) -> FixtureDataset:
     """Writes a contract-conformant dataset to ``out_dir`` and returns its ground truth.
 
@@ -131,6 +132,9 @@ def write_dataset(
         jpeg_quality: JPEG quality of the stored images.
         format_version: Written into ``dataset_info.json`` (tests of refusals).
         write_info: ``False`` leaves out ``dataset_info.json``, like an unfinished run.
+        class_sorted_shards: Sort the records inside each shard by class instead of
+            by order key. Not what the converter writes: a worst case that shows
+            whether the *reader's* shuffle mixes classes.
     """
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -179,6 +183,9 @@ def write_dataset(
         ranges: dict[int, list] = {}
         for key, record, payload in sorted(items, key=lambda item: item[0]):
             ranges.setdefault((key * n) >> 64, []).append((record, payload))
+        if class_sorted_shards:
+            for hash_range in ranges.values():
+                hash_range.sort(key=lambda item: item[0].label)
         nonempty = sorted(ranges)
         shard_entries = []
         ordered[split] = []

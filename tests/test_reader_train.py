@@ -1,0 +1,288 @@
+"""reader.make_dataset in training mode: shuffling, epochs, determinism, augmentation, hooks."""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import reader
+from tests.shard_fixtures import write_dataset
+
+SIZE = 24
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("train") / "ds", per_class=32)
+
+
+@pytest.fixture(scope="module")
+def class_sorted(tmp_path_factory):
+    """Shards whose records are sorted by class: only the reader's shuffle can mix them."""
+    return write_dataset(
+        tmp_path_factory.mktemp("sorted") / "ds",
+        per_class=32,
+        shards={"train": 2},
+        class_sorted_shards=True,
+    )
+
+
+def train_dataset(fixture, batch_size=8, **kwargs):
+    kwargs.setdefault("image_size", SIZE)
+    return reader.make_dataset(
+        fixture.path, "train", batch_size, training=True, return_dict=True, **kwargs
+    )
+
+
+def stream(ds, batches: int) -> dict[str, np.ndarray]:
+    parts = collections.defaultdict(list)
+    for batch in ds.take(batches):
+        for key, value in batch.items():
+            parts[key].append(value.numpy())
+    return {key: np.concatenate(values) for key, values in parts.items()}
+
+
+def epoch_batch_size(fixture) -> int:
+    """A batch size that divides the split, so epochs start on batch boundaries."""
+    n = len(fixture.records["train"])
+    return next(b for b in range(16, 1, -1) if n % b == 0)
+
+
+def order_correlation(labels) -> float:
+    """Correlation of label and position: near 1 for a class-sorted stream, near 0 mixed."""
+    return float(np.corrcoef(np.arange(len(labels)), labels)[0, 1])
+
+
+def test_training_shapes_are_static(fixture):
+    for dtype in (tf.float32, tf.bfloat16):
+        ds = reader.make_dataset(fixture.path, "train", 8, (SIZE, 20), training=True, dtype=dtype)
+        images, labels = ds.element_spec
+        assert images.shape.as_list() == [8, SIZE, 20, 3] and images.dtype == dtype
+        assert labels.shape.as_list() == [8] and labels.dtype == tf.int32
+        x, y = next(iter(ds))
+        assert x.shape == (8, SIZE, 20, 3) and x.dtype == dtype and y.shape == (8,)
+
+
+def test_shuffles_across_classes(class_sorted):
+    n = len(class_sorted.records["train"])
+    unshuffled = train_dataset(class_sorted, shuffle=False, shuffle_files=False, repeat=False)
+    labels = np.concatenate([b["label"].numpy() for b in unshuffled])
+    # Sanity: without the reader's shuffle the stream really is ordered by class.
+    assert order_correlation(labels) > 0.7
+    shuffled = stream(train_dataset(class_sorted, seed=1), n // 8)["label"]
+    assert abs(order_correlation(shuffled)) < 0.35
+    # Every class shows up early, in proportion, not after the others are used up.
+    first_quarter = collections.Counter(shuffled[: n // 4])
+    assert all(first_quarter[c] >= n // 4 // 6 for c in range(3)), first_quarter
+    # Most batches hold more than one class.
+    per_batch = [len(set(b)) for b in shuffled[: n // 8 * 8].reshape(-1, 8)]
+    assert sum(k > 1 for k in per_batch) >= 0.8 * len(per_batch)
+
+
+def test_epochs_differ_and_each_is_the_whole_split(fixture):
+    batch = epoch_batch_size(fixture)
+    n = len(fixture.records["train"])
+    out = stream(train_dataset(fixture, batch, seed=5), 3 * n // batch)
+    epochs = [list(out["filename"][i * n : (i + 1) * n]) for i in range(3)]
+    for epoch in epochs:
+        assert sorted(x.decode() for x in epoch) == sorted(fixture.filenames("train"))
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
+    # And none of them is the on-disk order.
+    assert [x.decode() for x in epochs[0]] != fixture.filenames("train")
+
+
+def test_deterministic_with_a_seed_repeats_exactly(fixture):
+    def first_batches(seed):
+        ds = reader.make_dataset(
+            fixture.path, "train", 8, SIZE, training=True, seed=seed, deterministic=True
+        )
+        return [(x.numpy(), y.numpy()) for x, y in ds.take(4)]
+
+    a, b, other = first_batches(7), first_batches(7), first_batches(8)
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    assert any(not np.array_equal(xa, xo) for (xa, _), (xo, _) in zip(a, other, strict=True))
+
+
+def _by_name(out) -> dict[str, np.ndarray]:
+    return {n.decode(): image for n, image in zip(out["filename"], out["image"], strict=True)}
+
+
+def test_augmentation_switches(fixture):
+    n = len(fixture.records["train"])
+    batch = epoch_batch_size(fixture)
+    eval_images = _by_name(
+        stream(
+            reader.make_dataset(
+                fixture.path, "train", batch, SIZE, training=False, return_dict=True
+            ),
+            n // batch,
+        )
+    )
+
+    off = _by_name(
+        stream(train_dataset(fixture, batch, random_crop=False, horizontal_flip=False), n // batch)
+    )
+    assert off.keys() == eval_images.keys()
+    for name, image in off.items():
+        np.testing.assert_allclose(image, eval_images[name], atol=1e-3)
+
+    flip = _by_name(stream(train_dataset(fixture, batch, random_crop=False, seed=3), n // batch))
+    flipped = 0
+    for name, image in flip.items():
+        if np.allclose(image, eval_images[name], atol=1e-3):
+            continue
+        np.testing.assert_allclose(image, eval_images[name][:, ::-1], atol=1e-3)
+        flipped += 1
+    assert 0.2 * n < flipped < 0.8 * n
+
+    # Random crops: the same file looks different from one epoch to the next.
+    two_epochs = stream(
+        train_dataset(fixture, batch, horizontal_flip=False, seed=3), 2 * n // batch
+    )
+    first = _by_name({k: v[:n] for k, v in two_epochs.items()})
+    second = _by_name({k: v[n:] for k, v in two_epochs.items()})
+    differ = sum(not np.allclose(first[k], second[k], atol=1) for k in first)
+    assert differ > 0.8 * n
+
+
+def test_hooks(fixture):
+    def image_fn(image, label):
+        return tf.fill(tf.shape(image), tf.cast(label, tf.float32) * 10.0 + 1.0), label
+
+    def batch_fn(images, labels):
+        return images * 2.0, labels + 100
+
+    out = stream(train_dataset(fixture, image_fn=image_fn, batch_fn=batch_fn, seed=1), 3)
+    labels = out["label"] - 100
+    assert set(labels) <= {0, 1, 2} and len(set(labels)) > 1
+    expected = (labels.astype(np.float32) * 10 + 1) * 2
+    np.testing.assert_array_equal(
+        out["image"], np.broadcast_to(expected[:, None, None, None], out["image"].shape)
+    )
+
+
+def test_decode_before_batching_lets_image_fn_change_the_shape(fixture):
+    def image_fn(image, label):
+        return image[::2, ::2], label
+
+    ds = reader.make_dataset(
+        fixture.path,
+        "train",
+        8,
+        SIZE,
+        training=True,
+        image_fn=image_fn,
+        decode_before_batching=True,
+        seed=2,
+    )
+    assert ds.element_spec[0].shape.as_list() == [8, SIZE // 2, SIZE // 2, 3]
+    # The same pipeline, batched path, the same seed: the same images.
+    kwargs = dict(training=True, seed=2, deterministic=True, return_dict=True)
+    before = stream(
+        reader.make_dataset(fixture.path, "train", 8, SIZE, decode_before_batching=True, **kwargs),
+        4,
+    )
+    after = stream(reader.make_dataset(fixture.path, "train", 8, SIZE, **kwargs), 4)
+    np.testing.assert_array_equal(before["filename"], after["filename"])
+    assert before["image"].shape == after["image"].shape
+    assert np.abs(before["image"] - after["image"]).mean() < 20
+
+
+@pytest.mark.parametrize("seed", [11, None])
+def test_training_input_pipelines_cover_an_epoch_exactly_once(fixture, seed):
+    contexts = [tf.distribute.InputContext(2, i, 2) for i in range(2)]
+    parts = []
+    for context in contexts:
+        ds = train_dataset(
+            fixture, 4, seed=seed, repeat=False, drop_remainder=False, input_context=context
+        )
+        parts.append([n.decode() for b in ds for n in b["filename"].numpy()])
+    assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == sorted(fixture.filenames("train"))
+
+
+def test_training_fallback_by_record_covers_once(fixture, caplog):
+    assert len(reader.load_info(fixture.path).files("val")) == 1
+    parts = []
+    with caplog.at_level(logging.WARNING):
+        for i in range(2):
+            ds = reader.make_dataset(
+                fixture.path,
+                "val",
+                4,
+                SIZE,
+                training=True,
+                seed=4,
+                repeat=False,
+                drop_remainder=False,
+                return_dict=True,
+                input_context=tf.distribute.InputContext(2, i, 2),
+            )
+            parts.append([n.decode() for b in ds for n in b["filename"].numpy()])
+    assert any("sharding by record" in r.getMessage() for r in caplog.records)
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == sorted(fixture.filenames("val"))
+
+
+def test_options_reach_tf_data(fixture):
+    extra = tf.data.Options()
+    extra.autotune.ram_budget = 1 << 30
+    ds = reader.make_dataset(
+        fixture.path,
+        "train",
+        8,
+        SIZE,
+        training=True,
+        threadpool_size=3,
+        max_intra_op_parallelism=1,
+        options=extra,
+        cycle_length=2,
+        shuffle_buffer_size=16,
+        num_parallel_calls=2,
+    )
+    options = ds.options()
+    assert options.threading.private_threadpool_size == 3
+    assert options.threading.max_intra_op_parallelism == 1
+    assert options.autotune.ram_budget == 1 << 30
+    assert options.deterministic is False
+    assert (
+        reader.make_dataset(fixture.path, "train", 8, SIZE, training=False).options().deterministic
+    )
+    x, _ = next(iter(ds))
+    assert x.shape == (8, SIZE, SIZE, 3)
+
+
+@pytest.mark.filterwarnings("ignore:`shuffle=True` was passed")
+def test_keras_model_learns_from_make_dataset(fixture):
+    tf.keras.utils.set_random_seed(0)
+    info = reader.load_info(fixture.path)
+    ds = reader.make_dataset(
+        fixture.path, "train", 16, 16, training=True, seed=0, value_range="0_1"
+    )
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((16, 16, 3)),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(info.num_classes),
+        ]
+    )
+    model.compile(
+        optimizer=tf.keras.optimizers.Adam(0.1),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    steps = info.steps_per_epoch("train", 16)
+    history = model.fit(ds, steps_per_epoch=steps, epochs=4, verbose=0).history
+    assert history["loss"][-1] < 0.7 * history["loss"][0]
+    val = reader.make_dataset(
+        fixture.path, "val", 16, 16, training=False, value_range="0_1", pad_to_batch=True
+    )
+    # (images, labels, weights): Keras takes the weights as sample weights.
+    _, accuracy = model.evaluate(val, verbose=0)
+    assert accuracy > 0.6
