@@ -174,7 +174,7 @@ def pyspy_profile(image_dir: Path, out_dir: Path, raw_path: Path) -> str:
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
         process = frames[0] if frames[0].startswith("process ") else "process ?"
-        kind = "SDK worker" if "sdk_worker" in process or "worker_main" in process else "launcher"
+        kind = _process_kind(process)
         frames = [f for f in frames if not f.startswith(("process ", "thread "))]
         frames.reverse()  # leaf first
         by_process[kind][categorize(frames)] += int(count)
@@ -190,6 +190,23 @@ def pyspy_profile(image_dir: Path, out_dir: Path, raw_path: Path) -> str:
     for leaf, count in leaves.most_common(25):
         lines.append(f"    {100 * count / total:5.1f}%  {leaf}")
     return "\n".join(lines) + "\n"
+
+
+def _process_kind(process_frame: str) -> str:
+    """A readable name for py-spy's ``process PID:"command line"`` root frame."""
+    match = re.match(r'process (\d+):"(.*)"', process_frame)
+    if not match:
+        return process_frame
+    pid, cmd = match.groups()
+    if "sdk_worker" in cmd or "worker_main" in cmd:
+        role = "Beam SDK worker"
+    elif "forkserver" in cmd or "multiprocessing" in cmd:
+        role = "pool worker"
+    elif "-m beam_pipeline" in cmd:
+        role = "launcher (or a forked child of it)"
+    else:
+        role = "other"
+    return f"pid {pid} {role}"
 
 
 def _leaf_line(frames: list[str]) -> str:

@@ -108,6 +108,90 @@ def build_variants(records: Path, files_root: Path, batch: int) -> dict:
         image = tf.image.random_flip_left_right(tf.image.resize(image, size))
         return image, e["image/class/label"]
 
+    def stateless_window(shape, seed):
+        begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
+            shape,
+            tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+            seed=seed,
+            area_range=(0.08, 1.0),
+            aspect_ratio_range=(3 / 4, 4 / 3),
+            max_attempts=10,
+            min_object_covered=0.1,
+            use_image_if_no_bounding_boxes=True,
+        )
+        return begin, crop
+
+    def train_one(encoded, label, seed):
+        # Proposal: crop while decoding, then resize and flip, one record per call.
+        shape = tf.io.extract_jpeg_shape(encoded)
+        begin, crop = stateless_window(shape, seed)
+        window = tf.stack([begin[0], begin[1], crop[0], crop[1]])
+        image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+        image = tf.image.resize(image, size)
+        image = tf.image.stateless_random_flip_left_right(image, seed + 1)
+        return image, label
+
+    def train_one_crop_and_resize(encoded, label, seed):
+        # Proposal: full decode, then one crop_and_resize op does crop + resize + flip
+        # (a box with x1 > x2 is mirrored), no separate flip copy.
+        image = tf.io.decode_jpeg(encoded, channels=3)
+        shape = tf.shape(image)
+        begin, crop = stateless_window(shape, seed)
+        h, w = tf.cast(shape[0] - 1, tf.float32), tf.cast(shape[1] - 1, tf.float32)
+        y1 = tf.cast(begin[0], tf.float32) / h
+        x1 = tf.cast(begin[1], tf.float32) / w
+        y2 = tf.cast(begin[0] + crop[0] - 1, tf.float32) / h
+        x2 = tf.cast(begin[1] + crop[1] - 1, tf.float32) / w
+        flip = tf.random.stateless_uniform([], seed + 1) < 0.5
+        box = tf.where(flip, tf.stack([y1, x2, y2, x1]), tf.stack([y1, x1, y2, x2]))
+        image = tf.image.crop_and_resize(image[None], box[None], [0], size)[0]
+        return image, label
+
+    def seeded(ds):
+        return tf.data.Dataset.zip((ds, tf.data.Dataset.counter())).map(
+            lambda x, i: (*x, tf.stack([tf.constant(7, tf.int64), i]))
+        )
+
+    def per_record(fn, batched_parse_first: bool):
+        def build():
+            ds = records_ds().shuffle(2048)
+            if batched_parse_first:
+                # parse_example on batches of 128, then unbatch: the vectorised parse
+                # and a per-record parallel decode.
+                ds = ds.batch(batch).map(
+                    lambda r: tf.io.parse_example(r, spec), num_parallel_calls=auto
+                )
+                ds = ds.map(lambda e: (e["image/encoded"], e["image/class/label"])).unbatch()
+            else:
+                ds = ds.map(parse1, num_parallel_calls=auto)
+            ds = seeded(ds).map(fn, num_parallel_calls=auto, deterministic=False)
+            return ds.batch(batch, drop_remainder=True).prefetch(auto)
+
+        return build
+
+    def batched_map_fn_train(parallel_iterations):
+        def build():
+            def fn(e, i):
+                seeds = tf.random.stateless_uniform(
+                    [tf.shape(e["image/encoded"])[0], 2], [7, i], None, None, tf.int64
+                )
+                return tf.map_fn(
+                    lambda a: train_one(*a),
+                    (e["image/encoded"], e["image/class/label"], seeds),
+                    fn_output_signature=(
+                        tf.TensorSpec([*size, 3], tf.float32),
+                        tf.TensorSpec([], tf.int64),
+                    ),
+                    parallel_iterations=parallel_iterations,
+                )
+
+            ds = records_ds().shuffle(2048).batch(batch, drop_remainder=True)
+            ds = ds.map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=auto)
+            ds = tf.data.Dataset.zip((ds, tf.data.Dataset.counter()))
+            return ds.map(fn, num_parallel_calls=auto, deterministic=False).prefetch(auto)
+
+        return build
+
     def batched_parse():
         ds = records_ds().batch(batch)
         return ds.map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=auto).map(
@@ -151,6 +235,26 @@ def build_variants(records: Path, files_root: Path, batch: int) -> dict:
         "+ decode_jpeg via map_fn over batch (no resize)": (batched_map_fn_decode, n_train),
         "tutorial: parse1 + decode + resize 224": (single(decode_resize1), n_train),
         "parse1 + crop-decode + resize + flip": (single(crop_resize1), n_train),
+        "P1 train: parse1 -> map(crop-decode+resize+flip)": (
+            per_record(train_one, False),
+            n_train,
+        ),
+        "P2 train: parse_example(batch) -> unbatch -> map(same)": (
+            per_record(train_one, True),
+            n_train,
+        ),
+        "P3 train: P2 with decode + crop_and_resize(flip box)": (
+            per_record(train_one_crop_and_resize, True),
+            n_train,
+        ),
+        "P4 train: batch -> map_fn(same), parallel_iterations=16": (
+            batched_map_fn_train(16),
+            n_train,
+        ),
+        "P5 train: batch -> map_fn(same), parallel_iterations=128": (
+            batched_map_fn_train(128),
+            n_train,
+        ),
         "imagerecords train (as shipped)": (ir(training=True), n_train),
         "imagerecords train, decode_before_batching": (
             ir(training=True, decode_before_batching=True),
@@ -184,8 +288,12 @@ def main(argv: list[str] | None = None) -> None:
     ).items():
         if args.only and args.only not in name:
             continue
-        rate, cpu_ms = _measure(factory(), per_epoch, args.epochs)
-        lines.append(f"{name:<50}{rate:>10.0f}{cpu_ms:>12.2f}")
+        try:
+            rate, cpu_ms = _measure(factory(), per_epoch, args.epochs)
+        except Exception as error:  # a reader option that fails must not hide the others
+            lines.append(f"{name:<50}  failed: {type(error).__name__}: {str(error)[:120]!r}")
+        else:
+            lines.append(f"{name:<50}{rate:>10.0f}{cpu_ms:>12.2f}")
         print(lines[-1], flush=True)
     PROFILE_DIR.mkdir(parents=True, exist_ok=True)
     (PROFILE_DIR / "reader.txt").write_text("\n".join(lines) + "\n")
