@@ -124,6 +124,8 @@ class DatasetInfo:
         created_by: The tool and version that wrote the dataset, or ``None``.
         features: Read-only mapping record key -> type name, as written by the converter.
         rejected_count: Images the converter rejected (see ``rejects.jsonl``).
+        raw: The whole decoded JSON (read-only at the top level), for fields this
+            class does not model (e.g. the converter's extra ``image`` settings).
     """
 
     path: str
@@ -138,6 +140,9 @@ class DatasetInfo:
         default_factory=lambda: types.MappingProxyType({})
     )
     rejected_count: int = 0
+    raw: Mapping = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}), repr=False, compare=False
+    )
 
     @property
     def num_classes(self) -> int:
@@ -293,6 +298,7 @@ def info_from_dict(raw: Mapping, path: str) -> DatasetInfo:
         created_by=raw.get("created_by"),
         features=types.MappingProxyType(dict(raw.get("features") or {})),
         rejected_count=_as_int(rejected.get("count", 0), "rejected.count", where) or 0,
+        raw=types.MappingProxyType(dict(raw)),
     )
 
 

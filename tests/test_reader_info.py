@@ -25,6 +25,7 @@ def test_parses_classes_counts_and_shards(fixture):
     assert info.classes == tuple(written["classes"])
     assert info.num_classes == len(written["classes"])
     assert info.format_version == 1
+    assert info.raw["created_by"] == written["created_by"]
     assert info.seed == written["seed"]
     assert info.image == reader.ImageSpec(
         resize=written["image"]["resize"],
