@@ -230,7 +230,7 @@ def check_input(url: str) -> None:
     doing = "list objects in"
     if _holds_files(url, doing) or _object_exists(url, "read"):
         return
-    raise UsageError(f"No objects under {url}: nothing to convert (check the path).")
+    raise UsageError(f"No objects under {url} (nor an object of that name): check the path.")
 
 
 def check_output(url: str) -> bool:

@@ -18,6 +18,9 @@ Import the fixtures explicitly in a test module::
 * ``gcs_bucket``: a fresh, uniquely named bucket per test (no wiping needed).
 * ``tf_gcs_env`` (session): environment variables for a *subprocess* whose
   TensorFlow reads ``gs://`` through :mod:`tests.gcs_proxy`.
+* ``gcs_account``: points the storage client (in this process) at a server
+  that answers like GCS for an account with only some permissions; the
+  emulator grants everything to everyone.
 
 The :class:`GcsEmulator` object the fixture yields has helpers to create
 buckets and move files in and out with google-cloud-storage.
@@ -33,9 +36,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -303,3 +308,68 @@ def tf_gcs_env(gcs_proxy) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
     )
     return env
+
+
+# ------------------------------------------------ IAM (the emulator has none)
+
+
+class _GcsDenies(BaseHTTPRequestHandler):
+    """Answers like GCS for an account with only ``granted`` permissions on a bucket."""
+
+    granted: tuple[str, ...] = ()
+    status = 403
+
+    def do_GET(self):  # noqa: N802 - http.server naming
+        if "/iam/testPermissions" in self.path:
+            self._json(
+                200,
+                {"kind": "storage#testIamPermissionsResponse", "permissions": list(self.granted)},
+            )
+        elif "/o" in self.path and "storage.objects.list" in self.granted:
+            self._json(200, {"kind": "storage#objects", "items": [], "prefixes": []})
+        else:
+            message = (
+                "alice@example.com does not have storage.objects.list access to the Google "
+                "Cloud Storage bucket. Permission 'storage.objects.list' denied on resource "
+                "(or it may not exist)."
+            )
+            if self.status == 401:
+                message = "Invalid Credentials"
+            self._json(
+                self.status,
+                {
+                    "error": {
+                        "code": self.status,
+                        "message": message,
+                        "errors": [{"message": message}],
+                    }
+                },
+            )
+
+    def _json(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def gcs_account(monkeypatch):
+    """Points the storage client at a server that denies; yields a function to set the grants."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_GcsDenies,), {}))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+
+    def account(*granted, status=403):
+        server.RequestHandlerClass.granted = granted
+        server.RequestHandlerClass.status = status
+
+    yield account
+    server.shutdown()
+    server.server_close()

@@ -1,18 +1,15 @@
 """beam_pipeline.gcs against a real GCS API server (the emulator), plus the failure modes.
 
-The emulator does not enforce IAM, so permission errors come from a tiny server
-that answers the way GCS does when an account lacks a permission (status, JSON
-error body); the storage client under test is the real one either way.
+The emulator does not enforce IAM, so permission errors come from the
+``gcs_account`` server, which answers the way GCS does when an account lacks a
+permission (status, JSON error body); the storage client is the real one either way.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -24,6 +21,7 @@ from tests.gcs_fixtures import REPO_ROOT
 # Fixtures used by name in this module (an import would read as unused to linters).
 gcs_emulator = gcs_fixtures.gcs_emulator
 gcs_bucket = gcs_fixtures.gcs_bucket
+gcs_account = gcs_fixtures.gcs_account
 
 
 @pytest.fixture
@@ -90,7 +88,9 @@ def test_check_input_missing_bucket(gcs_emulator):
 )
 def test_check_input_empty_prefix(images, path):
     url = f"gs://{gcs.split_url(images)[0]}/{path}"
-    with pytest.raises(UsageError, match=rf"^No objects under {url}: nothing to convert"):
+    with pytest.raises(
+        UsageError, match=rf"^No objects under {url} \(nor an object of that name\)"
+    ):
         gcs.check_input(url)
 
 
@@ -104,68 +104,6 @@ def test_check_output_says_whether_the_folder_holds_files(images):
 
 
 # ------------------------------------------------------------ IAM failures
-
-
-class _GcsDenies(BaseHTTPRequestHandler):
-    """Answers like GCS for an account with only ``granted`` permissions on a bucket."""
-
-    granted: tuple[str, ...] = ()
-    status = 403
-
-    def do_GET(self):  # noqa: N802 - http.server naming
-        if "/iam/testPermissions" in self.path:
-            self._json(
-                200,
-                {"kind": "storage#testIamPermissionsResponse", "permissions": list(self.granted)},
-            )
-        elif "/o" in self.path and "storage.objects.list" in self.granted:
-            self._json(200, {"kind": "storage#objects", "items": [], "prefixes": []})
-        else:
-            message = (
-                "alice@example.com does not have storage.objects.list access to the Google "
-                "Cloud Storage bucket. Permission 'storage.objects.list' denied on resource "
-                "(or it may not exist)."
-            )
-            if self.status == 401:
-                message = "Invalid Credentials"
-            self._json(
-                self.status,
-                {
-                    "error": {
-                        "code": self.status,
-                        "message": message,
-                        "errors": [{"message": message}],
-                    }
-                },
-            )
-
-    def _json(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def gcs_account(monkeypatch):
-    """Points the storage client at a server that denies; yields a function to set the grants."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_GcsDenies,), {}))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
-
-    def account(*granted, status=403):
-        server.RequestHandlerClass.granted = granted
-        server.RequestHandlerClass.status = status
-
-    yield account
-    server.shutdown()
-    server.server_close()
 
 
 def test_no_permission_to_read_names_the_role(gcs_account):
