@@ -59,6 +59,23 @@ def _libjpeg() -> str:
     return f"libjpeg {features.version('jpg')}"
 
 
+def _git_state() -> str:
+    """HEAD, and whether the code under test has uncommitted changes (it is measured as is)."""
+    from bench.settings import REPO_DIR
+
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=REPO_DIR, capture_output=True, text=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "beam_pipeline", "reader")
+    except OSError:
+        return "unknown"
+    return f"{head}" + (" + uncommitted changes in beam_pipeline/ or reader/" if dirty else "")
+
+
 def describe() -> dict:
     """The machine, OS and library versions, as a JSON-friendly dict."""
     return {
@@ -73,5 +90,6 @@ def describe() -> dict:
             if _version(dist) != "not installed"
         },
         "libjpeg": _libjpeg(),
+        "git": _git_state(),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 import traceback
@@ -23,26 +24,34 @@ from pathlib import Path
 from bench.read_pipelines import BUILDERS, VARIANTS
 
 
-def _time_epochs(pipeline, warmup: int, epochs: int) -> tuple[list[float], list[int]]:
-    seconds, counts = [], []
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time_epochs(pipeline, warmup: int, epochs: int) -> tuple[list[float], list[int], float]:
+    """Per timed epoch: seconds and images; and the CPU seconds of all timed epochs."""
+    seconds, counts, cpu = [], [], 0.0
     if pipeline.infinite:
         iterator = iter(pipeline.dataset)
         for epoch in range(warmup + epochs):
-            start, images = time.perf_counter(), 0
+            start, cpu_start, images = time.perf_counter(), _cpu_s(), 0
             while images < pipeline.epoch_images:
                 images += int(next(iterator)[0].shape[0])
             if epoch >= warmup:
                 seconds.append(time.perf_counter() - start)
                 counts.append(images)
+                cpu += _cpu_s() - cpu_start
     else:
         for epoch in range(warmup + epochs):
-            start, images = time.perf_counter(), 0
+            start, cpu_start, images = time.perf_counter(), _cpu_s(), 0
             for batch in pipeline.dataset:
                 images += int(batch[0].shape[0])
             if epoch >= warmup:
                 seconds.append(time.perf_counter() - start)
                 counts.append(images)
-    return seconds, counts
+                cpu += _cpu_s() - cpu_start
+    return seconds, counts, cpu
 
 
 def run_variant(variant: str, args) -> dict:
@@ -52,7 +61,7 @@ def run_variant(variant: str, args) -> dict:
         start = time.perf_counter()
         pipeline = BUILDERS[variant](args.files_root, args.records, args.batch, args.image_size)
         result["build_s"] = time.perf_counter() - start
-        seconds, counts = _time_epochs(pipeline, args.warmup, args.epochs)
+        seconds, counts, cpu = _time_epochs(pipeline, args.warmup, args.epochs)
         if not counts or not counts[0]:
             raise RuntimeError("the pipeline produced no batches")
         result.update(
@@ -60,6 +69,7 @@ def run_variant(variant: str, args) -> dict:
             epoch_seconds=seconds,
             epoch_images=counts,
             images_per_s=sum(counts) / sum(seconds),
+            cpu_ms_per_image=1000 * cpu / sum(counts),
         )
     except Exception as error:  # report, don't crash the other variants
         traceback.print_exc()

@@ -30,6 +30,8 @@ class ReaderResult:
         note: why not (empty when fine).
         images_per_s: images / second over the timed epochs.
         epoch_images_per_s: the same, per timed epoch (spread = noise).
+        cpu_ms_per_image: CPU time of the process during the timed epochs per
+            image (all threads); steadier than images/s on a loaded machine.
         peak_tree_rss_mb: peak RSS of its child process (only when it ran alone).
         cpu_s: CPU seconds of the child (only when it ran alone).
     """
@@ -39,6 +41,7 @@ class ReaderResult:
     note: str = ""
     images_per_s: float = float("nan")
     epoch_images_per_s: list[float] = dataclasses.field(default_factory=list)
+    cpu_ms_per_image: float = float("nan")
     peak_tree_rss_mb: float = float("nan")
     cpu_s: float = float("nan")
 
@@ -128,6 +131,7 @@ def run_readers(
             result = ReaderResult(variant, ok=raw["ok"], note=raw.get("note", ""))
             if raw["ok"]:
                 result.images_per_s = raw["images_per_s"]
+                result.cpu_ms_per_image = raw["cpu_ms_per_image"]
                 result.epoch_images_per_s = [
                     n / s for n, s in zip(raw["epoch_images"], raw["epoch_seconds"], strict=True)
                 ]

@@ -42,12 +42,23 @@ def ratios(results: dict) -> dict:
         out[f"converter_{image_set}_vs_naive"] = _ratio(
             ir, conv.get((image_set, "naive"), {}).get("images_per_s")
         )
+        # CPU per image of the floor over imagerecords': the share of the work
+        # that is the codec's, steadier than images/s on a loaded machine.
+        out[f"converter_{image_set}_cpu_floor_over_ir"] = _ratio(
+            conv.get((image_set, "floor"), {}).get("cpu_ms_per_image"),
+            conv.get((image_set, "imagerecords"), {}).get("cpu_ms_per_image"),
+        )
     read = {r["variant"]: r for r in results.get("reader", {}).get("rows", [])}
     train = read.get("imagerecords_train", {}).get("images_per_s")
     out["reader_train_vs_keras"] = _ratio(train, read.get("keras_dir", {}).get("images_per_s"))
     out["reader_train_vs_tfrecord"] = _ratio(
         train, read.get("tfrecord_per_example", {}).get("images_per_s")
     )
+    for base in ("keras_dir", "tfrecord_per_example"):
+        out[f"reader_train_cpu_{base}_over_ir"] = _ratio(
+            read.get(base, {}).get("cpu_ms_per_image"),
+            read.get("imagerecords_train", {}).get("cpu_ms_per_image"),
+        )
     out["reader_eval_vs_keras"] = _ratio(
         read.get("imagerecords_eval", {}).get("images_per_s"),
         read.get("keras_dir", {}).get("images_per_s"),
@@ -59,6 +70,12 @@ def _fmt(value, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:,.{digits}f}"
+
+
+def _x(value) -> str:
+    """A ratio as "1.23x", or "n/a"."""
+    text = _fmt(value, 2)
+    return text if text == "n/a" else text + "x"
 
 
 def _verdict(value: float, target: float) -> str:
@@ -82,6 +99,7 @@ def markdown(results: dict) -> str:
         f"- Python {m['python']}; "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         + f"; {m['libjpeg']}",
+        f"- Code measured: commit {m.get('git', 'unknown')}",
         f"- Load average (1/5/15 min) at start {m['loadavg_start']}, "
         f"at end {m.get('loadavg_end', 'n/a')} (a shared machine: other jobs were running)",
         "",
@@ -103,30 +121,38 @@ def markdown(results: dict) -> str:
             "",
             f"## Converter (measured {conv['measured_at']})",
             "",
-            "Wall clock of the whole process, start-up included; `work` is the tool's own "
-            "timing without start-up. Peak RSS is summed over the process tree.",
+            "images/s and MB/s: wall clock of the whole process, start-up included, best of "
+            f"{conv.get('repeats', 1)} run(s) (all runs' wall times in the last column); "
+            "`work` is the tool's own timing without start-up. CPU ms/image: all processes "
+            "of the tree, start-up included. Peak RSS: summed over the process tree.",
             "",
-            "| set | converter | images/s | MB/s in | wall s | work images/s | CPU s "
-            "| peak RSS MB | note |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+            "| set | converter | images/s | MB/s in | wall s | work images/s | CPU ms/image "
+            "| peak RSS MB | runs (wall s) | note |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for row in conv["rows"]:
+            walls = " / ".join(f"{w:.1f}" for w in row.get("all_wall_s") or [])
             lines.append(
                 f"| {row['image_set']} | {CONVERTER_LABELS[row['converter']]} "
                 f"| {_fmt(row['images_per_s'])} | {_fmt(row['mb_per_s'])} "
                 f"| {_fmt(row['wall_s'])} | {_fmt(row['work_images_per_s'])} "
-                f"| {_fmt(row['cpu_s'])} | {_fmt(row['peak_tree_rss_mb'], 0)} | {row['note']} |"
+                f"| {_fmt(row.get('cpu_ms_per_image'), 2)} "
+                f"| {_fmt(row['peak_tree_rss_mb'], 0)} | {walls} | {row['note']} |"
             )
         lines += [
             "",
             "| ratio | web | phone | target |",
             "|---|---:|---:|---|",
-            f"| imagerecords / codec floor | {_fmt(r['converter_web_vs_floor'], 2)}x "
-            f"| {_fmt(r['converter_phone_vs_floor'], 2)}x | >= 0.8x: web "
+            f"| imagerecords / codec floor | {_x(r['converter_web_vs_floor'])} "
+            f"| {_x(r['converter_phone_vs_floor'])} | >= 0.8x: web "
             f"{_verdict(r['converter_web_vs_floor'], 0.8)}, phone "
             f"{_verdict(r['converter_phone_vs_floor'], 0.8)} |",
-            f"| imagerecords / naive loop | {_fmt(r['converter_web_vs_naive'], 2)}x "
-            f"| {_fmt(r['converter_phone_vs_naive'], 2)}x | well above 1x |",
+            f"| imagerecords / naive loop | {_x(r['converter_web_vs_naive'])} "
+            f"| {_x(r['converter_phone_vs_naive'])} | well above 1x |",
+            f"| CPU per image: floor / imagerecords "
+            f"| {_x(r['converter_web_cpu_floor_over_ir'])} "
+            f"| {_x(r['converter_phone_cpu_floor_over_ir'])} "
+            "| (load-robust view: 1.0x = no framework CPU at all) |",
         ]
     read = results.get("reader")
     if read:
@@ -138,27 +164,33 @@ def markdown(results: dict) -> str:
             f"{read['epochs']} timed epoch(s) after {read['warmup']} warm-up epoch(s). "
             "Baselines repeat, so all are timed in steady state.",
             "",
-            "| pipeline | images/s | per epoch | peak RSS MB | CPU s | note |",
+            "| pipeline | images/s | per epoch | CPU ms/image | peak RSS MB | note |",
             "|---|---:|---|---:|---:|---|",
         ]
         for row in read["rows"]:
             per_epoch = " / ".join(f"{x:.0f}" for x in row["epoch_images_per_s"]) or "n/a"
             lines.append(
                 f"| {READER_LABELS[row['variant']]} | {_fmt(row['images_per_s'])} | {per_epoch} "
-                f"| {_fmt(row['peak_tree_rss_mb'], 0)} | {_fmt(row['cpu_s'])} | {row['note']} |"
+                f"| {_fmt(row.get('cpu_ms_per_image'), 2)} "
+                f"| {_fmt(row['peak_tree_rss_mb'], 0)} | {row['note']} |"
             )
         lines += [
             "",
             "| ratio | value | target |",
             "|---|---:|---|",
             f"| imagerecords (train) / image_dataset_from_directory "
-            f"| {_fmt(r['reader_train_vs_keras'], 2)}x "
+            f"| {_x(r['reader_train_vs_keras'])} "
             f"| >= 1.5x: {_verdict(r['reader_train_vs_keras'], 1.5)} |",
             f"| imagerecords (train) / per-example TFRecord "
-            f"| {_fmt(r['reader_train_vs_tfrecord'], 2)}x "
+            f"| {_x(r['reader_train_vs_tfrecord'])} "
             f"| >= 1.3x: {_verdict(r['reader_train_vs_tfrecord'], 1.3)} |",
+            f"| CPU per image: image_dataset_from_directory / imagerecords (train) "
+            f"| {_x(r['reader_train_cpu_keras_dir_over_ir'])} | (load-robust view) |",
+            f"| CPU per image: per-example TFRecord / imagerecords (train) "
+            f"| {_x(r['reader_train_cpu_tfrecord_per_example_over_ir'])} "
+            "| (load-robust view) |",
             f"| imagerecords (eval) / image_dataset_from_directory "
-            f"| {_fmt(r['reader_eval_vs_keras'], 2)}x | - |",
+            f"| {_x(r['reader_eval_vs_keras'])} | - |",
         ]
     lines += ["", "![chart](chart.png)", ""]
     return "\n".join(lines)
