@@ -9,13 +9,17 @@ API requests as on a TPU VM, no mocks. One subprocess does all the reading
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 
 import pytest
 
+from beam_pipeline import records
+from beam_pipeline.__main__ import main
 from tests import gcs_fixtures
+from tests.image_factory import make_class_folders
 from tests.shard_fixtures import write_dataset
 
 # Fixtures used by name in this module (an import would read as unused to linters).
@@ -23,14 +27,15 @@ gcs_emulator = gcs_fixtures.gcs_emulator
 gcs_proxy = gcs_fixtures.gcs_proxy
 tf_gcs_env = gcs_fixtures.tf_gcs_env
 
-# Runs in the subprocess: argv[1] is the dataset URL, argv[2] an unfinished one.
+# Runs in the subprocess: argv[1] is the fixture dataset's URL, argv[2] an
+# unfinished one, argv[3] the converter's output.
 READ_EVERYTHING = r"""
 import json, sys
 import tensorflow as tf
 import reader
 from reader.info import IncompleteDatasetError
 
-url, unfinished = sys.argv[1], sys.argv[2]
+url, unfinished, converted = sys.argv[1:4]
 out = {}
 gfile = tf.io.gfile
 out["exists"] = [gfile.exists(url + "/dataset_info.json"), gfile.exists(url + "/nope.json")]
@@ -52,18 +57,23 @@ for split, entry in info["splits"].items():
     out["tfrecord"][split] = names
 
 # The reader: evaluation mode reads every record once, in order.
-loaded = reader.load_info(url)
-out["num_examples"] = {s: loaded.num_examples(s) for s in info["splits"]}
-out["eval"] = {}
-for split in info["splits"]:
-    names, labels = [], []
-    ds = reader.make_dataset(url, split, batch_size=8, image_size=32, training=False,
-                             return_dict=True)
-    for batch in ds:
-        assert batch["image"].shape[1:] == (32, 32, 3)
-        names += [n.decode() for n in batch["filename"].numpy()]
-        labels += [int(x) for x in batch["label"].numpy()]
-    out["eval"][split] = {"filenames": names, "labels": labels}
+def read_eval(url):
+    loaded = reader.load_info(url)
+    seen = {}
+    for split in loaded.split_names:
+        names, labels = [], []
+        ds = reader.make_dataset(url, split, batch_size=8, image_size=32, training=False,
+                                 return_dict=True)
+        for batch in ds:
+            assert batch["image"].shape[1:] == (32, 32, 3)
+            names += [n.decode() for n in batch["filename"].numpy()]
+            labels += [int(x) for x in batch["label"].numpy()]
+        seen[split] = {"num_examples": loaded.num_examples(split), "filenames": names,
+                       "labels": labels}
+    return seen
+
+out["eval"] = read_eval(url)
+out["converted_eval"] = read_eval(converted)
 
 # Training mode: parallel interleave over the shards, so concurrent tunnels.
 train = reader.make_dataset(url, "train", batch_size=8, image_size=32, training=True, seed=1)
@@ -98,10 +108,33 @@ def dataset(gcs_emulator, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def seen(dataset, tf_gcs_env, gcs_proxy):
+def converted(gcs_emulator, tmp_path_factory):
+    """The converter's own output on gs://, and its records' IDs per split in file order."""
+    local = tmp_path_factory.mktemp("gcs-tf-convert") / "images"
+    make_class_folders(str(local), per_class=5, size_range=(40, 90))
+    bucket = gcs_emulator.create_bucket()
+    gcs_emulator.upload_dir(local, f"gs://{bucket}/images")
+    out = f"gs://{bucket}/records"
+    argv = ["--input", f"gs://{bucket}/images", "--output", out, "--quiet"]
+    assert main(argv + ["--direct_running_mode=in_memory", "--splits", "train=0.6,val=0.4"]) == 0
+    info = json.loads(gcs_emulator.read_bytes(f"{out}/dataset_info.json"))
+    truth = {}
+    for split, entry in info["splits"].items():
+        truth[split] = [
+            records.parse_example(record)["image/filename"].decode()
+            for shard in entry["shards"]
+            for record in records.iter_records(
+                io.BytesIO(gcs_emulator.read_bytes(f"{out}/{shard['file']}"))
+            )
+        ]
+    return out, truth
+
+
+@pytest.fixture(scope="module")
+def seen(dataset, converted, tf_gcs_env, gcs_proxy):
     url, unfinished, _ = dataset
     result = subprocess.run(
-        [sys.executable, "-c", READ_EVERYTHING, url, unfinished],
+        [sys.executable, "-c", READ_EVERYTHING, url, unfinished, converted[0]],
         env=tf_gcs_env,
         capture_output=True,
         text=True,
@@ -133,10 +166,20 @@ def test_tfrecord_dataset_reads_every_record_in_shard_order(dataset, seen):
 
 def test_reader_eval_mode_yields_every_record_once_in_order(dataset, seen):
     _, _, truth = dataset
-    for split, records in truth.records.items():
-        assert seen["num_examples"][split] == len(records)
-        assert seen["eval"][split]["filenames"] == [r.filename for r in records]
-        assert seen["eval"][split]["labels"] == [r.label for r in records]
+    assert set(seen["eval"]) == set(truth.records)
+    for split, rows in truth.records.items():
+        assert seen["eval"][split]["num_examples"] == len(rows)
+        assert seen["eval"][split]["filenames"] == [r.filename for r in rows]
+        assert seen["eval"][split]["labels"] == [r.label for r in rows]
+
+
+def test_reader_reads_the_converters_gcs_output(converted, seen):
+    _, truth = converted
+    assert set(seen["converted_eval"]) == set(truth) == {"train", "val"}
+    for split, filenames in truth.items():
+        assert seen["converted_eval"][split]["num_examples"] == len(filenames)
+        assert seen["converted_eval"][split]["filenames"] == filenames
+    assert sum(len(f) for f in truth.values()) == 15
 
 
 def test_reader_training_mode_over_gcs(seen):
