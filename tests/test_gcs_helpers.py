@@ -162,13 +162,23 @@ def _offline_env(tmp_path, **extra) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("adc", [None, "missing.json"])
-def test_no_credentials_fail_fast_with_the_fix(tmp_path, adc):
+@pytest.mark.parametrize(
+    "adc, side",
+    [(None, "input"), ("missing.json", "input"), (None, "output")],
+    ids=["input", "input-adc-file-missing", "output"],
+)
+def test_no_credentials_fail_fast_with_the_fix(tmp_path, adc, side):
     """Through the CLI, as a user sees it: one line, exit status 2, in about a second."""
     extra = {"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / adc)} if adc else {}
+    local = tmp_path / "images"
+    (local / "cat").mkdir(parents=True)
+    (local / "cat" / "a.jpg").write_bytes(b"not read: the job stops before")
+    paths = {
+        "input": ["--input", "gs://some-bucket/images", "--output", str(tmp_path / "out")],
+        "output": ["--input", str(local), "--output", "gs://some-bucket/out"],
+    }[side]
     result = subprocess.run(
-        [sys.executable, "-m", "beam_pipeline", "--input", "gs://some-bucket/images"]
-        + ["--output", str(tmp_path / "out")],
+        [sys.executable, "-m", "beam_pipeline", *paths],
         env=_offline_env(tmp_path, **extra),
         cwd=tmp_path,
         capture_output=True,
@@ -177,7 +187,8 @@ def test_no_credentials_fail_fast_with_the_fix(tmp_path, adc):
     )
     assert result.returncode == 2, result.stderr
     message = result.stderr.strip()
-    assert message.startswith("error: No Google Cloud credentials to list objects in gs://some")
+    doing = "list objects in gs://some-bucket/images" if side == "input" else "write to gs://some"
+    assert message.startswith(f"error: No Google Cloud credentials to {doing}"), message
     assert "GOOGLE_APPLICATION_CREDENTIALS" in message
     assert "gcloud auth application-default login" in message
     assert len(message.splitlines()) == 1
