@@ -158,9 +158,10 @@ def _first_objects(url: str, doing: str, limit: int):
         raise UsageError(f"No bucket name in {url!r}: expected gs://BUCKET/PATH.")
     try:
         client = _client()
-        # page_size bounds each response; max_results bounds the whole scan.
+        # Small pages: the first object is nearly always a real file, so one
+        # short response settles it; max_results bounds the whole scan.
         blobs = client.list_blobs(
-            bucket, prefix=_folder_prefix(prefix), max_results=limit, page_size=min(limit, 1000)
+            bucket, prefix=_folder_prefix(prefix), max_results=limit, page_size=min(limit, 50)
         )
         for blob in blobs:
             yield blob.name
