@@ -398,9 +398,19 @@ class InputReader:
 
     # Decoding ------------------------------------------------------------------------
     def _seeds(self) -> tf.data.Dataset:
-        """One stateless seed ``[2]`` per element, zipped on in element order."""
-        base = _derive_seed(self._pipeline_seed, "augment")
-        return tf.data.Dataset.counter().map(lambda i: tf.stack([tf.constant(base, tf.int64), i]))
+        """One stateless seed ``[2]`` per element, zipped on in element order.
+
+        ``Dataset.random`` with ``rerandomize_each_iteration`` (rather than a
+        counter) gives a new, still reproducible, sequence each time the dataset
+        is iterated again, so a loop that makes one iterator per epoch does not
+        get the same crops at the same positions every epoch.
+        """
+        base = tf.constant(_derive_seed(self._pipeline_seed, "augment"), tf.int64)
+        draws = tf.data.Dataset.random(
+            seed=_derive_seed(self._pipeline_seed, "augment-stream") % (1 << 31),
+            rerandomize_each_iteration=True,
+        )
+        return draws.map(lambda draw: tf.stack([base, draw]))
 
     def _decode_one(self, encoded, label, seeds=None):
         """One image: decode (+ crop + flip) + resize, then the user's ``image_fn``."""

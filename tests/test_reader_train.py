@@ -286,3 +286,17 @@ def test_keras_model_learns_from_make_dataset(fixture):
     # (images, labels, weights): Keras takes the weights as sample weights.
     _, accuracy = model.evaluate(val, verbose=0)
     assert accuracy > 0.6
+
+
+def test_a_new_iterator_gets_new_crops_but_a_new_dataset_the_same(fixture):
+    """Loops that make one iterator per epoch still get fresh augmentation each epoch."""
+    kwargs = dict(training=True, seed=3, deterministic=True, shuffle=False, shuffle_files=False)
+    ds = reader.make_dataset(fixture.path, "train", 8, SIZE, **kwargs)
+    first = [x.numpy() for x, _ in ds.take(2)]
+    again = [x.numpy() for x, _ in ds.take(2)]
+    rebuilt = [
+        x.numpy() for x, _ in reader.make_dataset(fixture.path, "train", 8, SIZE, **kwargs).take(2)
+    ]
+    assert not any(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    for a, b in zip(first, rebuilt, strict=True):
+        np.testing.assert_array_equal(a, b)
