@@ -42,28 +42,46 @@ from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, TARGET_SHORTER_S
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
 
-# (category, regex on "function (file:line)" frames, leaf first). First match wins.
-CATEGORIES = [
-    ("pillow decode", r"\bload \(.*PIL/ImageFile\.py|\bdraft \(.*PIL/"),
-    ("pillow resize", r"\b(resize|reduce) \(.*PIL/Image\.py"),
-    ("pillow encode", r"\b_save \(.*PIL/(ImageFile|JpegImagePlugin)\.py|\bsave \(.*PIL/Image\.py"),
-    ("pillow convert/orient", r"\b(convert|transpose|exif_transpose|paste) \(.*PIL/"),
-    ("pillow open/headers", r"PIL/"),
-    ("sha256 of source", r"hashlib|sha256"),
+# Categories of a sampled stack. Tier 1 names the work itself and wins if *any*
+# frame of the stack matches (Pillow's encoder called from a Beam DoFn is
+# encoding); tier 2 is where code lives and is decided by the frame nearest the
+# leaf. "waiting" catches leaf frames that are blocked in a lock or select: py-spy
+# does not always recognise those as idle.
+TIER1 = [
+    (
+        "waiting (lock/select/poll)",
+        r"^(Condition\.wait|_PollLikeSelector\.select|SemLock\.__enter__|"
+        r"Event\.wait|Thread\._wait_for_tstate_lock|select \(selectors)",
+    ),
+    ("pillow decode", r"\bImageFile\.load \(|\bload \(.*PIL/ImageFile\.py|\bdraft \(.*PIL/"),
+    ("pillow resize", r"\b(Image\.)?(resize|reduce) \(.*PIL/Image\.py"),
+    ("pillow encode", r"_encode_tile|\b_save \(.*PIL/|\b(Image\.)?save \(.*PIL/Image\.py"),
+    ("pillow convert/orient", r"\b(Image\.)?(convert|transpose|paste) \(.*PIL/|exif_transpose"),
+    ("sha256 of source", r"hashlib|sha256\("),
     ("protobuf Example", r"make_example|google/protobuf"),
     ("TFRecord framing/CRC", r"frame_record|_masked_crc|google_crc32c"),
-    ("file I/O (FileSystems)", r"apache_beam/io/(filesystem|localfilesystem)|_read_bytes"),
-    ("beam coders/pickling", r"apache_beam/coders|pickle|dill|cloudpickle"),
-    ("grpc / data channel", r"grpc|data_plane|_channel"),
+    ("file I/O", r"read_bytes|apache_beam/io/(filesystem|localfilesystem)"),
+    ("multiprocessing pool IPC", r"multiprocessing/(connection|pool|queues|reduction|synchronize)"),
+    ("beam coders/pickling", r"apache_beam/coders|pickle|dill"),
+    ("grpc / data channel", r"grpc|data_plane"),
+]
+TIER2 = [
+    ("pillow open/headers", r"PIL/"),
     ("beam_pipeline other", r"beam_pipeline/"),
     ("beam runner/worker", r"apache_beam/"),
 ]
+CATEGORIES = TIER1 + TIER2
 
 
 def categorize(frames: list[str]) -> str:
-    """The category of one stack (leaf first): the first frame a pattern matches."""
+    """The category of one stack (frames leaf first), see ``TIER1`` and ``TIER2``."""
+    if frames and re.search(TIER1[0][1], frames[0]):
+        return TIER1[0][0]
+    for name, pattern in TIER1[1:]:
+        if any(re.search(pattern, frame) for frame in frames):
+            return name
     for frame in frames:
-        for name, pattern in CATEGORIES:
+        for name, pattern in TIER2:
             if re.search(pattern, frame):
                 return name
     return "other (interpreter, imports, stdlib)"
@@ -177,8 +195,10 @@ def pyspy_profile(image_dir: Path, out_dir: Path, raw_path: Path) -> str:
         kind = _process_kind(process)
         frames = [f for f in frames if not f.startswith(("process ", "thread "))]
         frames.reverse()  # leaf first
+        if frames:
+            frames[0] = _leaf_line(frames)  # with the source text, e.g. "hashlib.sha256(...)"
         by_process[kind][categorize(frames)] += int(count)
-        leaves[_leaf_line(frames)] += int(count)
+        leaves[frames[0] if frames else "?"] += int(count)
     lines = [f"py-spy, default run (wall {wall:.1f} s under py-spy, 100 Hz, on-CPU samples)"]
     total = sum(sum(c.values()) for c in by_process.values())
     for kind, counter in sorted(by_process.items()):
