@@ -438,7 +438,26 @@ class InputReader:
             )
         if cfg.image_fn is not None:
             image, label = cfg.image_fn(image, label)
+            if not cfg.decode_before_batching:
+                self._check_image_fn_output(image, label)
         return image, label
+
+    def _check_image_fn_output(self, image, label) -> None:
+        """In the batched path image_fn runs inside map_fn, whose output spec is fixed."""
+        expected = tf.TensorShape([*self._config.image_size, 3])
+        image, label = tf.convert_to_tensor(image), tf.convert_to_tensor(label)
+        if (
+            image.dtype != tf.float32
+            or not image.shape.is_compatible_with(expected)
+            or label.dtype != tf.int32
+            or not label.shape.is_compatible_with([])
+        ):
+            raise ValueError(
+                f"image_fn must return a float32 image of shape {expected} and an int32 scalar "
+                f"label when it runs after batching; it returned {image.dtype} {image.shape} "
+                f"and {label.dtype} {label.shape}. Pass decode_before_batching=True to let it "
+                "change the shape (see docs/reader.md, 'Augmentation and hooks')."
+            )
 
     def _decode_batches(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """parse_example on each batch, then the per-image step over the batch."""

@@ -132,9 +132,10 @@ def decode_train(
 ) -> tf.Tensor:
     """Decodes one JPEG for training: random crop while decoding, resize, flip.
 
-    ``decode_and_crop_jpeg`` decodes only the DCT blocks that touch the crop
-    window: with the default area range (8 %..100 %) it skips on average about
-    half of the decode work, which is the largest per-image cost.
+    ``decode_and_crop_jpeg`` runs the inverse DCT, upsampling and colour
+    conversion only for the rows and columns of the crop window (the entropy
+    decoding still reads the whole file), and never materialises the full
+    image: the random crop's average area is about half the image.
 
     Args:
         encoded: Scalar string, the JPEG bytes.

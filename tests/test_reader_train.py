@@ -300,3 +300,15 @@ def test_a_new_iterator_gets_new_crops_but_a_new_dataset_the_same(fixture):
     assert not any(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     for a, b in zip(first, rebuilt, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_image_fn_that_changes_the_shape_needs_decode_before_batching(fixture):
+    with pytest.raises(ValueError, match="decode_before_batching=True"):
+        reader.make_dataset(
+            fixture.path,
+            "train",
+            8,
+            SIZE,
+            training=True,
+            image_fn=lambda image, label: (image[::2], label),
+        )
