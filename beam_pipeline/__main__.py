@@ -7,6 +7,7 @@ Flags not listed here are Apache Beam pipeline options (``--runner``,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--overwrite", action="store_true", help="Replace the outputs of an earlier run in --output"
+    )
+    add(
+        "--local_processes",
+        type=int,
+        default=None,
+        help="DirectRunner in_memory only: convert images in this many local processes "
+        "(default: all cores when no --direct_running_mode is given, else 1)",
     )
     add("--quiet", action="store_true", help="Print only the summary")
     return parser
@@ -141,23 +149,31 @@ def parse_args(argv: list[str]):
     return args, beam_args
 
 
-def _with_local_defaults(beam_args: list[str]) -> list[str]:
+LOCAL_DEFAULT_MODE = os.environ.get("IMAGERECORDS_LOCAL_MODE", "pool")
+
+
+def _with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[list[str], int]:
     """DirectRunner with no explicit mode: use every core, not one in-memory thread.
 
+    Returns the Beam args and the number of local conversion processes.
     ``multi_threading`` is avoided on purpose (DESIGN.md section 5: it was seen
-    to lose records under load); ``multi_processing`` runs one SDK worker
-    process per core.
+    to lose records under load).
     """
     joined = " ".join(beam_args)
     runner = re.search(r"--runner[= ](\S+)", joined)
     if runner and runner.group(1) not in ("DirectRunner", "direct"):
-        return beam_args
-    extra = []
-    if "--direct_running_mode" not in joined:
-        extra.append("--direct_running_mode=multi_processing")
+        return beam_args, 1
+    mode = re.search(r"--direct_running_mode[= ](\S+)", joined)
+    cores = os.cpu_count() or 1
+    if mode:
+        in_memory = mode.group(1) == "in_memory"
+        return beam_args, (processes or 1) if in_memory else 1
+    if LOCAL_DEFAULT_MODE == "multi_processing":
+        extra = ["--direct_running_mode=multi_processing"]
         if "--direct_num_workers" not in joined:
-            extra.append(f"--direct_num_workers={os.cpu_count() or 1}")
-    return beam_args + extra
+            extra.append(f"--direct_num_workers={cores}")
+        return beam_args + extra, 1
+    return beam_args + ["--direct_running_mode=in_memory"], processes or cores
 
 
 def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
@@ -292,16 +308,16 @@ def run(argv: list[str] | None = None) -> dict:
         others = clear_output(output)
         if others:
             say(f"imagerecords: left {len(others)} unrelated files in --output, e.g. {others[0]}")
-    options = PipelineOptions(_with_local_defaults(beam_args))
-    with_runner = options.get_all_options()
-    say(
-        f"imagerecords: running on {with_runner.get('runner') or 'DirectRunner'}"
-        + (
-            f" ({with_runner.get('direct_running_mode')}, {with_runner.get('direct_num_workers')} workers)"
-            if not with_runner.get("runner") or "Direct" in str(with_runner.get("runner"))
-            else ""
-        )
-    )
+    beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
+    config = dataclasses.replace(config, conversion_processes=processes)
+    options = PipelineOptions(beam_args)
+    chosen = options.get_all_options()
+    runner = chosen.get("runner") or "DirectRunner"
+    if "Direct" in str(runner):
+        mode = chosen.get("direct_running_mode")
+        workers = processes if mode == "in_memory" else chosen.get("direct_num_workers")
+        runner = f"{runner} ({mode}, {workers} conversion processes)"
+    say(f"imagerecords: running on {runner}")
     p = beam.Pipeline(options=options)
     pipeline.build(p, config)
     result = p.run()

@@ -9,22 +9,26 @@ Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (las
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import time
 import uuid
 from collections import Counter
-from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
+from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipeline import images, keys, listing, metadata, records
+from beam_pipeline.convert import Outcome, Record, Rejection, convert_ref
 from beam_pipeline.errors import BooksDoNotBalance
 
 NAMESPACE = "imagerecords"
@@ -49,33 +53,13 @@ class JobConfig:
     target_shard_bytes: int = 200 * 2**20
     min_shards: int = 1
     max_reject_fraction: float = 0.01
+    # >1: convert in that many local processes (for in-process runners only).
+    conversion_processes: int = 1
 
     @property
     def split_names(self) -> list[str]:
         """Splits in dataset_info order: the layout's own, else --splits."""
         return list(self.layout.split_names or self.splits)
-
-
-class Record(NamedTuple):
-    """A converted image: the element between ConvertImages and WriteShards."""
-
-    split: str
-    key: int  # order key, unsigned 64-bit
-    image_id: str
-    label: int
-    payload: bytes  # serialized tf.train.Example
-
-
-class Rejection(NamedTuple):
-    image_id: str
-    path: str
-    split: str
-    reason: str
-
-
-def _read_bytes(path: str) -> bytes:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-        return stream.read()
 
 
 def _output_path(output: str, name: str) -> str:
@@ -145,10 +129,10 @@ class ListImages(beam.PTransform):
 
 
 class _ConvertFn(beam.DoFn):
+    """ImageRef -> Record, or Rejection on the ``rejected`` output; converts inline."""
+
     def __init__(self, config: JobConfig):
-        self._spec = config.image
-        self._seed = config.seed
-        self._classes = config.layout.classes
+        self._args = (config.image, config.seed, config.layout.classes)
         self._converted = Metrics.counter(NAMESPACE, "images_converted")
         self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
         self._passed = Metrics.counter(NAMESPACE, "images_passed_through")
@@ -157,55 +141,109 @@ class _ConvertFn(beam.DoFn):
 
     def setup(self):
         self._count = 0
-        self._last_log = time.monotonic()
-        self._started = self._last_log
+        self._started = self._last_log = time.monotonic()
 
-    def process(self, ref: listing.ImageRef):
-        try:
-            data = _read_bytes(ref.path)
-        except Exception as error:  # an unreadable file is a rejection, not a crash
+    def process(self, ref):
+        yield self._emit(convert_ref(tuple(ref), *self._args))
+
+    def _emit(self, outcome: Outcome):
+        self._bytes_in.inc(outcome.bytes_read)
+        if isinstance(outcome.result, Rejection):
             self._rejected.inc()
-            reason = f"cannot read: {type(error).__name__}: {error}"
-            yield TaggedOutput(REJECTED, Rejection(ref.image_id, ref.path, ref.split, reason))
-            return
-        self._bytes_in.inc(len(data))
-        try:
-            converted = images.convert(data, self._spec)
-        except images.Rejected as rejection:
-            self._rejected.inc()
-            yield TaggedOutput(
-                REJECTED, Rejection(ref.image_id, ref.path, ref.split, str(rejection))
-            )
-            return
+            return TaggedOutput(REJECTED, outcome.result)
         self._converted.inc()
-        if converted.passed_through:
+        self._bytes_out.inc(len(outcome.result.payload))
+        if outcome.passed_through:
             self._passed.inc()
-        payload = records.make_example(
-            {
-                "image/encoded": converted.jpeg,
-                "image/format": b"jpeg",
-                "image/height": converted.height,
-                "image/width": converted.width,
-                "image/channels": 3,
-                "image/class/label": ref.label,
-                "image/class/text": self._classes[ref.label],
-                "image/filename": ref.image_id,
-                "image/key/sha256": hashlib.sha256(data).hexdigest(),
-            }
-        )
-        self._bytes_out.inc(len(payload))
-        self._log_progress()
-        yield Record(
-            ref.split, keys.order_key(self._seed, ref.image_id), ref.image_id, ref.label, payload
-        )
-
-    def _log_progress(self):
         self._count += 1
         now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY_S:
             rate = self._count / (now - self._started)
-            log.info("worker converted %d images (%.1f images/s)", self._count, rate)
+            log.info("converted %d images (%.1f images/s)", self._count, rate)
             self._last_log = now
+        return outcome.result
+
+
+class _PooledConvertFn(_ConvertFn):
+    """Like _ConvertFn, but spreads the images over local worker processes.
+
+    For runners that execute a bundle in one process (DirectRunner in_memory),
+    this is what uses every core: the Beam graph stays in one process with no
+    gRPC hops, and only the codec work moves to the pool. Results may come back
+    in any order; shard contents are sorted later, so output bytes do not change.
+    A worker that dies (a decoder crash) costs the one image that killed it,
+    which becomes a rejection; the others are converted again.
+    """
+
+    def __init__(self, config: JobConfig, processes: int):
+        super().__init__(config)
+        self._processes = processes
+
+    def setup(self):
+        super().setup()
+        self._executor = self._new_executor()
+        self._pending: collections.deque = collections.deque()
+
+    def _new_executor(self):
+        # fork: workers inherit the imported modules (start-up in milliseconds)
+        # and, unlike spawn/forkserver, never re-import the caller's __main__.
+        return concurrent.futures.ProcessPoolExecutor(
+            self._processes, mp_context=multiprocessing.get_context("fork")
+        )
+
+    def start_bundle(self):
+        self._pending = collections.deque()
+
+    def process(self, ref):
+        ref = tuple(ref)
+        self._pending.append((ref, self._executor.submit(convert_ref, ref, *self._args)))
+        # Keep every process busy, but bound what is in flight (memory).
+        while self._pending and (
+            self._pending[0][1].done() or len(self._pending) > 4 * self._processes
+        ):
+            yield self._emit(self._next_outcome())
+
+    def _next_outcome(self) -> Outcome:
+        ref, future = self._pending[0]
+        try:
+            outcome = future.result()
+        except concurrent.futures.process.BrokenProcessPool:
+            outcome = self._recover()
+        self._pending.popleft()
+        return outcome
+
+    def _recover(self) -> Outcome:
+        """A worker died: convert the in-flight images again, one at a time."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        executor = None
+        for index, (ref, _) in enumerate(self._pending):
+            executor = executor or self._new_executor()
+            try:
+                outcome = executor.submit(convert_ref, ref, *self._args).result()
+            except concurrent.futures.process.BrokenProcessPool:
+                image_id, path, _, split = ref
+                reason = "crashed the image decoder (its worker process died)"
+                outcome = Outcome(Rejection(image_id, path, split, reason), 0, False)
+                executor.shutdown(wait=False)
+                executor = None
+            finished = concurrent.futures.Future()
+            finished.set_result(outcome)
+            self._pending[index] = (ref, finished)
+        self._executor = executor or self._new_executor()
+        return self._pending[0][1].result()
+
+    def finish_bundle(self):
+        while self._pending:
+            output = self._emit(self._next_outcome())
+            if isinstance(output, TaggedOutput):
+                yield TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+            else:
+                yield GlobalWindows.windowed_value(output)
+
+    def teardown(self):
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=True)
 
 
 class ConvertImages(beam.PTransform):
@@ -216,9 +254,11 @@ class ConvertImages(beam.PTransform):
         self._config = config
 
     def expand(self, refs):
-        return refs | "Convert" >> beam.ParDo(_ConvertFn(self._config)).with_outputs(
-            REJECTED, main="records"
+        processes = self._config.conversion_processes
+        fn = (
+            _PooledConvertFn(self._config, processes) if processes > 1 else _ConvertFn(self._config)
         )
+        return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, main="records")
 
 
 # --------------------------------------------------------------------- shards

@@ -90,9 +90,9 @@ def test_metadata_describes_the_run(dataset):
     assert not [n for n in os.listdir(out) if n.startswith(".") or "tmp" in n]
 
 
-def test_rerun_in_multi_processing_mode_is_byte_identical(dataset, tmp_path):
+def test_rerun_with_default_local_mode_is_byte_identical(dataset, tmp_path):
     root, out, _, _ = dataset
-    # Through the real entry point, with the CLI's own default mode (multi_processing).
+    # Through the real entry point, with the CLI's own default (a process per core).
     result = subprocess.run(
         [
             sys.executable,
@@ -110,9 +110,49 @@ def test_rerun_in_multi_processing_mode_is_byte_identical(dataset, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "multi_processing" in result.stderr
+    assert f"in_memory, {os.cpu_count()} conversion processes" in result.stderr
     assert "images/s" in result.stdout and "train" in result.stdout
     assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
+
+
+def test_rerun_in_multi_processing_mode_is_byte_identical(dataset, tmp_path):
+    root, out, _, _ = dataset
+    mode = "--direct_running_mode=multi_processing"
+    assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.1", mode=mode) == 0
+    assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
+
+
+_CRASH_ON = None
+
+
+def _crashing_convert(ref, *args):
+    from beam_pipeline.convert import convert_ref
+
+    if ref[0] == _CRASH_ON:
+        os._exit(139)  # dies like a segfault: no exception, no clean-up
+    return convert_ref(ref, *args)
+
+
+def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monkeypatch):
+    """A worker process that dies (as on a decoder segfault) rejects that image only."""
+    from beam_pipeline import pipeline
+
+    root, out, ids, bad = dataset
+    victim = sorted(ids)[3]
+    monkeypatch.setattr(sys.modules[__name__], "_CRASH_ON", victim)
+    monkeypatch.setattr(pipeline, "convert_ref", _crashing_convert)
+    assert (
+        convert(root, tmp_path / "o", "--local_processes", "2", "--max_reject_fraction", "0.1") == 0
+    )
+    rejects = {r["id"]: r["reason"] for r in contract.read_rejects(str(tmp_path / "o"))}
+    assert set(rejects) == set(bad) | {victim}
+    assert "crashed" in rejects[victim]
+    written = [
+        i
+        for rows in contract.check_output(str(tmp_path / "o")).values()
+        for i in contract.ids(rows)
+    ]
+    assert sorted(written) == sorted(set(ids) - {victim})
 
 
 def test_adding_images_moves_no_image_to_another_split(dataset, tmp_path):

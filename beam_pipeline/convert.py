@@ -1,0 +1,84 @@
+"""One listed image -> a Record or a Rejection. No Beam import at module level.
+
+Kept free of Beam so that the local conversion processes (see
+``pipeline._PooledConvertFn``) start in a fraction of a second: they import
+Pillow, protobuf and this package's pure modules only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+from beam_pipeline import images, keys, records
+
+
+class Record(NamedTuple):
+    """A converted image: the element between ConvertImages and WriteShards."""
+
+    split: str
+    key: int  # order key, unsigned 64-bit
+    image_id: str
+    label: int
+    payload: bytes  # serialized tf.train.Example
+
+
+class Rejection(NamedTuple):
+    image_id: str
+    path: str
+    split: str
+    reason: str
+
+
+class Outcome(NamedTuple):
+    """What converting one image produced, with the numbers the counters need."""
+
+    result: Record | Rejection
+    bytes_read: int
+    passed_through: bool
+
+
+def read_bytes(path: str) -> bytes:
+    if "://" not in path:  # local: plain open() is the cheapest way
+        with open(path, "rb") as stream:
+            return stream.read()
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        return stream.read()
+
+
+def convert_ref(
+    ref: tuple[str, str, int, str], spec: images.ImageSpec, seed: int, classes: tuple[str, ...]
+) -> Outcome:
+    """Reads, converts and serializes one image; never raises for a bad image.
+
+    Args:
+        ref: ``(image_id, path, label, split)`` (a ``listing.ImageRef`` or plain tuple).
+    """
+    image_id, path, label, split = ref
+    try:
+        data = read_bytes(path)
+    except Exception as error:  # an unreadable file is a rejection, not a crash
+        reason = f"cannot read: {type(error).__name__}: {error}"
+        return Outcome(Rejection(image_id, path, split, reason), 0, False)
+    try:
+        converted = images.convert(data, spec)
+    except images.Rejected as rejection:
+        return Outcome(Rejection(image_id, path, split, str(rejection)), len(data), False)
+    payload = records.make_example(
+        {
+            "image/encoded": converted.jpeg,
+            "image/format": b"jpeg",
+            "image/height": converted.height,
+            "image/width": converted.width,
+            "image/channels": 3,
+            "image/class/label": label,
+            "image/class/text": classes[label],
+            "image/filename": image_id,
+            "image/key/sha256": hashlib.sha256(data).hexdigest(),
+        }
+    )
+    record = Record(split, keys.order_key(seed, image_id), image_id, label, payload)
+    return Outcome(record, len(data), converted.passed_through)
