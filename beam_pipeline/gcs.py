@@ -37,6 +37,10 @@ OUTPUT_PERMISSIONS = (
 # stays one request on any sane bucket.
 _PLACEHOLDER_SCAN_LIMIT = 1000
 
+# Retry budget of each launch-time request. The client's default (120 s of
+# retries) leaves a user without network staring at a silent prompt.
+_CHECK_RETRY_TIMEOUT_S = 30.0
+
 _CREDENTIALS_HELP = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, "
     "or run `gcloud auth application-default login`"
@@ -83,7 +87,10 @@ def _client():
     level = auth_logger.level
     auth_logger.setLevel(logging.ERROR)
     try:
-        return storage.Client()
+        # project=None, not omitted: bucket-scoped calls need no project, and
+        # an omitted one must be inferred, which fails for user credentials
+        # (`gcloud auth application-default login`) without a gcloud project.
+        return storage.Client(project=None)
     finally:
         auth_logger.setLevel(level)
 
@@ -121,7 +128,9 @@ def usage_error(error: Exception, url: str, doing: str) -> UsageError | None:
         )
     if isinstance(error, api.NotFound):
         return UsageError(f"Bucket gs://{bucket} does not exist (from {url}).")
-    if isinstance(error, (auth.TransportError, api.ServiceUnavailable, _connection_errors())):
+    if isinstance(
+        error, (auth.TransportError, api.RetryError, api.ServiceUnavailable, _connection_errors())
+    ):
         return UsageError(f"Cannot reach Google Cloud Storage to {doing} {url}: {error}")
     return None
 
@@ -130,6 +139,12 @@ def _role_for(doing: str) -> str:
     if "write" in doing:
         return "roles/storage.objectAdmin (or roles/storage.objectUser)"
     return "roles/storage.objectViewer"
+
+
+def _retry():
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_timeout(_CHECK_RETRY_TIMEOUT_S)
 
 
 def _first_line(error: Exception) -> str:
@@ -161,7 +176,11 @@ def _first_objects(url: str, doing: str, limit: int):
         # Small pages: the first object is nearly always a real file, so one
         # short response settles it; max_results bounds the whole scan.
         blobs = client.list_blobs(
-            bucket, prefix=_folder_prefix(prefix), max_results=limit, page_size=min(limit, 50)
+            bucket,
+            prefix=_folder_prefix(prefix),
+            max_results=limit,
+            page_size=min(limit, 50),
+            retry=_retry(),
         )
         for blob in blobs:
             yield blob.name
@@ -186,7 +205,7 @@ def _object_exists(url: str, doing: str) -> bool:
     if not name or name.endswith("/"):
         return False
     try:
-        return _client().bucket(bucket).blob(name).exists()
+        return _client().bucket(bucket).blob(name).exists(retry=_retry())
     except Exception as error:
         translated = usage_error(error, url, doing)
         if translated is None:
@@ -206,7 +225,9 @@ def list_prefixes(url: str) -> list[str]:
     """
     bucket, prefix = split_url(url)
     try:
-        iterator = _client().list_blobs(bucket, prefix=_folder_prefix(prefix), delimiter="/")
+        iterator = _client().list_blobs(
+            bucket, prefix=_folder_prefix(prefix), delimiter="/", retry=_retry()
+        )
         for _ in iterator.pages:  # prefixes are filled in while pages are read
             pass
     except Exception as error:
@@ -256,7 +277,9 @@ def check_output(url: str) -> bool:
         # testIamPermissions needs no permission itself and answers with the
         # subset held, so a read-only account fails here and not after the
         # whole job has run and the first shard is written.
-        granted = set(_client().bucket(bucket).test_iam_permissions(list(OUTPUT_PERMISSIONS)))
+        granted = set(
+            _client().bucket(bucket).test_iam_permissions(list(OUTPUT_PERMISSIONS), retry=_retry())
+        )
     except Exception as error:
         translated = usage_error(error, url, doing)
         if translated is None:

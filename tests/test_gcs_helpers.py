@@ -144,6 +144,31 @@ def test_unauthenticated_request_asks_for_credentials(gcs_account):
         gcs.check_input("gs://private/images")
 
 
+def test_user_credentials_without_a_project(images, gcs_emulator, monkeypatch, tmp_path):
+    """`gcloud auth application-default login` without a gcloud project still lists.
+
+    API_ENDPOINT_OVERRIDE (unlike STORAGE_EMULATOR_HOST) keeps the client on the
+    session's fake authorized-user credentials, which carry no project.
+    """
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
+    monkeypatch.setenv("API_ENDPOINT_OVERRIDE", gcs_emulator.url)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud default project
+    gcs.check_input(images)
+    assert gcs.check_output(images) is True
+    assert len(gcs.list_prefixes(images)) == 3
+
+
+def test_unreachable_storage_is_one_line_after_a_short_retry(monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{gcs_fixtures.free_port()}")
+    monkeypatch.setattr(gcs, "_CHECK_RETRY_TIMEOUT_S", 1.0)
+    with pytest.raises(UsageError) as error:
+        gcs.check_input("gs://some-bucket/images")
+    message = str(error.value)
+    assert message.startswith("Cannot reach Google Cloud Storage to list objects in gs://some")
+    assert "\n" not in message
+
+
 # ------------------------------------------------------------ no credentials
 
 
