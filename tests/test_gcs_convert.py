@@ -112,6 +112,9 @@ def _run_once(gcs_emulator, source: Source, kind: str) -> dict[str, bytes]:
         gs_out = f"gs://{source.bucket}/out/{kind}"
         local_out = str(source.work / f"out-{kind}")
         input_path, output, extra = {
+            # The local default: in_memory plus forked conversion processes
+            # that read the images from GCS themselves.
+            "gs-gs-default": (source.url, gs_out, ["--local_processes", "2"]),
             "gs-gs-in-memory": (source.url, gs_out, [IN_MEMORY]),
             "gs-gs-multi-processing": (source.url, gs_out, MULTI_PROCESSING),
             "local-gs": (source.local, gs_out, [IN_MEMORY]),
@@ -122,7 +125,7 @@ def _run_once(gcs_emulator, source: Source, kind: str) -> dict[str, bytes]:
     return _runs[kind]
 
 
-KINDS = ["gs-gs-in-memory", "gs-gs-multi-processing", "local-gs", "gs-local"]
+KINDS = ["gs-gs-default", "gs-gs-in-memory", "gs-gs-multi-processing", "local-gs", "gs-local"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
