@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 
@@ -29,6 +29,16 @@ _MAGIC = (
     (b"MM\x00+", "TIFF"),
 )
 _WHITE = (255, 255, 255)
+# EXIF orientation -> the transpose that shows the image upright (as ImageOps.exif_transpose).
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 # Image.open(formats=...) looks formats up in Pillow's registry, which holds only
 # the most common plugins until init() has loaded all of them (MPO among them).
@@ -214,9 +224,15 @@ def convert(data: bytes, spec: ImageSpec) -> Converted:
         image.load()  # decodes, so a truncated file is rejected even when passed through
         if passthrough:
             return Converted(data, image.height, image.width, passed_through=True)
-        if orientation != 1:
-            image = ImageOps.exif_transpose(image)
-        image = _resize(_to_rgb(image), spec)
+        # Resize first, then convert and rotate the (much smaller) result: every
+        # resize mode is symmetric under 90-degree turns, so the order does not
+        # change the output size, and grey images are resized on one channel.
+        if image.mode in ("RGB", "L"):
+            image = _to_rgb(_resize(image, spec))
+        else:
+            image = _resize(_to_rgb(image), spec)
+        if orientation in _TRANSPOSE:
+            image = image.transpose(_TRANSPOSE[orientation])
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=spec.jpeg_quality)
         return Converted(buffer.getvalue(), image.height, image.width)

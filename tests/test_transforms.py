@@ -130,29 +130,56 @@ def test_write_shards_renumbers_around_empty_hash_ranges(tmp_path):
     ],
 )
 def test_balance_names_lost_and_doubled_ids(groups, expected):
-    problems = list(pipeline._balance(("cat/1.jpg", groups)))
+    out = list(pipeline._balance(("cat/1.jpg", groups)))
+    assert [v for kind, v in out if kind == "listed"] == groups["listed"]
+    problems = [v for kind, v in out if kind == "problem"]
     assert [p.split(" ")[0] for p in problems] == [e.split(" ")[0] for e in expected]
     assert all("cat/1.jpg" in p for p in problems)
 
 
-def test_check_books_counts_problems():
+def test_check_books_summarises_listing_and_problems():
     with BeamTestPipeline() as p:
         listed = p | "L" >> beam.Create([("a", "train"), ("b", "train"), ("c", "val")])
         written = p | "W" >> beam.Create([("a", "train"), ("a", "train")])
         rejected = p | "R" >> beam.Create([("c", "val")])
-        count, shown = {
-            "listed": listed,
-            "written": written,
-            "rejected": rejected,
-        } | pipeline.CheckBooks()
-        assert_that(count, equal_to([2]), label="Count")
+        books = {"listed": listed, "written": written, "rejected": rejected} | pipeline.CheckBooks()
         assert_that(
-            shown | beam.Map(lambda ps: sorted(x.split(":")[0] for x in ps)),
-            equal_to(
-                [["doubled (2 records, 0 rejections)", "lost (neither written nor rejected)"]]
+            books
+            | beam.Map(
+                lambda b: (
+                    b["listed"],
+                    b["problem_count"],
+                    [x.split(":")[0] for x in b["problems"]],
+                )
             ),
-            label="Shown",
+            equal_to(
+                [
+                    (
+                        {"train": 2, "val": 1},
+                        2,
+                        [
+                            "doubled (2 records, 0 rejections)",
+                            "lost (neither written nor rejected)",
+                        ],
+                    )
+                ]
+            ),
+            label="Books",
         )
+
+
+def test_books_fn_keeps_the_first_problems_in_order():
+    fn = pipeline._BooksFn()
+    parts = []
+    for chunk in (range(0, 30), range(30, 60)):
+        acc = fn.create_accumulator()
+        for i in chunk:
+            acc = fn.add_input(acc, ("problem", f"lost: id{i:03d}"))
+            acc = fn.add_input(acc, ("listed", "train"))
+        parts.append(acc)
+    out = fn.extract_output(fn.merge_accumulators(parts))
+    assert out["problem_count"] == 60 and out["listed"] == {"train": 60}
+    assert out["problems"] == [f"lost: id{i:03d}" for i in range(pipeline._MAX_PROBLEMS_SHOWN)]
 
 
 def test_image_spec_travels_with_config():
