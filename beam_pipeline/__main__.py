@@ -24,6 +24,20 @@ EXAMPLE = (
 )
 
 
+def _boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+# A switch that also takes a value: `--overwrite` and `--overwrite=true` both work,
+# as Dataflow Flex Templates pass every parameter as --name=value.
+_FLAG = {"nargs": "?", "const": True, "default": False, "type": _boolean, "metavar": "BOOL"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m beam_pipeline",
@@ -47,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=42, help="Seed of the split and shuffle hashes (default 42)")
     add("--image_size", type=int, default=256, help="Target size in pixels (default 256)")
     add("--resize", default="shorter", help="shorter|longer|crop|pad|none (default shorter)")
-    add("--upscale", action="store_true", help="Also enlarge images smaller than --image_size")
+    add("--upscale", **_FLAG, help="Also enlarge images smaller than --image_size")
     add("--jpeg_quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
     add(
         "--target_shard_mb", type=float, default=200.0, help="Target shard size in MB (default 200)"
@@ -59,9 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.01,
         help="Fail (and write no dataset_info.json) if more images are rejected (default 0.01)",
     )
-    add(
-        "--overwrite", action="store_true", help="Replace the outputs of an earlier run in --output"
-    )
+    add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
     add(
         "--local_processes",
         type=int,
@@ -69,7 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="DirectRunner in_memory only: convert images in this many local processes "
         "(default: all cores when no --direct_running_mode is given, else 1)",
     )
-    add("--quiet", action="store_true", help="Print only the summary")
+    add("--quiet", **_FLAG, help="Print only the summary")
+    add(
+        "--wait",
+        type=_boolean,
+        default=True,
+        metavar="true|false",
+        help="Wait for the job and print its summary (default true; a Flex Template "
+        "launch passes false and returns once the job is submitted)",
+    )
     return parser
 
 
@@ -111,7 +131,12 @@ def _check_beam_args(beam_args: list[str]) -> None:
             underscored = "--" + name[2:].replace("-", "_")
             if underscored in known or underscored in _OWN_FLAGS:
                 hint = f" (did you mean {underscored}?)"
-            raise UsageError(f"unknown option {name}{hint}")
+            message = f"unknown option {name}{hint}"
+            if os.environ.get("IMAGERECORDS_LENIENT_OPTIONS"):
+                # The Flex Template launcher may add flags of its own; warn, don't fail.
+                logging.warning("%s; passing it to Beam as it is", message)
+                continue
+            raise UsageError(message)
 
 
 _OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
@@ -321,6 +346,10 @@ def run(argv: list[str] | None = None) -> dict:
     p = beam.Pipeline(options=options)
     pipeline.build(p, config)
     result = p.run()
+    if not args.wait:
+        job = getattr(result, "job_id", lambda: None)()
+        print(f"imagerecords: submitted{f' job {job}' if job else ''}; not waiting (--wait=false)")
+        return {}
     result.wait_until_finish()
     seconds = time.monotonic() - started
     with FileSystems.open(listing.join(output, metadata.INFO_FILE)) as stream:

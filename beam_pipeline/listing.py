@@ -102,8 +102,13 @@ def is_hidden(relative_path: str) -> bool:
 
 
 def _escape_glob(path: str) -> str:
-    # FileSystems.match treats * ? [ as wildcards; folder names may contain them.
-    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+    """A pattern matching at least ``path``: wildcard characters become ``?``.
+
+    FileSystems.match treats * ? [ as wildcards and has no escape that works
+    everywhere ("[[]" makes Python's re warn), so callers filter the matches by
+    the literal prefix.
+    """
+    return "".join("?" if c in "*?[" else c for c in path)
 
 
 # ----------------------------------------------------- discovery (launch time)
@@ -122,7 +127,7 @@ def list_subfolders(path: str) -> list[str]:
         names = set()
         for metadata in FileSystems.match([_escape_glob(root) + "**"])[0].metadata_list:
             rel = metadata.path[len(root) :]
-            if "/" in rel:
+            if metadata.path.startswith(root) and "/" in rel:
                 names.add(rel.split("/", 1)[0])
         names = list(names)
     return sorted(n for n in names if n and not n.startswith("."))
@@ -276,7 +281,9 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         raise UsageError(f"--manifest: {manifest} does not exist")
     if not manifest.endswith(MANIFEST_SUFFIXES):
         raise UsageError(f"--manifest must end in .csv or .jsonl, got {manifest}")
-    if not is_local(manifest) and not FileSystems.exists(manifest):
+    if is_gcs(manifest):
+        gcs.check_input(manifest)  # one clear line for missing bucket, 403, no credentials
+    elif not is_local(manifest) and not FileSystems.exists(manifest):
         raise UsageError(f"--manifest: {manifest} does not exist")
     labels: set[str] = set()
     seen: set[str] = set()
@@ -316,10 +323,11 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
 
 def list_folder(folder: ClassFolder, root: str) -> Iterator[tuple[str, str, int, str | None]]:
     """Every non-hidden file below a class folder: ``(image_id, path, label, split)``."""
-    prefix = folder.path.rstrip("/\\")
-    pattern = _escape_glob(prefix) + ("/**" if not is_local(prefix) else os.sep + "**")
-    for metadata in FileSystems.match([pattern])[0].metadata_list:
+    prefix = folder.path.rstrip("/")
+    for metadata in FileSystems.match([_escape_glob(prefix) + "/**"])[0].metadata_list:
         path = metadata.path
+        if not path.startswith(prefix + "/"):
+            continue  # a sibling folder that the escaped pattern also matched
         if path.endswith("/"):
             continue  # a GCS "folder placeholder" object, not a file
         if is_hidden(path[len(prefix) :]):

@@ -352,3 +352,14 @@ def test_manifest(tmp_path, kind):
     assert set(got) == {r[0] for r in rows}
     for path, label, _ in rows:
         assert info["classes"][got[path]["image/class/label"]] == label
+
+
+def test_folder_names_with_wildcard_characters(tmp_path):
+    """Class folders named like glob patterns list only their own files."""
+    root = tmp_path / "in"
+    ids = make_class_folders(str(root), classes=("a[1]", "a_1]", "b*", "c d"), per_class=3)
+    assert main(["--input", str(root), "--output", str(tmp_path / "o"), "--quiet", IN_MEMORY]) == 0
+    info = contract.load_info(str(tmp_path / "o"))
+    by_split = contract.check_output(str(tmp_path / "o"), str(root))
+    assert sorted(i for rows in by_split.values() for i in contract.ids(rows)) == sorted(ids)
+    assert sum(info["splits"][s]["class_counts"]["a[1]"] for s in info["splits"]) == 3

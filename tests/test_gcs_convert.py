@@ -213,11 +213,6 @@ def test_manifest_stored_in_gcs(gcs_emulator, source):
     assert got == sorted(r[0] for r in rows)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="listing._discover_manifest checks a gs:// manifest with FileSystems.exists, "
-    "not gcs.check_input: a 403 ends in a traceback, no credentials in a 120 s retry loop",
-)
 def test_gcs_manifest_without_permission_gives_one_clear_line(gcs_account, tmp_path, capsys):
     gcs_account()  # no permission at all on the bucket
     argv = ["--manifest", "gs://private/list.csv", "--output", str(tmp_path / "o"), IN_MEMORY]
