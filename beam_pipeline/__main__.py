@@ -6,11 +6,17 @@ Flags not listed here are Apache Beam pipeline options (``--runner``,
 
 from __future__ import annotations
 
-import argparse
+import os
+
+# The local conversion pool forks; gRPC (loaded by Beam) then logs that it
+# skips its fork handlers. The children never use gRPC, so turn the handlers off
+# before gRPC is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import argparse  # noqa: E402
 import dataclasses
 import json
 import logging
-import os
 import re
 import sys
 import time
@@ -370,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     # multi_processing workers relay their start-up chatter (unparseable runner
     # flags, no semi_persistent_directory) as warnings; they mean nothing here.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    # Progress lines from the conversion step ("converted N images (R images/s)").
+    if "--quiet" not in (argv if argv is not None else sys.argv):
+        logging.getLogger("beam_pipeline").setLevel(logging.INFO)
     try:
         run(argv)
     except UsageError as error:

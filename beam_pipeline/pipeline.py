@@ -36,7 +36,7 @@ TMP_DIR = ".imagerecords-tmp"
 REJECTED = "rejected"
 WRITTEN = "written"
 _MAX_PROBLEMS_SHOWN = 20
-_LOG_EVERY_S = 30.0
+_LOG_EVERY_S = 15.0  # progress line per converting worker
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class _ConvertFn(beam.DoFn):
         now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY_S:
             rate = self._count / (now - self._started)
-            log.info("converted %d images (%.1f images/s)", self._count, rate)
+            log.info("converted %d images so far (%.1f images/s)", self._count, rate)
             self._last_log = now
         return outcome.result
 
