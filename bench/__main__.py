@@ -46,7 +46,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeats",
         type=int,
-        help="runs of each converter per set, best one reported (default: 2; quick: 1)",
+        help="runs of each converter per set, best one reported (default: 3; quick: 1)",
+    )
+    parser.add_argument(
+        "--read-rounds",
+        type=int,
+        help="rounds of every reader pipeline, best one reported (default: 2; quick: 1)",
     )
     parser.add_argument("--results-dir", type=Path, help="default bench/results (quick: raw/quick)")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
@@ -101,7 +106,9 @@ def _records_for_reader(sizes: Sizes, web: data.ImageSet, out_root: Path, log_di
     return out if result.ok else None
 
 
-def _reader_half(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -> dict:
+def _reader_half(
+    sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path, rounds: int
+) -> dict:
     records = _records_for_reader(sizes, web, out_root, log_dir)
     rows = readers.run_readers(
         web.path,
@@ -112,6 +119,7 @@ def _reader_half(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path
         one_process=sizes is QUICK,
         log_dir=log_dir,
         timeout_s=sizes.timeout_s,
+        rounds=rounds,
     )
     return {
         "measured_at": _now(),
@@ -119,6 +127,7 @@ def _reader_half(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path
         "image_size": 224,
         "warmup": sizes.read_warmup_epochs,
         "epochs": sizes.read_epochs,
+        "rounds": rounds,
         "rows": [dataclasses.asdict(r) for r in rows],
     }
 
@@ -128,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 2
+        args.repeats = 1 if args.quick else 3
+    if args.read_rounds is None:
+        args.read_rounds = 1 if args.quick else 2
     results_dir = args.results_dir or (RESULTS_DIR / "raw" / "quick" if args.quick else RESULTS_DIR)
     if args.report_only:
         report.write(json.loads((results_dir / "results.json").read_text()), results_dir)
@@ -153,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         converter_sets = {n: s for n, s in sets.items() if n in args.sets.split(",")}
         results["converter"] = _converter_half(args, sizes, converter_sets, out_root, log_dir)
     if args.only != "converter":
-        results["reader"] = _reader_half(sizes, sets["web"], out_root, log_dir)
+        results["reader"] = _reader_half(sizes, sets["web"], out_root, log_dir, args.read_rounds)
 
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     results["finished_at"] = _now()

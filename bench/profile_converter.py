@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=("web", "phone"), default="web")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="the benchmark's cache")
     parser.add_argument("--stage-images", type=int, default=300, help="images for view 1")
     parser.add_argument(
         "--skip", action="append", default=[], choices=("stages", "pyspy", "cprofile")
@@ -306,9 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     count = sizes.web_images if args.set == "web" else sizes.phone_images
-    image_set = ensure_image_set(args.set, count, CACHE_DIR, sizes.name)
+    image_set = ensure_image_set(args.set, count, args.cache_dir, sizes.name)
     PROFILE_DIR.mkdir(parents=True, exist_ok=True)
-    out_dir = CACHE_DIR / "out" / "profile" / args.set
+    out_dir = args.cache_dir / "out" / "profile" / args.set
     report = [f"# converter profile, {args.set} set ({image_set.num_images} images)\n"]
 
     if "stages" not in args.skip:

@@ -288,12 +288,13 @@ def main(argv: list[str] | None = None) -> None:
     """Times every ablation variant and writes the summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="the benchmark's cache")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--only", help="substring of the variants to run")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    records = imagerecords_output(CACHE_DIR / "out" / sizes.name, "web")
-    files_root = CACHE_DIR / "data" / f"web-{sizes.name}"
+    records = imagerecords_output(args.cache_dir / "out" / sizes.name, "web")
+    files_root = args.cache_dir / "data" / f"web-{sizes.name}"
     if not (records / "dataset_info.json").exists():
         raise SystemExit(f"no imagerecords output at {records}: run `python -m bench` first")
     lines = [

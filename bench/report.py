@@ -161,16 +161,24 @@ def markdown(results: dict) -> str:
             f"## Reader (web set, measured {read['measured_at']})",
             "",
             f"Images/s at {read['image_size']}x{read['image_size']}, batch {read['batch']}, "
-            f"{read['epochs']} timed epoch(s) after {read['warmup']} warm-up epoch(s). "
-            "Baselines repeat, so all are timed in steady state.",
+            f"{read['epochs']} timed epoch(s) after {read['warmup']} warm-up epoch(s), each "
+            "pipeline in its own process, best of "
+            f"{read.get('rounds', 1)} interleaved round(s) (every round's images/s in the "
+            "`rounds` column; the best round's epochs under `per epoch`). Baselines repeat, so "
+            "all are timed in steady state. CPU ms/image: the process's CPU time (all threads) "
+            "in the timed epochs, per image.",
             "",
-            "| pipeline | images/s | per epoch | CPU ms/image | peak RSS MB | note |",
-            "|---|---:|---|---:|---:|---|",
+            "| pipeline | images/s | rounds | per epoch | CPU ms/image | peak RSS MB | note |",
+            "|---|---:|---|---|---:|---:|---|",
         ]
         for row in read["rows"]:
             per_epoch = " / ".join(f"{x:.0f}" for x in row["epoch_images_per_s"]) or "n/a"
+            rounds = " / ".join(
+                "n/a" if x is None else f"{x:.0f}" for x in row.get("round_images_per_s") or []
+            )
             lines.append(
-                f"| {READER_LABELS[row['variant']]} | {_fmt(row['images_per_s'])} | {per_epoch} "
+                f"| {READER_LABELS[row['variant']]} | {_fmt(row['images_per_s'])} | {rounds} "
+                f"| {per_epoch} "
                 f"| {_fmt(row.get('cpu_ms_per_image'), 2)} "
                 f"| {_fmt(row['peak_tree_rss_mb'], 0)} | {row['note']} |"
             )
