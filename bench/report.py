@@ -162,7 +162,7 @@ def markdown(results: dict) -> str:
             "",
             f"Images/s at {read['image_size']}x{read['image_size']}, batch {read['batch']}, "
             f"{read['epochs']} timed epoch(s) after {read['warmup']} warm-up epoch(s), each "
-            "pipeline in its own process, best of "
+            "pipeline in its own process (a quick run: all in one), best of "
             f"{read.get('rounds', 1)} interleaved round(s) (every round's images/s in the "
             "`rounds` column; the best round's epochs under `per epoch`). Baselines repeat, so "
             "all are timed in steady state. CPU ms/image: the process's CPU time (all threads) "
