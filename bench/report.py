@@ -223,26 +223,34 @@ def chart(results: dict, path: Path) -> None:
                         f"Converter, {image_set} set (images/s, wall clock)",
                         [CONVERTER_LABELS[r["converter"]] for r in rows],
                         [r["images_per_s"] for r in rows],
-                        (0.8 * floor, "target: 0.8x floor") if floor else None,
+                        [(0.8 * floor, "target: 0.8x floor")] if floor else [],
                     )
                 )
     read = results.get("reader")
     if read:
         rows = read["rows"]
         keras = next((r["images_per_s"] for r in rows if r["variant"] == "keras_dir"), None)
+        tfrecord = next(
+            (r["images_per_s"] for r in rows if r["variant"] == "tfrecord_per_example"), None
+        )
+        targets = []
+        if keras and not math.isnan(keras):
+            targets.append((1.5 * keras, "1.5x keras"))
+        if tfrecord and not math.isnan(tfrecord):
+            targets.append((1.3 * tfrecord, "1.3x TFRecord"))
         panels.append(
             (
                 f"Reader, web set (images/s at {read['image_size']}px, batch {read['batch']})",
                 [READER_LABELS[r["variant"]] for r in rows],
                 [r["images_per_s"] for r in rows],
-                (1.5 * keras, "target: 1.5x keras") if keras and not math.isnan(keras) else None,
+                targets,
             )
         )
     if not panels:
         return
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.3 * len(panels) + 0.6))
     axes = [axes] if len(panels) == 1 else list(axes)
-    for ax, (title, labels, values, target) in zip(axes, panels, strict=True):
+    for ax, (title, labels, values, targets) in zip(axes, panels, strict=True):
         clean = [0.0 if (v is None or math.isnan(v)) else v for v in values]
         colours = ["#d62728" if "imagerecords" in label else "#7f7f7f" for label in labels]
         bars = ax.barh(range(len(labels)), clean, color=colours)
@@ -253,10 +261,13 @@ def chart(results: dict, path: Path) -> None:
             text = "n/a" if value is None or math.isnan(value) else f"{value:,.0f}"
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {text}",
                     va="center", fontsize=8)  # fmt: skip
-        if target and not math.isnan(target[0]):
-            ax.axvline(target[0], color="#1f77b4", linestyle="--", linewidth=1)
-            ax.text(target[0], len(labels) - 0.4, f" {target[1]}", color="#1f77b4", fontsize=7)
-        ax.set_xlim(0, max(clean + [target[0] if target else 0]) * 1.25 or 1)
+        targets = [t for t in targets if t[0] is not None and not math.isnan(t[0])]
+        for x, text in targets:
+            # Dashed line at the target, labelled above the first bar (axis is inverted).
+            ax.axvline(x, color="#1f77b4", linestyle="--", linewidth=1)
+            ax.text(x, -0.45, f" {text}", color="#1f77b4", fontsize=7, va="bottom")
+        ax.set_xlim(0, max(clean + [t[0] for t in targets]) * 1.25 or 1)
+        ax.set_ylim(len(labels) - 0.5, -0.9)  # room above the first bar for target labels
         ax.tick_params(axis="x", labelsize=8)
     m = results["machine"]
     fig.suptitle(
