@@ -24,7 +24,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
+from apache_beam.pvalue import AsDict, AsList, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipeline import images, keys, listing, metadata, records
@@ -34,7 +34,7 @@ from beam_pipeline.errors import BooksDoNotBalance
 NAMESPACE = "imagerecords"
 TMP_DIR = ".imagerecords-tmp"
 REJECTED = "rejected"
-WRITTEN = "written"
+BOOKS = "books"
 _MAX_PROBLEMS_SHOWN = 20
 _LOG_EVERY_S = 15.0  # progress line per converting worker
 
@@ -109,16 +109,13 @@ class ListImages(beam.PTransform):
                 )
             )
         else:
-            refs = (
-                pbegin
-                | "ClassFolders" >> beam.Create(list(layout.folders))
+            folders = pbegin | "ClassFolders" >> beam.Create(list(layout.folders))
+            if self._config.conversion_processes == 1:
                 # ClassFolder, one per worker: folders are listed in parallel
-                | "SpreadFolders" >> beam.Reshuffle()
-                | "ListFolder"
-                >> beam.FlatMap(
-                    lambda folder: (
-                        to_ref(*entry) for entry in listing.list_folder(folder, layout.root)
-                    )
+                folders = folders | "SpreadFolders" >> beam.Reshuffle()
+            refs = folders | "ListFolder" >> beam.FlatMap(
+                lambda folder: (
+                    to_ref(*entry) for entry in listing.list_folder(folder, layout.root)
                 )
             )
         if self._config.conversion_processes > 1:
@@ -283,13 +280,51 @@ class ConvertImages(beam.PTransform):
 # --------------------------------------------------------------------- shards
 
 
-def _assign_shard(record: Record, shard_counts: dict[str, int]):
-    shard = keys.shard_of_key(record.key, shard_counts[record.split])
-    return (record.split, shard), (record.key, record.image_id, record.label, record.payload)
+# What goes through the shard GroupByKey: every record, and every listed and
+# rejected image ID, keyed by the hash range of its order key. One group then
+# holds everything needed both to write that shard and to check its books.
+#   (kind, key, image_id, label, payload)     kind: RECORD | LISTED | REJECTED_ID
+RECORD, LISTED, REJECTED_ID = "record", "listed", "rejected"
+
+
+def _entry_of_record(record: Record):
+    return record.split, record.key, RECORD, record.image_id, record.label, record.payload
+
+
+def _assign_shard(entry, shard_counts: dict[str, int]):
+    split, key, kind, image_id, label, payload = entry
+    # A split whose images were all rejected has no bytes and so no count: 1 range.
+    shard = keys.shard_of_key(key, shard_counts.get(split, 1))
+    return (split, shard), (kind, key, image_id, label, payload)
+
+
+def balance(entries) -> tuple[int, int, list[str]]:
+    """Books of one key range -> (listed count, problem count, first problems).
+
+    Every listed ID must be exactly once a record or a rejection.
+    """
+    seen: dict[str, Counter] = {}
+    for kind, _, image_id, _, _ in entries:
+        seen.setdefault(image_id, Counter())[kind] += 1
+    listed_total, problems = 0, []
+    for image_id, count in seen.items():
+        listed, written, rejected = count[LISTED], count[RECORD], count[REJECTED_ID]
+        listed_total += listed
+        if listed == 1 and written + rejected == 1:
+            continue
+        if not listed:
+            problems.append(f"not listed but written/rejected: {image_id}")
+        elif listed > 1:
+            problems.append(f"listed {listed} times: {image_id}")
+        elif not written and not rejected:
+            problems.append(f"lost (neither written nor rejected): {image_id}")
+        else:
+            problems.append(f"doubled ({written} records, {rejected} rejections): {image_id}")
+    return listed_total, len(problems), sorted(problems)[:_MAX_PROBLEMS_SHOWN]
 
 
 class _WriteShardFn(beam.DoFn):
-    """((split, hash shard), [(key, id, label, payload)]) -> ShardInfo dict.
+    """((split, hash range), [entry]) -> ShardInfo dict, and the range's books on ``books``.
 
     Holds one shard's records in memory (to sort them), never a whole split.
     """
@@ -300,18 +335,21 @@ class _WriteShardFn(beam.DoFn):
         self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
 
     def process(self, element, nonempty):
-        (split, shard), items = element
+        (split, shard), entries = element
+        entries = list(entries)
+        yield TaggedOutput(BOOKS, (split, *balance(entries)))
+        # Sorting by (key, id) makes the shard's bytes independent of bundle order.
+        items = sorted((e for e in entries if e[0] == RECORD), key=lambda e: (e[1], e[2]))
+        if not items:
+            return  # only rejections in this range: no file
         numbering = keys.dense_shard_numbers([s for sp, s in nonempty if sp == split])
         name = keys.shard_filename(split, numbering[shard], len(numbering))
-        final = _output_path(self._output, name)
-        # Sorting by (key, id) makes the shard's bytes independent of bundle order.
-        items = sorted(items, key=lambda item: (item[0], item[1]))
         temp = _output_path(self._output, f"{TMP_DIR}/{name}.{uuid.uuid4().hex}")
         digest = hashlib.sha256()
         size = 0
         class_counts: Counter[int] = Counter()
         with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-            for _, _, label, payload in items:
+            for _, _, _, label, payload in items:
                 framed = records.frame_record(payload)
                 stream.write(framed)
                 digest.update(framed)
@@ -319,11 +357,9 @@ class _WriteShardFn(beam.DoFn):
                 class_counts[label] += 1
         # A retried bundle writes identical bytes under a new temp name; the
         # rename replaces, so no partial or duplicate shard is ever visible.
-        FileSystems.rename([temp], [final])
+        FileSystems.rename([temp], [_output_path(self._output, name)])
         self._shards.inc()
         self._bytes.inc(size)
-        for _, image_id, _, _ in items:
-            yield TaggedOutput(WRITTEN, (image_id, split))
         yield {
             "split": split,
             "file": name,
@@ -335,14 +371,20 @@ class _WriteShardFn(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """Record -> ShardInfo dicts (main) and (image_id, split) per record (``written``)."""
+    """{records, listed, rejected} -> ShardInfo dicts, plus books per range on ``books``.
+
+    Listed and rejected IDs travel through the same GroupByKey as the records,
+    so the books are checked range by range with no second shuffle of all IDs.
+    """
 
     def __init__(self, config: JobConfig):
         super().__init__()
         self._config = config
 
-    def expand(self, recs):
+    def expand(self, pcolls):
+        seed = self._config.seed
         target, minimum = self._config.target_shard_bytes, self._config.min_shards
+        recs = pcolls["records"]
         shard_counts = (
             recs
             # Record -> (split, framed size)
@@ -353,80 +395,42 @@ class WriteShards(beam.PTransform):
             | "ShardsPerSplit"
             >> beam.MapTuple(lambda split, size: (split, keys.num_shards(size, target, minimum)))
         )
+        entries = (
+            recs | "RecordEntries" >> beam.Map(_entry_of_record),
+            pcolls["listed"]
+            | "ListedEntries"
+            >> beam.Map(
+                lambda r: (r.split, keys.order_key(seed, r.image_id), LISTED, r.image_id, -1, b"")
+            ),
+            pcolls["rejected"]
+            | "RejectedEntries"
+            >> beam.Map(
+                lambda r: (
+                    r.split,
+                    keys.order_key(seed, r.image_id),
+                    REJECTED_ID,
+                    r.image_id,
+                    -1,
+                    b"",
+                )
+            ),
+        ) | "AllEntries" >> beam.Flatten()
         groups = (
-            recs
-            # Record -> ((split, hash shard), (key, id, label, payload))
+            entries
+            # (split, key, kind, id, label, payload) -> ((split, range), (kind, key, id, label, payload))
             | "AssignShard" >> beam.Map(_assign_shard, shard_counts=AsDict(shard_counts))
             | "GroupByShard" >> beam.GroupByKey()
         )
-        # (split, hash shard) of every non-empty shard, for dense renumbering
-        nonempty = groups | "NonEmptyShards" >> beam.Map(lambda kv: kv[0])
+        # (split, range) of every range holding a record, for dense renumbering
+        nonempty = groups | "NonEmptyShards" >> beam.FlatMap(
+            lambda kv: [kv[0]] if any(e[0] == RECORD for e in kv[1]) else []
+        )
         return groups | "WriteShard" >> beam.ParDo(
             _WriteShardFn(self._config.output), nonempty=AsList(nonempty)
-        ).with_outputs(WRITTEN, main="shards")
+        ).with_outputs(BOOKS, main="shards")
 
 
 # ---------------------------------------------------------------- bookkeeping
-
-
-def _balance(entry):
-    """(image_id, {listed, written, rejected}) -> ("listed", split) and ("problem", text)."""
-    image_id, groups = entry
-    listed, written, rejected = (list(groups[k]) for k in ("listed", "written", "rejected"))
-    for split in listed:
-        yield "listed", split
-    if len(listed) == 1 and len(written) + len(rejected) == 1:
-        return
-    if not listed:
-        problem = f"not listed but written/rejected: {image_id}"
-    elif len(listed) > 1:
-        problem = f"listed {len(listed)} times: {image_id}"
-    elif not written and not rejected:
-        problem = f"lost (neither written nor rejected): {image_id} [{listed[0]}]"
-    else:
-        problem = f"doubled ({len(written)} records, {len(rejected)} rejections): {image_id}"
-    yield "problem", problem
-
-
-class _BooksFn(beam.CombineFn):
-    """-> {"listed": {split: count}, "problem_count": n, "problems": first few, sorted}."""
-
-    def create_accumulator(self):
-        return Counter(), 0, []
-
-    def add_input(self, accumulator, element):
-        listed, count, problems = accumulator
-        kind, value = element
-        if kind == "listed":
-            listed[value] += 1
-            return listed, count, problems
-        return listed, count + 1, sorted([*problems, value])[:_MAX_PROBLEMS_SHOWN]
-
-    def merge_accumulators(self, accumulators):
-        listed, count, problems = Counter(), 0, []
-        for more_listed, more_count, more_problems in accumulators:
-            listed.update(more_listed)
-            count += more_count
-            problems = sorted(problems + more_problems)[:_MAX_PROBLEMS_SHOWN]
-        return listed, count, problems
-
-    def extract_output(self, accumulator):
-        listed, count, problems = accumulator
-        return {"listed": dict(listed), "problem_count": count, "problems": problems}
-
-
-class CheckBooks(beam.PTransform):
-    """Joins listed IDs with written and rejected ones by ID -> one books summary dict."""
-
-    def expand(self, pcolls):
-        return (
-            pcolls
-            | "JoinById" >> beam.CoGroupByKey()
-            # (image_id, {listed: [split], written: [split], rejected: [split]})
-            | "Balance" >> beam.FlatMap(_balance)
-            # ("listed", split) | ("problem", text)
-            | "Summarise" >> beam.CombineGlobally(_BooksFn())
-        )
 
 
 class _Finalize(beam.DoFn):
@@ -435,7 +439,12 @@ class _Finalize(beam.DoFn):
 
     def process(self, _, shards, rejects, books):
         config = self._config
-        listed, problem_count = books["listed"], books["problem_count"]
+        listed: Counter[str] = Counter()
+        problem_count, problems = 0, []
+        for split, listed_count, range_problem_count, range_problems in books:
+            listed[split] += listed_count
+            problem_count += range_problem_count
+            problems += range_problems
         output = config.output
         _write_atomically(
             _output_path(output, metadata.REJECTS_FILE),
@@ -452,7 +461,7 @@ class _Finalize(beam.DoFn):
             raise BooksDoNotBalance(
                 f"the job's books do not balance: {problem_count} image IDs were lost or "
                 f"doubled; dataset_info.json was not written. First: "
-                + "; ".join(books["problems"])
+                + "; ".join(sorted(problems)[:_MAX_PROBLEMS_SHOWN])
             )
         if not total_listed:
             raise BooksDoNotBalance("no images were found in the input; nothing was written")
@@ -519,15 +528,12 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
     """Adds the whole conversion to ``pipeline``; returns the final summary PCollection."""
     refs = pipeline | "ListImages" >> ListImages(config)
     converted = refs | "ConvertImages" >> ConvertImages(config)
-    written = converted.records | "WriteShards" >> WriteShards(config)
     rejects = converted[REJECTED]
-
-    books = {
-        # (image_id, split) from each side of the books
-        "listed": refs | "ListedIds" >> beam.Map(lambda r: (r.image_id, r.split)),
-        "written": written[WRITTEN],
-        "rejected": rejects | "RejectedIds" >> beam.Map(lambda r: (r.image_id, r.split)),
-    } | "CheckBooks" >> CheckBooks()
+    written = {
+        "records": converted.records,
+        "listed": refs,
+        "rejected": rejects,
+    } | "WriteShards" >> WriteShards(config)
     return (
         pipeline
         | "Start" >> beam.Create([None])
@@ -536,6 +542,6 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
             _Finalize(config),
             shards=AsList(written.shards),
             rejects=AsList(rejects),
-            books=AsSingleton(books),
+            books=AsList(written[BOOKS]),
         )
     )

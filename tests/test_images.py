@@ -201,3 +201,20 @@ def test_decompression_bomb_limit_is_kept(monkeypatch):
 def test_spec_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         images.ImageSpec(**kwargs)
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "PNG", "WEBP"])
+def test_orientation_in_other_formats_is_applied_once(fmt):
+    image = Image.new("RGB", (60, 40), (0, 0, 255))
+    image.paste((255, 0, 0), (0, 0, 30, 40))
+    if fmt == "TIFF":
+        data = _encode(image, fmt, tiffinfo={0x0112: 6})
+    else:
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        data = _encode(image, fmt, exif=exif.tobytes())
+    out = _decode(images.convert(data, SPEC))
+    assert out.size == (40, 60)
+    # Rotated 90 degrees clockwise for display: the red left half is now on top.
+    assert _close(out.getpixel((20, 5)), (255, 0, 0), 40)
+    assert _close(out.getpixel((20, 55)), (0, 0, 255), 40)

@@ -65,6 +65,14 @@ def test_convert_images_splits_records_and_rejections(folder):
         )
 
 
+def _write(p, config, recs, refs, rejections=()):
+    return {
+        "records": p | "Records" >> beam.Create(recs),
+        "listed": p | "Listed" >> beam.Create(refs),
+        "rejected": p | "Rejected" >> beam.Create(list(rejections)),
+    } | pipeline.WriteShards(config)
+
+
 def _record(split, image_id, size=100):
     return pipeline.Record(split, keys.order_key(42, image_id), image_id, 0, b"x" * size)
 
@@ -77,9 +85,10 @@ def test_write_shards_sizes_by_target_and_never_writes_empty_shards(tmp_path):
     recs = [_record("train", f"t{i}") for i in range(50)] + [
         _record("val", f"v{i}") for i in range(3)
     ]
+    refs = [listing.ImageRef(r.image_id, "/in/" + r.image_id, 0, r.split) for r in recs]
     # train: 50 * 116 bytes = 5800 -> 6 shards; val: 348 bytes -> 1 shard
     with BeamTestPipeline() as p:
-        out = p | beam.Create(recs) | pipeline.WriteShards(config)
+        out = _write(p, config, recs, refs)
         files = out.shards | beam.Map(lambda s: s["file"])
         assert_that(
             files,
@@ -89,9 +98,10 @@ def test_write_shards_sizes_by_target_and_never_writes_empty_shards(tmp_path):
             ),
             label="ShardFiles",
         )
-        assert_that(
-            out[pipeline.WRITTEN] | beam.combiners.Count.Globally(), equal_to([53]), label="Written"
-        )
+        listed = out[pipeline.BOOKS] | beam.Map(lambda b: b[1]) | beam.CombineGlobally(sum)
+        assert_that(listed, equal_to([53]), label="Listed")
+        problems = out[pipeline.BOOKS] | beam.Map(lambda b: b[2]) | "P" >> beam.CombineGlobally(sum)
+        assert_that(problems, equal_to([0]), label="Balanced")
     train = sorted(tmp_path.glob("train-*.tfrecord"))
     read = [list(records.iter_records(open(f, "rb"))) for f in train]
     assert all(read), "an empty shard was written"
@@ -105,8 +115,9 @@ def test_write_shards_renumbers_around_empty_hash_ranges(tmp_path):
         layout=layout, output=str(tmp_path), splits=SPLITS, target_shard_bytes=10**9, min_shards=64
     )
     recs = [_record("train", f"t{i}") for i in range(5)]  # 5 records, 64 hash ranges
+    refs = [listing.ImageRef(r.image_id, "/in/" + r.image_id, 0, r.split) for r in recs]
     with BeamTestPipeline() as p:
-        out = p | beam.Create(recs) | pipeline.WriteShards(config)
+        out = _write(p, config, recs, refs)
         assert_that(
             out.shards | beam.Map(lambda s: s["num_examples"]), is_not_empty(), label="Some"
         )
@@ -119,67 +130,46 @@ def test_write_shards_renumbers_around_empty_hash_ranges(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "groups, expected",
+    "kinds, expected",
     [
-        ({"listed": ["train"], "written": ["train"], "rejected": []}, []),
-        ({"listed": ["train"], "written": [], "rejected": ["train"]}, []),
-        ({"listed": ["train"], "written": [], "rejected": []}, ["lost"]),
-        ({"listed": ["train"], "written": ["train", "train"], "rejected": []}, ["doubled"]),
-        ({"listed": ["train"], "written": ["train"], "rejected": ["train"]}, ["doubled"]),
-        ({"listed": [], "written": ["train"], "rejected": []}, ["not listed"]),
+        (["listed", "record"], []),
+        (["listed", "rejected"], []),
+        (["listed"], ["lost"]),
+        (["listed", "record", "record"], ["doubled"]),
+        (["listed", "record", "rejected"], ["doubled"]),
+        (["record"], ["not"]),
+        (["listed", "listed", "record"], ["listed"]),
     ],
 )
-def test_balance_names_lost_and_doubled_ids(groups, expected):
-    out = list(pipeline._balance(("cat/1.jpg", groups)))
-    assert [v for kind, v in out if kind == "listed"] == groups["listed"]
-    problems = [v for kind, v in out if kind == "problem"]
-    assert [p.split(" ")[0] for p in problems] == [e.split(" ")[0] for e in expected]
+def test_balance_names_lost_and_doubled_ids(kinds, expected):
+    entries = [(kind, 7, "cat/1.jpg", 0, b"") for kind in kinds]
+    entries += [("listed", 9, "dog/2.jpg", 1, b""), ("record", 9, "dog/2.jpg", 1, b"x")]
+    listed, count, problems = pipeline.balance(entries)
+    assert listed == kinds.count("listed") + 1
+    assert count == len(expected)
+    assert [p.split(" ")[0] for p in problems] == expected
     assert all("cat/1.jpg" in p for p in problems)
 
 
-def test_check_books_summarises_listing_and_problems():
+def test_write_shards_checks_books_per_key_range(tmp_path):
+    """A listed image that is neither written nor rejected is named; rejections balance."""
+    layout = listing.Layout(kind="classes", root="/in", classes=("a",))
+    config = pipeline.JobConfig(layout=layout, output=str(tmp_path), splits=SPLITS)
+    recs = [_record("train", f"t{i}") for i in range(6)]
+    refs = [listing.ImageRef(f"t{i}", f"/in/t{i}", 0, "train") for i in range(8)]
+    refs.append(listing.ImageRef("v0", "/in/v0", 0, "val"))
+    rejections = [
+        pipeline.Rejection("t6", "/in/t6", "train", "corrupt"),
+        pipeline.Rejection("v0", "/in/v0", "val", "x"),
+    ]
     with BeamTestPipeline() as p:
-        listed = p | "L" >> beam.Create([("a", "train"), ("b", "train"), ("c", "val")])
-        written = p | "W" >> beam.Create([("a", "train"), ("a", "train")])
-        rejected = p | "R" >> beam.Create([("c", "val")])
-        books = {"listed": listed, "written": written, "rejected": rejected} | pipeline.CheckBooks()
+        out = _write(p, config, recs, refs, rejections)
+        problems = out[pipeline.BOOKS] | beam.FlatMap(lambda b: b[3])
+        assert_that(problems, equal_to(["lost (neither written nor rejected): t7"]), label="Lost")
+        files = out.shards | beam.Map(lambda s: s["file"])
         assert_that(
-            books
-            | beam.Map(
-                lambda b: (
-                    b["listed"],
-                    b["problem_count"],
-                    [x.split(":")[0] for x in b["problems"]],
-                )
-            ),
-            equal_to(
-                [
-                    (
-                        {"train": 2, "val": 1},
-                        2,
-                        [
-                            "doubled (2 records, 0 rejections)",
-                            "lost (neither written nor rejected)",
-                        ],
-                    )
-                ]
-            ),
-            label="Books",
+            files, equal_to(["train-00000-of-00001.tfrecord"]), label="NoFileForRejectsOnly"
         )
-
-
-def test_books_fn_keeps_the_first_problems_in_order():
-    fn = pipeline._BooksFn()
-    parts = []
-    for chunk in (range(0, 30), range(30, 60)):
-        acc = fn.create_accumulator()
-        for i in chunk:
-            acc = fn.add_input(acc, ("problem", f"lost: id{i:03d}"))
-            acc = fn.add_input(acc, ("listed", "train"))
-        parts.append(acc)
-    out = fn.extract_output(fn.merge_accumulators(parts))
-    assert out["problem_count"] == 60 and out["listed"] == {"train": 60}
-    assert out["problems"] == [f"lost: id{i:03d}" for i in range(pipeline._MAX_PROBLEMS_SHOWN)]
 
 
 def test_image_spec_travels_with_config():
