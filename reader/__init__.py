@@ -13,6 +13,7 @@ needs neither Beam nor Pillow. See ``docs/reader.md``.
 from reader.dataset import (
     InputReader,
     ReaderConfig,
+    decoded_cache_bytes,
     distributed_dataset,
     make_dataset,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ShardInfo",
     "SplitInfo",
     "UnknownSplitError",
+    "decoded_cache_bytes",
     "distributed_dataset",
     "load_info",
     "make_dataset",

@@ -11,6 +11,9 @@ in the manner of TF Model Garden's ``official/core/input_reader.py``::
     evaluation: shards in order -> shard by InputContext -> TFRecordDataset
                 -> [cache] -> batch -> parse_example -> decode + centre crop / resize
                 -> [pad the last batch + weights] -> normalise -> prefetch
+    cache="decoded": ... -> TFRecordDataset / interleave -> parse + decode whole (uint8)
+                -> cache in memory -> [shuffle -> repeat] -> per image: crop (a slice
+                of the cached pixels) + resize + flip -> batch -> [pad] -> normalise
 
 No Python runs per element: every step is a TensorFlow op inside ``tf.data``.
 """
@@ -20,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
+import os
 import random
 from collections.abc import Callable
 
@@ -41,8 +46,18 @@ AUTOTUNE = tf.data.AUTOTUNE
 #   fallback cannot stack the variable-size decoded crops.
 # So map_fn is kept. parallel_iterations does not change the CPU cost per image but
 # lets one batch use several cores (wall-clock 1.3-1.7x faster than 1 here), which
-# matters when fewer batches are in flight than there are cores.
-_MAP_FN_PARALLEL_ITERATIONS = 16
+# matters when fewer batches are in flight than there are cores. It is the batch
+# size: bench.profile_reader measured 0.85 (16) -> 0.84 (128) CPU ms/image at batch
+# 128, i.e. no worse, and a batch never waits on a fixed-size window of iterations.
+
+# cache="decoded": the memory estimate (see decoded_cache_bytes). Images stored
+# with resize="shorter" are assumed 1.5x as long as they are wide (3:2 photos; 4:3
+# and squares need less), "longer" ones square (an upper bound). When
+# dataset_info.json gives no stored size, decoded pixels are assumed
+# _ASSUMED_JPEG_RATIO times the shard bytes (JPEG at quality ~90).
+_ASSUMED_ASPECT = 1.5
+_ASSUMED_JPEG_RATIO = 10
+DECODED = "decoded"
 
 # TFRecordDataset's read buffer. The default (256 KiB) means many small reads;
 # on gs:// each read is an HTTP range request, so read in larger pieces.
@@ -84,9 +99,12 @@ class ReaderConfig:
         block_length: Consecutive records taken from one shard per turn.
         num_parallel_calls: Parallelism of interleave and of the decode map.
         cache: ``None``; ``"memory"`` (or ``True``) to keep the serialized records
-            in memory after the first pass; any other string is a file-name prefix
-            for an on-disk cache. Records, not decoded images, are cached, so
-            augmentation still differs per epoch.
+            in memory after the first pass; ``"decoded"`` to decode every record
+            once (uint8, stored size, no augmentation) and keep the pixels in
+            memory, so later epochs only crop, resize and flip (see
+            :func:`decoded_cache_bytes` for the memory it needs); any other string
+            is a file-name prefix for an on-disk cache of the records. Augmentation
+            differs per epoch whatever is cached.
         random_crop: Training: Inception-style random resized crop, decoding only
             the crop. Off: the evaluation transform.
         horizontal_flip: Training: random left-right flip.
@@ -185,6 +203,10 @@ class ReaderConfig:
             raise ValueError("pad_to_batch needs a finite dataset: pass repeat=False")
         if self.shuffle_buffer_size <= 0:
             raise ValueError("shuffle_buffer_size must be positive")
+        if self.cache is not None and not isinstance(self.cache, bool | str):
+            raise ValueError(
+                f"cache must be None, True, 'memory', 'decoded' or a file prefix, got {self.cache!r}"
+            )
 
     # Resolved defaults ---------------------------------------------------------------
     @property
@@ -212,6 +234,45 @@ class ReaderConfig:
     @property
     def augments(self) -> bool:
         return self.training and (self.random_crop or self.horizontal_flip)
+
+    @property
+    def caches_decoded(self) -> bool:
+        return self.cache == DECODED
+
+
+def _physical_memory_bytes() -> int | None:
+    """Physical RAM of this machine, or ``None`` where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def decoded_cache_bytes(info: DatasetInfo, split: str, num_records: int | None = None):
+    """Estimated memory of ``cache="decoded"``: ``(bytes, how it was estimated)``.
+
+    ``num_records`` (default: the whole split) decoded uint8 images at the size the
+    converter stored them (``info.image``): ``size x size x 3`` for ``crop`` and
+    ``pad``, ``size x 1.5 size x 3`` for ``shorter`` (3:2 photos; 4:3 need less),
+    ``size x size x 3`` for ``longer`` (an upper bound). Without a stored size
+    (``none``), 10x the split's shard bytes (JPEG ~ 1/10 of its pixels). ``bytes``
+    is ``None`` when nothing tells.
+    """
+    split_info = info.split(split)
+    n = split_info.num_examples if num_records is None else num_records
+    resize, size = info.image.resize, info.image.size
+    if size and resize == "shorter":
+        per_image = size * math.ceil(_ASSUMED_ASPECT * size) * 3
+        how = f"{n} images x {size} x ~{math.ceil(_ASSUMED_ASPECT * size)} x 3 (resize=shorter)"
+    elif size and resize in ("longer", "crop", "pad"):
+        per_image = size * size * 3
+        how = f"{n} images x {size} x {size} x 3 (resize={resize})"
+    elif split_info.num_bytes and split_info.num_examples:
+        per_image = _ASSUMED_JPEG_RATIO * split_info.num_bytes / split_info.num_examples
+        how = f"{n} images x ~{_ASSUMED_JPEG_RATIO}x their JPEG bytes (stored size unknown)"
+    else:
+        return None, "unknown: dataset_info.json gives neither the stored size nor the bytes"
+    return int(n * per_image), how
 
 
 def _derive_seed(seed: int, purpose: str) -> int:
@@ -249,13 +310,23 @@ class InputReader:
         self._pipeline_seed = _derive_seed(self._seed, f"pipeline{pipeline_id}")
 
         ds = self._read_records(num_pipelines, pipeline_id)
-        ds = self._maybe_cache(ds, num_pipelines, pipeline_id)
-        ds = self._maybe_shuffle(ds)
-        ds = self._maybe_repeat(ds)
-        if cfg.decode_before_batching:
+        if cfg.caches_decoded:
+            self._check_decoded_cache_memory(num_pipelines, pipeline_id)
+            ds = self._decode_and_cache(ds)
+            ds = self._maybe_shuffle(ds)
+            ds = self._maybe_repeat(ds)
+            ds = self._transform_decoded(ds)
+            ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
+        elif cfg.decode_before_batching:
+            ds = self._maybe_cache(ds, num_pipelines, pipeline_id)
+            ds = self._maybe_shuffle(ds)
+            ds = self._maybe_repeat(ds)
             ds = self._decode_each(ds)
             ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
         else:
+            ds = self._maybe_cache(ds, num_pipelines, pipeline_id)
+            ds = self._maybe_shuffle(ds)
+            ds = self._maybe_repeat(ds)
             ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
             ds = self._decode_batches(ds)
         ds = self._maybe_pad(ds)
@@ -381,6 +452,84 @@ class InputReader:
         suffix = f".{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
         return ds.cache(f"{cache}{suffix}")
 
+    def _check_decoded_cache_memory(self, num_pipelines: int, pipeline_id: int) -> None:
+        """Warns when the decoded cache is likely to need more than half of the RAM.
+
+        A warning, not a refusal: the estimate assumes an aspect ratio, and the
+        caller may know the images are smaller (or the machine has swap).
+        """
+        records = self._expected_records(num_pipelines, pipeline_id)
+        if records is None:
+            records = -(-self._info.num_examples(self._config.split) // num_pipelines)
+        estimate, how = decoded_cache_bytes(self._info, self._config.split, records)
+        ram = _physical_memory_bytes()
+        if estimate is None or not ram:
+            _LOG.info("cache='decoded': memory needed unknown (%s)", how)
+            return
+        budget = ram // 2
+        if estimate > budget:
+            _LOG.warning(
+                "cache='decoded' on split %r of %s needs about %.1f GiB of memory (%s), more "
+                "than half of this machine's %.1f GiB of RAM; the process may run out of "
+                "memory. Use cache=None (decode every epoch) or cache='memory' (keep the "
+                "JPEG records, ~1/10 of the size) instead.",
+                self._config.split,
+                self._info.path,
+                estimate / 2**30,
+                how,
+                ram / 2**30,
+            )
+        else:
+            _LOG.info("cache='decoded': about %.2f GiB (%s)", estimate / 2**30, how)
+
+    def _decode_and_cache(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """cache="decoded": parse + decode each record once (whole, or its eval window), cache it."""
+        cfg = self._config
+
+        def decode_record(serialized):
+            features = decode.parse_single(serialized, with_metadata=cfg.return_dict)
+            features["image"] = decode.decode_for_cache(
+                features.pop(decode.ENCODED),
+                cfg.image_size,
+                random_crop=cfg.training and cfg.random_crop,
+                eval_crop=cfg.eval_crop,
+                center_crop_fraction=cfg.center_crop_fraction,
+            )
+            return features
+
+        ds = ds.map(
+            decode_record,
+            num_parallel_calls=cfg.num_parallel_calls,
+            deterministic=cfg.is_deterministic,
+        )
+        return ds.cache()
+
+    def _transform_decoded(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """cache="decoded": per image crop (+ flip) + resize of the cached pixels, before batching."""
+        cfg = self._config
+
+        def transform(features, seed):
+            features = dict(features)
+            seeds = tf.random.stateless_uniform(
+                [2, 2], seed=seed, minval=None, maxval=None, dtype=tf.int64
+            )
+            features["image"], features["label"] = self._decode_one(
+                features["image"], features["label"], seeds, decoded=True
+            )
+            return features
+
+        if cfg.augments:
+            ds = tf.data.Dataset.zip((ds, self._seeds()))
+            fn = transform
+        else:
+
+            def fn(features):
+                return transform(features, tf.zeros([2], tf.int64))
+
+        return ds.map(
+            fn, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
+        )
+
     def _maybe_shuffle(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         cfg = self._config
         if not cfg.shuffles_records:
@@ -412,10 +561,25 @@ class InputReader:
         )
         return draws.map(lambda draw: tf.stack([base, draw]))
 
-    def _decode_one(self, encoded, label, seeds=None):
-        """One image: decode (+ crop + flip) + resize, then the user's ``image_fn``."""
+    def _decode_one(self, encoded, label, seeds=None, decoded: bool = False):
+        """One image: decode (+ crop + flip) + resize, then the user's ``image_fn``.
+
+        ``decoded``: ``encoded`` is already a uint8 image from the decoded cache
+        (``decode.decode_for_cache``); the crop is sliced out of its pixels.
+        """
         cfg = self._config
-        if cfg.augments:
+        if decoded:
+            image = decode.transform_decoded(
+                encoded,
+                seeds,
+                cfg.image_size,
+                random_crop=cfg.training and cfg.random_crop,
+                horizontal_flip=cfg.training and cfg.horizontal_flip,
+                area_range=cfg.crop_area_range,
+                aspect_ratio_range=cfg.crop_aspect_ratio_range,
+                resize_method=cfg.resize_method,
+            )
+        elif cfg.augments:
             image = decode.decode_train(
                 encoded,
                 seeds,
@@ -438,7 +602,7 @@ class InputReader:
             )
         if cfg.image_fn is not None:
             image, label = cfg.image_fn(image, label)
-            if not cfg.decode_before_batching:
+            if not (cfg.decode_before_batching or decoded):
                 self._check_image_fn_output(image, label)
         return image, label
 
@@ -486,7 +650,7 @@ class InputReader:
             tf.stack([size, 2, 2]), seed=batch_seed, minval=None, maxval=None, dtype=tf.int64
         )
         # Decoding after batching needs a per-image step. map_fn (a while_loop with
-        # parallel_iterations) measured fastest: see _MAP_FN_PARALLEL_ITERATIONS.
+        # parallel_iterations = the batch size) measured fastest: see the top of the module.
         # tf.vectorized_map fails on the variable-size decoded images, and
         # unbatch -> map -> batch would give up the batched parse.
         images, labels = tf.map_fn(
@@ -496,7 +660,7 @@ class InputReader:
                 tf.TensorSpec([*cfg.image_size, 3], tf.float32),
                 tf.TensorSpec([], tf.int32),
             ),
-            parallel_iterations=_MAP_FN_PARALLEL_ITERATIONS,
+            parallel_iterations=cfg.batch_size,
         )
         features["image"] = images
         features["label"] = labels

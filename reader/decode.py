@@ -174,15 +174,77 @@ def decode_eval(
     Returns:
         float32 ``[height, width, 3]`` in 0..255.
     """
+    image = _decode_eval_window(encoded, size, eval_crop, center_crop_fraction)
+    return _resize(image, size, resize_method)
+
+
+def _decode_eval_window(
+    encoded: tf.Tensor, size: Sequence[int], eval_crop: str, center_crop_fraction: float
+) -> tf.Tensor:
+    """The evaluation window of one JPEG, decoded (uint8), not yet resized."""
     if eval_crop == "center":
         shape = tf.io.extract_jpeg_shape(encoded)
         window = center_crop_window(shape, size, center_crop_fraction)
-        image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
-    elif eval_crop == "resize":
+        return tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+    if eval_crop == "resize":
+        return tf.io.decode_jpeg(encoded, channels=3)
+    raise ValueError(f"eval_crop must be one of {EVAL_CROPS}, got {eval_crop!r}")
+
+
+def decode_for_cache(
+    encoded: tf.Tensor,
+    size: Sequence[int],
+    *,
+    random_crop: bool,
+    eval_crop: str,
+    center_crop_fraction: float,
+) -> tf.Tensor:
+    """What ``cache="decoded"`` keeps of one JPEG: uint8 ``[h, w, 3]``, decoded once.
+
+    With ``random_crop`` (training) the whole image, since every epoch crops it
+    differently. Otherwise the deterministic evaluation window, decoded exactly as
+    :func:`decode_eval` decodes it (``decode_and_crop_jpeg``, whose pixels at the
+    window's edges differ slightly from slicing a fully decoded image), so a cached
+    evaluation is pixel-equal to an uncached one, and smaller.
+    """
+    if random_crop:
         image = tf.io.decode_jpeg(encoded, channels=3)
     else:
-        raise ValueError(f"eval_crop must be one of {EVAL_CROPS}, got {eval_crop!r}")
-    return _resize(image, size, resize_method)
+        image = _decode_eval_window(encoded, size, eval_crop, center_crop_fraction)
+    image.set_shape([None, None, 3])
+    return image
+
+
+def transform_decoded(
+    image: tf.Tensor,
+    seeds: tf.Tensor,
+    size: Sequence[int],
+    *,
+    random_crop: bool,
+    horizontal_flip: bool,
+    area_range: Sequence[float],
+    aspect_ratio_range: Sequence[float],
+    resize_method: str,
+) -> tf.Tensor:
+    """:func:`decode_train` / :func:`decode_eval` on a :func:`decode_for_cache` image.
+
+    The random crop window is drawn exactly as in :func:`decode_train` (same
+    stateless sampler, same seed use), then sliced out of the cached pixels
+    instead of decoded from the JPEG; resize and flip are the same. Without
+    ``random_crop`` the cached image already is the evaluation window.
+
+    Returns:
+        float32 ``[height, width, 3]`` in 0..255.
+    """
+    if random_crop:
+        window = random_crop_window(tf.shape(image), seeds[0], area_range, aspect_ratio_range)
+        image = tf.slice(
+            image, tf.stack([window[0], window[1], 0]), tf.stack([window[2], window[3], 3])
+        )
+    image = _resize(image, size, resize_method)
+    if horizontal_flip:
+        image = tf.image.stateless_random_flip_left_right(image, seeds[1])
+    return image
 
 
 def normalize(
