@@ -16,6 +16,9 @@ drained prefetch buffer at epoch boundaries counts against them.
   decode_jpeg -> resize, AUTOTUNE)`` -> ``batch`` -> ``prefetch``.
 * ``imagerecords_train`` / ``imagerecords_eval``: ``reader.make_dataset(OUT,
   "train", batch_size, image_size=224, training=True|False)``.
+* ``imagerecords_train_decoded``: the same training pipeline with
+  ``cache="decoded"``: a different mode (the split's decoded pixels are kept in
+  RAM after the first epoch, which the warm-up epoch pays for), not the default.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ VARIANTS = (
     "tfdata_files",
     "tfrecord_per_example",
     "imagerecords_train",
+    "imagerecords_train_decoded",
     "imagerecords_eval",
 )
 LABELS = {
@@ -35,6 +39,7 @@ LABELS = {
     "tfdata_files": "hand-written tf.data over files",
     "tfrecord_per_example": "TFRecord, per-example parse (tutorial)",
     "imagerecords_train": "imagerecords reader, training (augment)",
+    "imagerecords_train_decoded": "imagerecords reader, training, cache=decoded (RAM)",
     "imagerecords_eval": "imagerecords reader, eval",
 }
 
@@ -123,11 +128,11 @@ def tfrecord_per_example(files_root: Path, records_dir: Path, batch: int, size: 
     )
 
 
-def _imagerecords(records_dir: Path, batch: int, size: int, training: bool) -> Pipeline:
+def _imagerecords(records_dir: Path, batch: int, size: int, training: bool, **options) -> Pipeline:
     import reader
 
     ds = reader.make_dataset(
-        str(records_dir), "train", batch_size=batch, image_size=size, training=training
+        str(records_dir), "train", batch_size=batch, image_size=size, training=training, **options
     )
     return Pipeline(ds, _num_examples(records_dir, "train"), training)
 
@@ -135,6 +140,13 @@ def _imagerecords(records_dir: Path, batch: int, size: int, training: bool) -> P
 def imagerecords_train(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
     """imagerecords' reader in training mode (shuffle, repeat, augmentation)."""
     return _imagerecords(records_dir, batch, size, training=True)
+
+
+def imagerecords_train_decoded(
+    files_root: Path, records_dir: Path, batch: int, size: int
+) -> Pipeline:
+    """imagerecords' reader in training mode with ``cache="decoded"`` (pixels kept in RAM)."""
+    return _imagerecords(records_dir, batch, size, training=True, cache="decoded")
 
 
 def imagerecords_eval(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
@@ -147,5 +159,6 @@ BUILDERS = {
     "tfdata_files": tfdata_files,
     "tfrecord_per_example": tfrecord_per_example,
     "imagerecords_train": imagerecords_train,
+    "imagerecords_train_decoded": imagerecords_train_decoded,
     "imagerecords_eval": imagerecords_eval,
 }

@@ -16,8 +16,8 @@ from bench.procstats import run_measured
 from bench.read_pipelines import VARIANTS
 from bench.settings import READ_IMAGE_SIZE, REPO_DIR
 
-_NEEDS_RECORDS = {"tfrecord_per_example", "imagerecords_train", "imagerecords_eval"}
-_NEEDS_READER = {"imagerecords_train", "imagerecords_eval"}
+_NEEDS_READER = {"imagerecords_train", "imagerecords_train_decoded", "imagerecords_eval"}
+_NEEDS_RECORDS = {"tfrecord_per_example", *_NEEDS_READER}
 
 
 @dataclasses.dataclass
@@ -205,7 +205,7 @@ def _run_round(
     for variant in variants:
         r = results[variant]
         print(
-            f"[bench] read {variant:<22} "
+            f"[bench] read {variant:<27} "
             + (f"{r.images_per_s:8.1f} images/s" if r.ok else f"n/a: {r.note}"),
             flush=True,
         )

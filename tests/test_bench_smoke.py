@@ -9,7 +9,9 @@ together and the table has a row for every tool. A tool that has not landed
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,19 +25,49 @@ from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
 
 
 def test_run_measured_counts_the_whole_process_tree():
-    code = (
-        "import multiprocessing as mp\n"
-        "def f(_):\n"
+    """Two workers that hold 40 MB each at the same moment: the tree peak sums them.
+
+    Measured from a small, fresh Python process, not from pytest itself:
+    ``peak_proc_rss_mb`` is the kernel's ``ru_maxrss`` of the child, and a child
+    started with ``vfork`` + ``exec`` (what ``subprocess`` does) inherits the
+    high-water mark of its *parent's* memory at the exec. Under pytest, with
+    TensorFlow loaded by earlier tests, that is ~800 MB, more than the whole tree
+    here, and ``peak_tree_rss_mb`` (which takes the larger of the two) equalled it
+    (a full parallel run failed with ``790.1 < 790.1``). A barrier makes the
+    workers overlap for a full second, so the 50 ms sampler cannot miss it.
+    """
+    child = (
+        "import multiprocessing as mp, time\n"
+        "def f(barrier):\n"
         "    b = bytearray(40_000_000)\n"
-        "    import time; time.sleep(0.3); return len(b)\n"
+        "    barrier.wait(); time.sleep(1.0); barrier.wait()\n"
         "if __name__ == '__main__':\n"
-        "    with mp.get_context('fork').Pool(2) as p: print(sum(p.map(f, range(2))))\n"
+        "    ctx = mp.get_context('fork'); barrier = ctx.Barrier(2)\n"
+        "    ps = [ctx.Process(target=f, args=(barrier,)) for _ in range(2)]\n"
+        "    [p.start() for p in ps]; [p.join() for p in ps]\n"
+        "    print(sum(p.exitcode for p in ps))\n"
     )
-    result = procstats.run_measured([sys.executable, "-c", code], timeout_s=60)
-    assert result.returncode == 0 and result.stdout.strip() == "80000000"
-    # Two workers holding 40 MB each at the same time: the tree peak sees both.
-    assert result.peak_tree_rss_mb > 75
-    assert result.peak_proc_rss_mb < result.peak_tree_rss_mb
+    parent = (
+        "import json, sys\n"
+        "from bench import procstats\n"
+        "r = procstats.run_measured([sys.executable, '-c', sys.argv[1]], timeout_s=60)\n"
+        "print(json.dumps([r.returncode, r.stdout, r.peak_tree_rss_mb, r.peak_proc_rss_mb]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", parent, child],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    returncode, stdout, tree_mb, proc_mb = json.loads(out.stdout.strip().splitlines()[-1])
+    assert returncode == 0 and stdout.strip() == "0"
+    # Both workers at once (2 x 40 MB, plus three interpreters) ...
+    assert tree_mb > 80 + 3 * 5
+    # ... more than any single process of the tree (one worker: ~40 MB + an interpreter).
+    assert proc_mb <= tree_mb
+    assert tree_mb - proc_mb > 30
 
 
 def test_run_measured_kills_a_hung_child():
