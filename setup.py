@@ -24,7 +24,7 @@ TEST_REQUIRES = [
     "ruff>=0.6",
 ]
 
-BENCH_REQUIRES = ["matplotlib>=3.8", "scikit-image>=0.22"]
+BENCH_REQUIRES = ["matplotlib>=3.8", "scikit-image>=0.22", "py-spy>=0.3"]
 
 setuptools.setup(
     name="imagerecords",

@@ -21,7 +21,7 @@ import re
 import sys
 import time
 
-from beam_pipeline import images, keys, listing, metadata
+from beam_pipeline import images, keys, metadata
 from beam_pipeline.errors import BooksDoNotBalance, UsageError
 
 EXAMPLE = (
@@ -148,15 +148,20 @@ def _check_beam_args(beam_args: list[str]) -> None:
 _OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
 
 
-def parse_args(argv: list[str]):
-    """-> (our namespace, beam args). Raises UsageError for any bad argument."""
+def parse_args(argv: list[str], check_beam_args: bool = True):
+    """-> (our namespace, beam args). Raises UsageError for any bad argument.
+
+    ``check_beam_args=False`` skips checking the Beam flags, which imports Beam;
+    the caller must then call :func:`_check_beam_args` itself.
+    """
     parser = build_parser()
     parser.__class__ = _Parser
     try:
         args, beam_args = parser.parse_known_args(argv)
     except _ArgumentError as error:
         raise UsageError(str(error)) from None
-    _check_beam_args(beam_args)
+    if check_beam_args:
+        _check_beam_args(beam_args)
     if not args.input and not args.manifest:
         raise UsageError("--input is required (or --manifest FILE)")
     try:
@@ -209,6 +214,8 @@ def _with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[l
 
 def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
     """Refuses a non-empty output (unless --overwrite) or one inside the input."""
+    from beam_pipeline import listing
+
     out = listing.normalize_root(output)
     if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
         raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
@@ -239,6 +246,7 @@ def clear_output(output: str) -> list[str]:
     """Deletes an earlier run's files (dataset_info.json first); returns others left in place."""
     from apache_beam.io.filesystems import FileSystems
 
+    from beam_pipeline import listing
     from beam_pipeline.pipeline import TMP_DIR
 
     out = listing.normalize_root(output)
@@ -304,14 +312,16 @@ def run(argv: list[str] | None = None) -> dict:
         UsageError: bad arguments or input, before any work starts.
         BooksDoNotBalance: the job lost, doubled or rejected too many images.
     """
+    args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv), False)
+    started = time.monotonic()
+    beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from beam_pipeline import pipeline
+    from beam_pipeline import listing, local_pool, pipeline
 
-    args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    started = time.monotonic()
+    _check_beam_args(beam_args)
     layout = listing.discover(args.input, args.manifest)
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
@@ -339,8 +349,11 @@ def run(argv: list[str] | None = None) -> dict:
         others = clear_output(output)
         if others:
             say(f"imagerecords: left {len(others)} unrelated files in --output, e.g. {others[0]}")
-    beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
     config = dataclasses.replace(config, conversion_processes=processes)
+    if processes > 1:
+        # Fork the conversion processes now: the process has no gRPC threads
+        # yet (only idle numpy/pyarrow ones); the runner starts them.
+        local_pool.start(processes)
     options = PipelineOptions(beam_args)
     chosen = options.get_all_options()
     runner = chosen.get("runner") or "DirectRunner"
@@ -351,7 +364,10 @@ def run(argv: list[str] | None = None) -> dict:
     say(f"imagerecords: running on {runner}")
     p = beam.Pipeline(options=options)
     pipeline.build(p, config)
-    result = p.run()
+    try:
+        result = p.run()
+    finally:
+        local_pool.shutdown_unused()
     if not args.wait:
         job = getattr(result, "job_id", lambda: None)()
         print(f"imagerecords: submitted{f' job {job}' if job else ''}; not waiting (--wait=false)")

