@@ -366,13 +366,14 @@ def run(argv: list[str] | None = None) -> dict:
     pipeline.build(p, config)
     try:
         result = p.run()
+        if args.wait:
+            result.wait_until_finish()
     finally:
-        local_pool.shutdown_unused()
+        local_pool.shutdown_all()
     if not args.wait:
         job = getattr(result, "job_id", lambda: None)()
         print(f"imagerecords: submitted{f' job {job}' if job else ''}; not waiting (--wait=false)")
         return {}
-    result.wait_until_finish()
     seconds = time.monotonic() - started
     with FileSystems.open(listing.join(output, metadata.INFO_FILE)) as stream:
         info = json.load(stream)
@@ -413,4 +414,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Every output is closed and renamed by now. Skipping the interpreter's
+    # teardown of Beam's runner state saves ~0.4 s of a local run's wall time.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

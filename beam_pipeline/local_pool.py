@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+import weakref
 
 _started: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
+_all: weakref.WeakSet = weakref.WeakSet()
 
 
 def _ready() -> bool:
@@ -31,6 +33,7 @@ def new(processes: int) -> concurrent.futures.ProcessPoolExecutor:
         processes, mp_context=multiprocessing.get_context("fork")
     )
     executor.submit(_ready).result()  # a fork executor starts all workers at first submit
+    _all.add(executor)
     return executor
 
 
@@ -45,7 +48,8 @@ def take(processes: int) -> concurrent.futures.ProcessPoolExecutor:
     return _started.pop(processes, None) or new(processes)
 
 
-def shutdown_unused() -> None:
-    """Stops pools that :func:`start` made but no conversion step took."""
-    while _started:
-        _started.popitem()[1].shutdown(wait=True)
+def shutdown_all() -> None:
+    """Stops every pool, taken or not (the run is over; idempotent)."""
+    _started.clear()
+    for executor in list(_all):
+        executor.shutdown(wait=True)

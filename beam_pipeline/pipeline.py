@@ -330,8 +330,10 @@ class _WriteShardFn(beam.DoFn):
         yield TaggedOutput(BOOKS, (split, *balance(entries)))
         # Sorting by (key, id) makes the shard's bytes independent of bundle order.
         items = sorted((e for e in entries if e[0] == RECORD), key=lambda e: (e[1], e[2]))
-        if not items:
-            return  # only rejections in this range: no file
+        if items:  # a range with only rejections gets no file
+            yield self._write(split, shard, items, nonempty)
+
+    def _write(self, split, shard, items, nonempty) -> dict:
         numbering = keys.dense_shard_numbers([s for sp, s in nonempty if sp == split])
         name = keys.shard_filename(split, numbering[shard], len(numbering))
         temp = _output_path(self._output, f"{TMP_DIR}/{name}.{uuid.uuid4().hex}")
@@ -350,7 +352,7 @@ class _WriteShardFn(beam.DoFn):
         FileSystems.rename([temp], [_output_path(self._output, name)])
         self._shards.inc()
         self._bytes.inc(size)
-        yield {
+        return {
             "split": split,
             "file": name,
             "num_examples": len(items),
