@@ -14,7 +14,6 @@ import os
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import argparse  # noqa: E402
-import dataclasses
 import json
 import logging
 import re
@@ -305,26 +304,19 @@ def _counters(result) -> dict[str, int]:
     return out
 
 
-def run(argv: list[str] | None = None) -> dict:
-    """Validates arguments, builds and runs the pipeline; returns dataset_info.
+# Images converted while Beam loads: ~2 s of work for 2 cores on web-size
+# images, and a bound on the results held before the pipeline claims them.
+CONVERT_AHEAD_LIMIT = 1024
 
-    Raises:
-        UsageError: bad arguments or input, before any work starts.
-        BooksDoNotBalance: the job lost, doubled or rejected too many images.
-    """
-    args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv), False)
-    started = time.monotonic()
-    beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
+
+def _run_pipeline(args, beam_args, processes, layout, output):
+    """Builds and runs the pipeline; the result, or None when not waiting."""
     import apache_beam as beam
-    from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from beam_pipeline import listing, local_pool, pipeline
+    from beam_pipeline import pipeline
 
     _check_beam_args(beam_args)
-    layout = listing.discover(args.input, args.manifest)
-    output = listing.normalize_root(args.output)
-    check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     config = pipeline.JobConfig(
         layout=layout,
         output=output,
@@ -334,6 +326,7 @@ def run(argv: list[str] | None = None) -> dict:
         target_shard_bytes=int(args.target_shard_mb * 2**20),
         min_shards=args.min_shards,
         max_reject_fraction=args.max_reject_fraction,
+        conversion_processes=processes,
     )
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     if layout.kind == "manifest":
@@ -349,11 +342,6 @@ def run(argv: list[str] | None = None) -> dict:
         others = clear_output(output)
         if others:
             say(f"imagerecords: left {len(others)} unrelated files in --output, e.g. {others[0]}")
-    config = dataclasses.replace(config, conversion_processes=processes)
-    if processes > 1:
-        # Fork the conversion processes now: the process has no gRPC threads
-        # yet (only idle numpy/pyarrow ones); the runner starts them.
-        local_pool.start(processes)
     options = PipelineOptions(beam_args)
     chosen = options.get_all_options()
     runner = chosen.get("runner") or "DirectRunner"
@@ -364,16 +352,48 @@ def run(argv: list[str] | None = None) -> dict:
     say(f"imagerecords: running on {runner}")
     p = beam.Pipeline(options=options)
     pipeline.build(p, config)
-    try:
-        result = p.run()
-        if args.wait:
-            result.wait_until_finish()
-    finally:
-        local_pool.shutdown_all()
+    result = p.run()
     if not args.wait:
         job = getattr(result, "job_id", lambda: None)()
         print(f"imagerecords: submitted{f' job {job}' if job else ''}; not waiting (--wait=false)")
+        return None
+    result.wait_until_finish()
+    return result
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Validates arguments, builds and runs the pipeline; returns dataset_info.
+
+    Raises:
+        UsageError: bad arguments or input, before any work starts.
+        BooksDoNotBalance: the job lost, doubled or rejected too many images.
+    """
+    args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv), False)
+    started = time.monotonic()
+    beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
+
+    from beam_pipeline import listing, local_pool
+
+    # Local input and output are checked without Beam, so that the conversion
+    # processes can start (and start converting) while Beam loads.
+    layout = listing.discover(args.input, args.manifest)
+    output = listing.normalize_root(args.output)
+    check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    if processes > 1:
+        # Fork before Beam's runner and gRPC start threads (see local_pool).
+        local_pool.start(processes)
+        if layout.kind != "manifest" and listing.is_local(layout.root):
+            local_pool.convert_ahead(
+                listing.local_files(layout, limit=CONVERT_AHEAD_LIMIT), args.image_spec, processes
+            )
+    try:
+        result = _run_pipeline(args, beam_args, processes, layout, output)
+    finally:
+        local_pool.shutdown_all()
+    if result is None:
         return {}
+    from apache_beam.io.filesystems import FileSystems
+
     seconds = time.monotonic() - started
     with FileSystems.open(listing.join(output, metadata.INFO_FILE)) as stream:
         info = json.load(stream)

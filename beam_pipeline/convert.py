@@ -49,24 +49,34 @@ def read_bytes(path: str) -> bytes:
         return stream.read()
 
 
-def convert_ref(
-    ref: tuple[str, str, int, str], spec: images.ImageSpec, seed: int, classes: tuple[str, ...]
-) -> Outcome:
-    """Reads, converts and serializes one image; never raises for a bad image.
+class Decoded(NamedTuple):
+    """The path-only half of a conversion: what does not depend on label, split or seed."""
 
-    Args:
-        ref: ``(image_id, path, label, split)`` (a ``listing.ImageRef`` or plain tuple).
-    """
-    image_id, path, label, split = ref
+    bytes_read: int
+    sha256: str
+    converted: images.Converted | None
+    reason: str | None  # why it is rejected, when converted is None
+
+
+def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
+    """Reads and converts one file; never raises for a bad image."""
     try:
         data = read_bytes(path)
     except Exception as error:  # an unreadable file is a rejection, not a crash
-        reason = f"cannot read: {type(error).__name__}: {error}"
-        return Outcome(Rejection(image_id, path, split, reason), 0, False)
+        return Decoded(0, "", None, f"cannot read: {type(error).__name__}: {error}")
     try:
         converted = images.convert(data, spec)
     except images.Rejected as rejection:
-        return Outcome(Rejection(image_id, path, split, str(rejection)), len(data), False)
+        return Decoded(len(data), "", None, str(rejection))
+    return Decoded(len(data), hashlib.sha256(data).hexdigest(), converted, None)
+
+
+def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes) -> Outcome:
+    """Builds the record (or rejection) of ``ref`` from its decoded image."""
+    image_id, path, label, split = ref
+    if decoded.converted is None:
+        return Outcome(Rejection(image_id, path, split, decoded.reason), decoded.bytes_read, False)
+    converted = decoded.converted
     payload = records.make_example(
         {
             "image/encoded": converted.jpeg,
@@ -77,13 +87,29 @@ def convert_ref(
             "image/class/label": label,
             "image/class/text": classes[label],
             "image/filename": image_id,
-            "image/key/sha256": hashlib.sha256(data).hexdigest(),
+            "image/key/sha256": decoded.sha256,
         }
     )
     record = Record(split, keys.order_key(seed, image_id), image_id, label, payload)
-    return Outcome(record, len(data), converted.passed_through)
+    return Outcome(record, decoded.bytes_read, converted.passed_through)
+
+
+def convert_ref(
+    ref: tuple[str, str, int, str], spec: images.ImageSpec, seed: int, classes: tuple[str, ...]
+) -> Outcome:
+    """Reads, converts and serializes one image; never raises for a bad image.
+
+    Args:
+        ref: ``(image_id, path, label, split)`` (a ``listing.ImageRef`` or plain tuple).
+    """
+    return finish(ref, decode_path(ref[1], spec), seed, classes)
 
 
 def convert_chunk(refs, *args) -> list[Outcome]:
     """Runs in a local pool process: a few images per task amortise the IPC (~15% here)."""
     return [convert_ref(ref, *args) for ref in refs]
+
+
+def decode_chunk(paths: list[str], spec: images.ImageSpec) -> list[Decoded]:
+    """Runs in a local pool process for images converted ahead of the pipeline."""
+    return [decode_path(path, spec) for path in paths]

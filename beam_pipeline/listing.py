@@ -18,9 +18,6 @@ import posixpath
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from beam_pipeline import gcs, keys
 from beam_pipeline.errors import UsageError
 
@@ -68,6 +65,14 @@ class Layout:
 
 
 # ---------------------------------------------------------------- path helpers
+
+
+def _filesystems():
+    """Beam's FileSystems, imported on first use: local discovery needs no Beam,
+    so the CLI can validate a local input and start converting before Beam loads."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
 
 
 def is_gcs(path: str) -> bool:
@@ -125,7 +130,7 @@ def list_subfolders(path: str) -> list[str]:
         # Any other Beam filesystem: derive first-level folders from a full match.
         root = path.rstrip("/") + "/"
         names = set()
-        for metadata in FileSystems.match([_escape_glob(root) + "**"])[0].metadata_list:
+        for metadata in _filesystems().match([_escape_glob(root) + "**"])[0].metadata_list:
             rel = metadata.path[len(root) :]
             if metadata.path.startswith(root) and "/" in rel:
                 names.add(rel.split("/", 1)[0])
@@ -206,7 +211,9 @@ class ManifestRow(NamedTuple):
 
 
 def _open_text(path: str):
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    from apache_beam.io.filesystem import CompressionTypes
+
+    raw = _filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
 
 
@@ -283,7 +290,7 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         raise UsageError(f"--manifest must end in .csv or .jsonl, got {manifest}")
     if is_gcs(manifest):
         gcs.check_input(manifest)  # one clear line for missing bucket, 403, no credentials
-    elif not is_local(manifest) and not FileSystems.exists(manifest):
+    elif not is_local(manifest) and not _filesystems().exists(manifest):
         raise UsageError(f"--manifest: {manifest} does not exist")
     labels: set[str] = set()
     seen: set[str] = set()
@@ -324,7 +331,7 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
 def list_folder(folder: ClassFolder, root: str) -> Iterator[tuple[str, str, int, str | None]]:
     """Every non-hidden file below a class folder: ``(image_id, path, label, split)``."""
     prefix = folder.path.rstrip("/")
-    for metadata in FileSystems.match([_escape_glob(prefix) + "/**"])[0].metadata_list:
+    for metadata in _filesystems().match([_escape_glob(prefix) + "/**"])[0].metadata_list:
         path = metadata.path
         if not path.startswith(prefix + "/"):
             continue  # a sibling folder that the escaped pattern also matched
@@ -333,3 +340,21 @@ def list_folder(folder: ClassFolder, root: str) -> Iterator[tuple[str, str, int,
         if is_hidden(path[len(prefix) :]):
             continue
         yield relative_id(root, path), path, folder.label, folder.split
+
+
+def local_files(layout: Layout, limit: int) -> list[str]:
+    """Up to ``limit`` files the pipeline will list, found with os.walk (no Beam).
+
+    Used only to start converting while Beam loads: a file listed here that
+    the pipeline does not list costs a wasted conversion, never a wrong record.
+    """
+    found: list[str] = []
+    for folder in layout.folders:
+        for dirpath, dirnames, filenames in os.walk(folder.path):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if not name.startswith("."):
+                    found.append(os.path.join(dirpath, name))
+                    if len(found) >= limit:
+                        return found
+    return found

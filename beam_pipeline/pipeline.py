@@ -27,7 +27,14 @@ from apache_beam.pvalue import AsDict, AsList, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipeline import images, keys, listing, local_pool, metadata, records
-from beam_pipeline.convert import Outcome, Record, Rejection, convert_chunk, convert_ref
+from beam_pipeline.convert import (
+    Outcome,
+    Record,
+    Rejection,
+    convert_chunk,
+    convert_ref,
+    finish,
+)
 from beam_pipeline.errors import BooksDoNotBalance
 
 NAMESPACE = "imagerecords"
@@ -162,6 +169,21 @@ class _ConvertFn(beam.DoFn):
         return outcome.result
 
 
+class _Finishing:
+    """Future-like: an image converted ahead, finished into its record on demand."""
+
+    def __init__(self, ahead, ref, seed, classes):
+        (self._future, self._index), self._ref = ahead, ref
+        self._seed, self._classes = seed, classes
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> list[Outcome]:
+        decoded = self._future.result()[self._index]
+        return [finish(self._ref, decoded, self._seed, self._classes)]
+
+
 class _PooledConvertFn(_ConvertFn):
     """Like _ConvertFn, but spreads the images over local worker processes.
 
@@ -178,6 +200,7 @@ class _PooledConvertFn(_ConvertFn):
     def __init__(self, config: JobConfig, processes: int):
         super().__init__(config)
         self._processes = processes
+        self._ahead = Metrics.counter(NAMESPACE, "images_converted_ahead")
 
     def setup(self):
         super().setup()
@@ -191,10 +214,15 @@ class _PooledConvertFn(_ConvertFn):
         self._pending: collections.deque = collections.deque()  # (refs, future)
 
     def process(self, ref):
-        self._chunk.append(tuple(ref))
-        if len(self._chunk) < self.CHUNK:
-            return
-        self._submit()
+        ref = tuple(ref)
+        ahead = local_pool.claim(ref[1])
+        if ahead is not None:  # converted while Beam was starting
+            self._ahead.inc()
+            self._pending.append(([ref], _Finishing(ahead, ref, *self._args[1:])))
+        else:
+            self._chunk.append(ref)
+            if len(self._chunk) >= self.CHUNK:
+                self._submit()
         # Keep every process busy, but bound what is in flight (memory).
         while self._pending and (
             self._pending[0][1].done() or len(self._pending) > 3 * self._processes
@@ -218,6 +246,7 @@ class _PooledConvertFn(_ConvertFn):
     def _recover(self) -> list[Outcome]:
         """A worker died: convert every in-flight image again, one per task."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        local_pool.drop_ahead()  # those futures died with the pool
         executor = None
         for index, (refs, _) in enumerate(self._pending):
             outcomes = []

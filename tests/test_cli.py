@@ -112,6 +112,8 @@ def test_rerun_with_default_local_mode_is_byte_identical(dataset, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"in_memory, {os.cpu_count()} conversion processes" in result.stderr
     assert "images/s" in result.stdout and "train" in result.stdout
+    # Images converted while Beam loaded went into the same records, byte for byte.
+    assert "images_converted_ahead=62" in result.stdout
     assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
 
 
@@ -125,24 +127,28 @@ def test_rerun_in_multi_processing_mode_is_byte_identical(dataset, tmp_path):
 _CRASH_ON = None
 
 
-_REAL_CONVERT_REF = None
+_REAL_DECODE = None
 
 
-def _crashing_convert(ref, *args):
-    if ref[0] == _CRASH_ON:
+def _crashing_decode(path, *args):
+    if path.endswith(_CRASH_ON):
         os._exit(139)  # dies like a segfault: no exception, no clean-up
-    return _REAL_CONVERT_REF(ref, *args)
+    return _REAL_DECODE(path, *args)
 
 
-def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ahead", [0, 1024], ids=["in-pipeline", "converted-ahead"])
+def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monkeypatch, ahead):
     """A worker process that dies (as on a decoder segfault) rejects that image only."""
+    from beam_pipeline import __main__ as cli
     from beam_pipeline import convert as convert_module
+
+    monkeypatch.setattr(cli, "CONVERT_AHEAD_LIMIT", ahead)
 
     root, out, ids, bad = dataset
     victim = sorted(ids)[3]
     monkeypatch.setattr(sys.modules[__name__], "_CRASH_ON", victim)
-    monkeypatch.setattr(sys.modules[__name__], "_REAL_CONVERT_REF", convert_module.convert_ref)
-    monkeypatch.setattr(convert_module, "convert_ref", _crashing_convert)
+    monkeypatch.setattr(sys.modules[__name__], "_REAL_DECODE", convert_module.decode_path)
+    monkeypatch.setattr(convert_module, "decode_path", _crashing_decode)
     assert (
         convert(root, tmp_path / "o", "--local_processes", "2", "--max_reject_fraction", "0.1") == 0
     )
