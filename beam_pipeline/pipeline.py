@@ -2,8 +2,8 @@
 
 ListImages      PBegin -> ImageRef
 ConvertImages   ImageRef -> Record (main) + Rejection ("rejected")
-WriteShards     Record -> ShardInfo dict (main) + (image_id, split) ("written")
-CheckBooks      listed / written / rejected IDs -> problem strings
+WriteShards     {Record, ImageRef, Rejection} -> ShardInfo dict (main)
+                + the books of each key range ("books": split, listed, problems)
 Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (last)
 """
 
