@@ -343,7 +343,7 @@ def balance(entries) -> tuple[int, int, list[str]]:
 
 
 class _WriteShardFn(beam.DoFn):
-    """((split, hash range), [entry]) -> ShardInfo dict, and the range's books on ``books``.
+    """((split, hash range), [entry]) -> ShardInfo dict of a temp file; books on ``books``.
 
     Holds one shard's records in memory (to sort them), never a whole split.
     """
@@ -353,19 +353,21 @@ class _WriteShardFn(beam.DoFn):
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
         self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
 
-    def process(self, element, nonempty):
+    def process(self, element):
         (split, shard), entries = element
         entries = list(entries)
         yield TaggedOutput(BOOKS, (split, *balance(entries)))
         # Sorting by (key, id) makes the shard's bytes independent of bundle order.
         items = sorted((e for e in entries if e[0] == RECORD), key=lambda e: (e[1], e[2]))
         if items:  # a range with only rejections gets no file
-            yield self._write(split, shard, items, nonempty)
+            yield self._write(split, shard, items)
 
-    def _write(self, split, shard, items, nonempty) -> dict:
-        numbering = keys.dense_shard_numbers([s for sp, s in nonempty if sp == split])
-        name = keys.shard_filename(split, numbering[shard], len(numbering))
-        temp = _output_path(self._output, f"{TMP_DIR}/{name}.{uuid.uuid4().hex}")
+    def _write(self, split, shard, items) -> dict:
+        # A unique temporary name per attempt: a retried bundle never collides
+        # with, or leaves, a partial file under a final name. Finalize renames
+        # the reported files into place once the books balance (dense numbers:
+        # hash ranges that hold no record get no file).
+        temp = _output_path(self._output, f"{TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
         digest = hashlib.sha256()
         size = 0
         class_counts: Counter[int] = Counter()
@@ -376,14 +378,12 @@ class _WriteShardFn(beam.DoFn):
                 digest.update(framed)
                 size += len(framed)
                 class_counts[label] += 1
-        # A retried bundle writes identical bytes under a new temp name; the
-        # rename replaces, so no partial or duplicate shard is ever visible.
-        FileSystems.rename([temp], [_output_path(self._output, name)])
         self._shards.inc()
         self._bytes.inc(size)
         return {
             "split": split,
-            "file": name,
+            "range": shard,
+            "temp": temp,
             "num_examples": len(items),
             "num_bytes": size,
             "sha256": digest.hexdigest(),
@@ -442,13 +442,9 @@ class WriteShards(beam.PTransform):
             | "AssignShard" >> beam.Map(_assign_shard, shard_counts=AsDict(shard_counts))
             | "GroupByShard" >> beam.GroupByKey()
         )
-        # (split, range) of every range holding a record, for dense renumbering
-        nonempty = groups | "NonEmptyShards" >> beam.FlatMap(
-            lambda kv: [kv[0]] if any(e[0] == RECORD for e in kv[1]) else []
+        return groups | "WriteShard" >> beam.ParDo(_WriteShardFn(self._config.output)).with_outputs(
+            BOOKS, main="shards"
         )
-        return groups | "WriteShard" >> beam.ParDo(
-            _WriteShardFn(self._config.output), nonempty=AsList(nonempty)
-        ).with_outputs(BOOKS, main="shards")
 
 
 # ---------------------------------------------------------------- bookkeeping
@@ -500,6 +496,7 @@ class _Finalize(beam.DoFn):
                 f"see {_output_path(output, metadata.REJECTS_FILE)}; "
                 "dataset_info.json was not written"
             )
+        shards = _move_into_place(shards, output)
         rejected_by_split = Counter(r.split for r in rejects)
         splits = metadata.split_order(
             config.split_names, [s["split"] for s in shards] + list(rejected_by_split)
@@ -532,6 +529,24 @@ class _Finalize(beam.DoFn):
         # Written last: its presence means the dataset is complete.
         _write_atomically(_output_path(output, metadata.INFO_FILE), metadata.dumps(info))
         yield json.dumps({s: info["splits"][s]["num_examples"] for s in splits})
+
+
+def _move_into_place(shards: list[dict], output: str) -> list[dict]:
+    """Renames the written temp files to their final, densely numbered names.
+
+    Idempotent, so a retried Finalize completes the renames the first try began.
+    """
+    placed = []
+    for split in sorted({s["split"] for s in shards}):
+        of_split = [s for s in shards if s["split"] == split]
+        numbering = keys.dense_shard_numbers([s["range"] for s in of_split])
+        for shard in of_split:
+            name = keys.shard_filename(split, numbering[shard["range"]], len(numbering))
+            placed.append({**shard, "file": name, "final": _output_path(output, name)})
+    pending = [s for s in placed if FileSystems.exists(s["temp"])]
+    if pending:
+        FileSystems.rename([s["temp"] for s in pending], [s["final"] for s in pending])
+    return placed
 
 
 def _delete_tree(path: str) -> None:

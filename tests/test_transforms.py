@@ -1,11 +1,12 @@
 """The Beam transforms under TestPipeline + assert_that (in-process DirectRunner)."""
 
+import json
 import os
 
 import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
-from apache_beam.testing.util import assert_that, equal_to, is_not_empty
+from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline import images, keys, listing, pipeline, records
 from tests.image_factory import add_bad_files, make_class_folders
@@ -77,56 +78,62 @@ def _record(split, image_id, size=100):
     return pipeline.Record(split, keys.order_key(42, image_id), image_id, 0, b"x" * size)
 
 
-def test_write_shards_sizes_by_target_and_never_writes_empty_shards(tmp_path):
+def _run_write_shards(tmp_path, recs, **config_args):
+    """Runs WriteShards, then Finalize's renaming; returns the placed shard infos."""
     layout = listing.Layout(kind="classes", root="/in", classes=("a",))
-    config = pipeline.JobConfig(
-        layout=layout, output=str(tmp_path), splits=SPLITS, target_shard_bytes=1000, min_shards=1
+    out_dir = tmp_path / "out"
+    config = pipeline.JobConfig(layout=layout, output=str(out_dir), splits=SPLITS, **config_args)
+    refs = [listing.ImageRef(r.image_id, "/in/" + r.image_id, 0, r.split) for r in recs]
+    infos_dir = tmp_path / "infos"
+    infos_dir.mkdir()
+
+    def keep(info):
+        (infos_dir / f"{info['split']}-{info['range']}.json").write_text(json.dumps(info))
+
+    with BeamTestPipeline() as p:
+        out = _write(p, config, recs, refs)
+        out.shards | beam.Map(keep)
+        listed = out[pipeline.BOOKS] | beam.Map(lambda b: b[1]) | beam.CombineGlobally(sum)
+        assert_that(listed, equal_to([len(recs)]), label="Listed")
+        problems = out[pipeline.BOOKS] | beam.Map(lambda b: b[2]) | "P" >> beam.CombineGlobally(sum)
+        assert_that(problems, equal_to([0]), label="Balanced")
+    assert not [f for f in os.listdir(out_dir) if f.endswith(".tfrecord")], (
+        "final name before Finalize"
     )
+    infos = [json.loads(f.read_text()) for f in infos_dir.iterdir()]
+    placed = pipeline._move_into_place(infos, str(out_dir))
+    assert pipeline._move_into_place(infos, str(out_dir)) == placed  # a retried Finalize
+    return out_dir, placed
+
+
+def test_write_shards_sizes_by_target_and_never_writes_empty_shards(tmp_path):
     recs = [_record("train", f"t{i}") for i in range(50)] + [
         _record("val", f"v{i}") for i in range(3)
     ]
-    refs = [listing.ImageRef(r.image_id, "/in/" + r.image_id, 0, r.split) for r in recs]
     # train: 50 * 116 bytes = 5800 -> 6 shards; val: 348 bytes -> 1 shard
-    with BeamTestPipeline() as p:
-        out = _write(p, config, recs, refs)
-        files = out.shards | beam.Map(lambda s: s["file"])
-        assert_that(
-            files,
-            equal_to(
-                [keys.shard_filename("train", i, 6) for i in range(6)]
-                + ["val-00000-of-00001.tfrecord"]
-            ),
-            label="ShardFiles",
-        )
-        listed = out[pipeline.BOOKS] | beam.Map(lambda b: b[1]) | beam.CombineGlobally(sum)
-        assert_that(listed, equal_to([53]), label="Listed")
-        problems = out[pipeline.BOOKS] | beam.Map(lambda b: b[2]) | "P" >> beam.CombineGlobally(sum)
-        assert_that(problems, equal_to([0]), label="Balanced")
-    train = sorted(tmp_path.glob("train-*.tfrecord"))
+    out_dir, placed = _run_write_shards(tmp_path, recs, target_shard_bytes=1000, min_shards=1)
+    assert sorted(s["file"] for s in placed) == [
+        keys.shard_filename("train", i, 6) for i in range(6)
+    ] + ["val-00000-of-00001.tfrecord"]
+    train = sorted(out_dir.glob("train-*.tfrecord"))
     read = [list(records.iter_records(open(f, "rb"))) for f in train]
     assert all(read), "an empty shard was written"
     assert sum(len(r) for r in read) == 50
-    assert not list(tmp_path.glob(f"{pipeline.TMP_DIR}/*")), "temp files left behind"
+    assert not list((out_dir / pipeline.TMP_DIR).glob("*")), "temp files left behind"
 
 
 def test_write_shards_renumbers_around_empty_hash_ranges(tmp_path):
-    layout = listing.Layout(kind="classes", root="/in", classes=("a",))
-    config = pipeline.JobConfig(
-        layout=layout, output=str(tmp_path), splits=SPLITS, target_shard_bytes=10**9, min_shards=64
-    )
     recs = [_record("train", f"t{i}") for i in range(5)]  # 5 records, 64 hash ranges
-    refs = [listing.ImageRef(r.image_id, "/in/" + r.image_id, 0, r.split) for r in recs]
-    with BeamTestPipeline() as p:
-        out = _write(p, config, recs, refs)
-        assert_that(
-            out.shards | beam.Map(lambda s: s["num_examples"]), is_not_empty(), label="Some"
-        )
-    files = sorted(os.listdir(tmp_path))
-    shards = [f for f in files if f.endswith(".tfrecord")]
+    out_dir, placed = _run_write_shards(tmp_path, recs, target_shard_bytes=10**9, min_shards=64)
+    shards = sorted(f for f in os.listdir(out_dir) if f.endswith(".tfrecord"))
     assert shards == [keys.shard_filename("train", i, len(shards)) for i in range(len(shards))]
     assert 1 <= len(shards) <= 5
-    sizes = [len(list(records.iter_records(open(tmp_path / f, "rb")))) for f in shards]
+    assert len({s["range"] for s in placed}) == len(shards)
+    sizes = [len(list(records.iter_records(open(out_dir / f, "rb")))) for f in shards]
     assert sum(sizes) == 5 and min(sizes) > 0
+    # Numbered by hash range: shard i holds smaller keys than shard i + 1.
+    by_file = {s["file"]: s["range"] for s in placed}
+    assert [by_file[f] for f in shards] == sorted(by_file.values())
 
 
 @pytest.mark.parametrize(
@@ -166,10 +173,8 @@ def test_write_shards_checks_books_per_key_range(tmp_path):
         out = _write(p, config, recs, refs, rejections)
         problems = out[pipeline.BOOKS] | beam.FlatMap(lambda b: b[3])
         assert_that(problems, equal_to(["lost (neither written nor rejected): t7"]), label="Lost")
-        files = out.shards | beam.Map(lambda s: s["file"])
-        assert_that(
-            files, equal_to(["train-00000-of-00001.tfrecord"]), label="NoFileForRejectsOnly"
-        )
+        ranges = out.shards | beam.Map(lambda s: (s["split"], s["num_examples"]))
+        assert_that(ranges, equal_to([("train", 6)]), label="NoFileForRejectsOnly")
 
 
 def test_image_spec_travels_with_config():
