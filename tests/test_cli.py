@@ -112,8 +112,9 @@ def test_rerun_with_default_local_mode_is_byte_identical(dataset, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"in_memory, {os.cpu_count()} conversion processes" in result.stderr
     assert "images/s" in result.stdout and "train" in result.stdout
-    # Images converted while Beam loaded went into the same records, byte for byte.
-    assert "images_converted_ahead=62" in result.stdout
+    if (os.cpu_count() or 1) > 1:  # one core: no pool, nothing converted ahead
+        # Images converted while Beam loaded went into the same records, byte for byte.
+        assert "images_converted_ahead=62" in result.stdout
     assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
 
 
