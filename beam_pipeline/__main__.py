@@ -307,6 +307,7 @@ def _counters(result) -> dict[str, int]:
 # Images converted while Beam loads: ~2 s of work for 2 cores on web-size
 # images, and a bound on the results held before the pipeline claims them.
 CONVERT_AHEAD_LIMIT = 1024
+CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 
 
 def _run_pipeline(args, beam_args, processes, layout, output):
@@ -384,7 +385,9 @@ def run(argv: list[str] | None = None) -> dict:
         local_pool.start(processes)
         if layout.kind != "manifest" and listing.is_local(layout.root):
             local_pool.convert_ahead(
-                listing.local_files(layout, limit=CONVERT_AHEAD_LIMIT), args.image_spec, processes
+                listing.local_files(layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES),
+                args.image_spec,
+                processes,
             )
     try:
         result = _run_pipeline(args, beam_args, processes, layout, output)

@@ -342,19 +342,29 @@ def list_folder(folder: ClassFolder, root: str) -> Iterator[tuple[str, str, int,
         yield relative_id(root, path), path, folder.label, folder.split
 
 
-def local_files(layout: Layout, limit: int) -> list[str]:
-    """Up to ``limit`` files the pipeline will list, found with os.walk (no Beam).
+def local_files(layout: Layout, limit: int, max_bytes: int) -> list[str]:
+    """Files the pipeline will list, found with os.walk (no Beam), up to ``limit``
+    files or ``max_bytes`` of source data, whichever comes first.
 
     Used only to start converting while Beam loads: a file listed here that
     the pipeline does not list costs a wasted conversion, never a wrong record.
+    The byte bound keeps the results waiting for the pipeline small even for
+    ``--resize none`` on large photos.
     """
     found: list[str] = []
+    total = 0
     for folder in layout.folders:
         for dirpath, dirnames, filenames in os.walk(folder.path):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
-                if not name.startswith("."):
-                    found.append(os.path.join(dirpath, name))
-                    if len(found) >= limit:
-                        return found
+                if name.startswith("."):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    total += os.path.getsize(path)
+                except OSError:
+                    continue  # vanished or unreadable: the pipeline will say so
+                if total > max_bytes or len(found) >= limit:
+                    return found
+                found.append(path)
     return found

@@ -183,3 +183,14 @@ def test_image_spec_travels_with_config():
     assert (
         pipeline.JobConfig(layout=layout, output="/o", splits=SPLITS, image=spec).image.size == 64
     )
+
+
+def test_local_files_for_converting_ahead_respect_both_bounds(folder):
+    root, ids, bad = folder
+    layout = listing.discover(root)
+    everything = listing.local_files(layout, 10**6, 10**12)
+    assert sorted(os.path.relpath(p, root) for p in everything) == sorted(ids + list(bad))
+    assert len(listing.local_files(layout, 5, 10**12)) == 5
+    sizes = [os.path.getsize(p) for p in everything]
+    budget = sum(sizes[:3])
+    assert listing.local_files(layout, 10**6, budget) == everything[:3]
