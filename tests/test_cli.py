@@ -372,3 +372,11 @@ def test_folder_names_with_wildcard_characters(tmp_path):
     by_split = contract.check_output(str(tmp_path / "o"), str(root))
     assert sorted(i for rows in by_split.values() for i in contract.ids(rows)) == sorted(ids)
     assert sum(info["splits"][s]["class_counts"]["a[1]"] for s in info["splits"]) == 3
+
+
+def test_portable_runner_gives_the_same_bytes(dataset, tmp_path):
+    """Any portable runner (here Beam's embedded job server) runs the same graph."""
+    root, out, _, _ = dataset
+    portable = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
+    assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.1", *portable, mode=None) == 0
+    assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
