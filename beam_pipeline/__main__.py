@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
     add(
+        "--index_files",
+        **_FLAG,
+        help="Also write <shard>.tfrecord.idx files ('offset length' per record, the "
+        "format NVIDIA DALI's TFRecord reader needs)",
+    )
+    add(
         "--local_processes",
         type=int,
         default=None,
@@ -327,6 +333,7 @@ def _run_pipeline(args, beam_args, processes, layout, output):
         target_shard_bytes=int(args.target_shard_mb * 2**20),
         min_shards=args.min_shards,
         max_reject_fraction=args.max_reject_fraction,
+        index_files=args.index_files,
         conversion_processes=processes,
     )
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))

@@ -54,7 +54,11 @@ def build_info(
         for label, count in shard["class_counts"].items():
             entry["class_counts"][classes[int(label)]] += count
         entry["shards"].append(
-            {key: shard[key] for key in ("file", "num_examples", "num_bytes", "sha256")}
+            {
+                key: shard[key]
+                for key in ("file", "num_examples", "num_bytes", "sha256", "index")
+                if key in shard
+            }
         )
     return {
         "format_version": FORMAT_VERSION,

@@ -59,6 +59,8 @@ class JobConfig:
     target_shard_bytes: int = 200 * 2**20
     min_shards: int = 1
     max_reject_fraction: float = 0.01
+    # Also write <shard>.idx: "offset length" per record (NVIDIA DALI's format).
+    index_files: bool = False
     # >1: convert in that many local processes (for in-process runners only).
     conversion_processes: int = 1
 
@@ -348,8 +350,9 @@ class _WriteShardFn(beam.DoFn):
     Holds one shard's records in memory (to sort them), never a whole split.
     """
 
-    def __init__(self, output: str):
+    def __init__(self, output: str, index_files: bool = False):
         self._output = output
+        self._index_files = index_files
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
         self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
 
@@ -370,17 +373,27 @@ class _WriteShardFn(beam.DoFn):
         temp = _output_path(self._output, f"{TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
         digest = hashlib.sha256()
         size = 0
+        index: list[str] = []
         class_counts: Counter[int] = Counter()
         with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
             for _, _, _, label, payload in items:
                 framed = records.frame_record(payload)
                 stream.write(framed)
                 digest.update(framed)
+                index.append(f"{size} {len(framed)}\n")
                 size += len(framed)
                 class_counts[label] += 1
+        info = {}
+        if self._index_files:
+            info["temp_index"] = temp + ".idx"
+            with FileSystems.create(
+                info["temp_index"], compression_type=CompressionTypes.UNCOMPRESSED
+            ) as stream:
+                stream.write("".join(index).encode())
         self._shards.inc()
         self._bytes.inc(size)
         return {
+            **info,
             "split": split,
             "range": shard,
             "temp": temp,
@@ -442,9 +455,8 @@ class WriteShards(beam.PTransform):
             | "AssignShard" >> beam.Map(_assign_shard, shard_counts=AsDict(shard_counts))
             | "GroupByShard" >> beam.GroupByKey()
         )
-        return groups | "WriteShard" >> beam.ParDo(_WriteShardFn(self._config.output)).with_outputs(
-            BOOKS, main="shards"
-        )
+        writer = _WriteShardFn(self._config.output, self._config.index_files)
+        return groups | "WriteShard" >> beam.ParDo(writer).with_outputs(BOOKS, main="shards")
 
 
 # ---------------------------------------------------------------- bookkeeping
@@ -543,9 +555,13 @@ def _move_into_place(shards: list[dict], output: str) -> list[dict]:
         for shard in of_split:
             name = keys.shard_filename(split, numbering[shard["range"]], len(numbering))
             placed.append({**shard, "file": name, "final": _output_path(output, name)})
-    pending = [s for s in placed if FileSystems.exists(s["temp"])]
+            if "temp_index" in shard:
+                placed[-1]["index"] = name + ".idx"
+    moves = [(s["temp"], s["final"]) for s in placed]
+    moves += [(s["temp_index"], s["final"] + ".idx") for s in placed if "temp_index" in s]
+    pending = [(src, dst) for src, dst in moves if FileSystems.exists(src)]
     if pending:
-        FileSystems.rename([s["temp"] for s in pending], [s["final"] for s in pending])
+        FileSystems.rename([src for src, _ in pending], [dst for _, dst in pending])
     return placed
 
 

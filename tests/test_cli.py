@@ -1,6 +1,7 @@
 """End to end through the command line on generated image folders."""
 
 import csv
+import io
 import json
 import math
 import os
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from beam_pipeline import keys
+from beam_pipeline import keys, records
 from beam_pipeline.__main__ import main
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
@@ -380,3 +381,31 @@ def test_portable_runner_gives_the_same_bytes(dataset, tmp_path):
     portable = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
     assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.1", *portable, mode=None) == 0
     assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
+
+
+def test_index_files_locate_every_record(dataset, tmp_path):
+    """--index_files writes DALI-style 'offset length' lines that frame each record."""
+    import reader
+
+    root, _, _, _ = dataset
+    assert convert(root, tmp_path / "o", "--index_files", "--max_reject_fraction", "0.1") == 0
+    info = contract.load_info(str(tmp_path / "o"))
+    for split in info["splits"].values():
+        for shard in split["shards"]:
+            assert shard["index"] == shard["file"] + ".idx"
+            data = (tmp_path / "o" / shard["file"]).read_bytes()
+            lines = (tmp_path / "o" / shard["index"]).read_text().splitlines()
+            assert len(lines) == shard["num_examples"]
+            end = 0
+            for line in lines:
+                offset, length = map(int, line.split())
+                assert offset == end  # records are back to back
+                (record,) = records.iter_records(io.BytesIO(data[offset : offset + length]))
+                assert len(record) == length - records.FRAME_OVERHEAD
+                end = offset + length
+            assert end == len(data)
+    # The reader ignores the extra files and keys.
+    assert (
+        reader.load_info(str(tmp_path / "o")).num_examples("train")
+        == info["splits"]["train"]["num_examples"]
+    )

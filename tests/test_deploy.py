@@ -58,6 +58,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
         "min_shards": "8",
         "max_reject_fraction": "0.05",
         "overwrite": "false",
+        "index_files": "true",
     }
     names = [p["name"] for p in metadata["parameters"]]
     assert sorted(names) == sorted(samples)
@@ -69,6 +70,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
     assert beam_args == []
     assert args.image_size == 224 and args.resize == "crop" and args.upscale is True
     assert args.overwrite is False and args.wait is False and args.min_shards == 8
+    assert args.index_files is True
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in DEPLOY.glob("*.sh")))
