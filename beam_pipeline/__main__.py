@@ -258,7 +258,7 @@ def clear_output(output: str) -> list[str]:
     info = listing.join(out, metadata.INFO_FILE)
     if FileSystems.exists(info):
         FileSystems.delete([info])  # first: the folder stops claiming to be complete
-    found = FileSystems.match([out.rstrip("/") + "/**"])[0].metadata_list
+    found = listing.files_under(out)
     ours, others = [], []
     for meta in found:
         rel = meta.path[len(out) :].lstrip("/")

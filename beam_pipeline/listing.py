@@ -138,13 +138,18 @@ def list_subfolders(path: str) -> list[str]:
     return sorted(n for n in names if n and not n.startswith("."))
 
 
+def _visible_local_files(path: str) -> Iterator[str]:
+    """Non-hidden files below a local folder, in sorted walk order (no Beam)."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                yield os.path.join(dirpath, name)
+
+
 def _has_any_file(path: str) -> bool:
     """True if some non-hidden file lies anywhere below a local folder."""
-    for _dirpath, dirnames, filenames in os.walk(path):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        if any(not f.startswith(".") for f in filenames):
-            return True
-    return False
+    return next(_visible_local_files(path), None) is not None
 
 
 def sort_class_names(names) -> list[str]:
@@ -328,13 +333,22 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
 # ------------------------------------------------- listing (inside the pipeline)
 
 
+def files_under(folder: str) -> list:
+    """FileMetadata of every object below ``folder`` (any depth), any Beam filesystem.
+
+    Matches by the literal folder path, whatever characters it holds.
+    """
+    prefix = folder.rstrip("/")
+    found = _filesystems().match([_escape_glob(prefix) + "/**"])[0].metadata_list
+    # Drop siblings that the escaped pattern also matched ("a?1" for "a[1").
+    return [m for m in found if m.path.startswith(prefix + "/")]
+
+
 def list_folder(folder: ClassFolder, root: str) -> Iterator[tuple[str, str, int, str | None]]:
     """Every non-hidden file below a class folder: ``(image_id, path, label, split)``."""
     prefix = folder.path.rstrip("/")
-    for metadata in _filesystems().match([_escape_glob(prefix) + "/**"])[0].metadata_list:
+    for metadata in files_under(prefix):
         path = metadata.path
-        if not path.startswith(prefix + "/"):
-            continue  # a sibling folder that the escaped pattern also matched
         if path.endswith("/"):
             continue  # a GCS "folder placeholder" object, not a file
         if is_hidden(path[len(prefix) :]):
@@ -354,17 +368,12 @@ def local_files(layout: Layout, limit: int, max_bytes: int) -> list[str]:
     found: list[str] = []
     total = 0
     for folder in layout.folders:
-        for dirpath, dirnames, filenames in os.walk(folder.path):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if name.startswith("."):
-                    continue
-                path = os.path.join(dirpath, name)
-                try:
-                    total += os.path.getsize(path)
-                except OSError:
-                    continue  # vanished or unreadable: the pipeline will say so
-                if total > max_bytes or len(found) >= limit:
-                    return found
-                found.append(path)
+        for path in _visible_local_files(folder.path):
+            try:
+                total += os.path.getsize(path)
+            except OSError:
+                continue  # vanished or unreadable: the pipeline will say so
+            if total > max_bytes or len(found) >= limit:
+                return found
+            found.append(path)
     return found
