@@ -20,7 +20,15 @@ class Record(NamedTuple):
     key: int  # order key, unsigned 64-bit
     image_id: str
     label: int
-    payload: bytes  # serialized tf.train.Example
+    # The serialized tf.train.Example; or, for a record converted by the local
+    # pool, its size in bytes while the bytes stay parked in this process
+    # (local_pool.park; WriteShards takes them back).
+    payload: bytes | int
+
+
+def payload_size(payload: bytes | int) -> int:
+    """A record's payload size, whether it travels with the record or is parked."""
+    return payload if isinstance(payload, int) else len(payload)
 
 
 class Rejection(NamedTuple):

@@ -34,6 +34,7 @@ from beam_pipeline.convert import (
     convert_chunk,
     convert_ref,
     finish,
+    payload_size,
 )
 from beam_pipeline.errors import BooksDoNotBalance
 
@@ -211,6 +212,12 @@ class _PooledConvertFn(_ConvertFn):
     def _new_executor(self):
         return local_pool.new(self._processes)
 
+    def _emit(self, outcome: Outcome):
+        output = super()._emit(outcome)
+        if isinstance(output, Record):  # the bytes stay here; see local_pool.park
+            return output._replace(payload=local_pool.park(output.image_id, output.payload))
+        return output
+
     def start_bundle(self):
         self._chunk: list[tuple] = []
         self._pending: collections.deque = collections.deque()  # (refs, future)
@@ -349,6 +356,19 @@ def balance(entries) -> tuple[int, int, list[str]]:
     return listed_total, len(problems), sorted(problems)[:_MAX_PROBLEMS_SHOWN]
 
 
+def _with_payloads(items: list[tuple]) -> list[tuple]:
+    """Record entries with parked payloads (sizes, see local_pool.park) taken back."""
+    parked: dict[str, bytes] = {}
+    out = []
+    for kind, key, image_id, label, payload in items:
+        if isinstance(payload, int):
+            if image_id not in parked:  # a doubled record (the books fail it) parks once
+                parked[image_id] = local_pool.unpark(image_id)
+            payload = parked[image_id]
+        out.append((kind, key, image_id, label, payload))
+    return out
+
+
 class _WriteShardFn(beam.DoFn):
     """((split, hash range), [entry]) -> ShardInfo dict of a temp file; books on ``books``.
 
@@ -367,6 +387,7 @@ class _WriteShardFn(beam.DoFn):
         yield TaggedOutput(BOOKS, (split, *balance(entries)))
         # Sorting by (key, id) makes the shard's bytes independent of bundle order.
         items = sorted((e for e in entries if e[0] == RECORD), key=lambda e: (e[1], e[2]))
+        items = _with_payloads(items)
         if items:  # a range with only rejections gets no file
             yield self._write(split, shard, items)
 
@@ -428,7 +449,7 @@ class WriteShards(beam.PTransform):
             recs
             # Record -> (split, framed size)
             | "RecordSizes"
-            >> beam.Map(lambda r: (r.split, len(r.payload) + records.FRAME_OVERHEAD))
+            >> beam.Map(lambda r: (r.split, payload_size(r.payload) + records.FRAME_OVERHEAD))
             | "BytesPerSplit" >> beam.CombinePerKey(sum)
             # (split, bytes) -> (split, shard count)
             | "ShardsPerSplit"

@@ -251,6 +251,36 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
     assert not (tmp_path / "o" / "dataset_info.json").exists()
 
 
+def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
+    """The pooled step parks record bytes in-process; a doubled record still fails the books."""
+    from beam_pipeline import pipeline
+    from beam_pipeline.convert import Record
+
+    root, _, ids, _ = dataset
+    victim = sorted(ids)[0]
+    original = pipeline._PooledConvertFn._emit
+
+    def doubling(self, outcome):
+        output = original(self, outcome)
+        if isinstance(output, Record) and output.image_id == victim:
+            assert isinstance(output.payload, int)  # parked: only the size travels
+            self._doubled = output
+        return output
+
+    def finish_with_double(self):
+        yield from original_finish(self)
+        yield pipeline.GlobalWindows.windowed_value(self._doubled)
+
+    original_finish = pipeline._PooledConvertFn.finish_bundle
+    monkeypatch.setattr(pipeline._PooledConvertFn, "_emit", doubling)
+    monkeypatch.setattr(pipeline._PooledConvertFn, "finish_bundle", finish_with_double)
+    argv = ["--max_reject_fraction", "0.1", "--local_processes", "2"]
+    assert convert(root, tmp_path / "o", *argv, mode=None) == 1
+    err = capsys.readouterr().err
+    assert "books do not balance" in err and f"doubled (2 records, 0 rejections): {victim}" in err
+    assert not (tmp_path / "o" / "dataset_info.json").exists()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
