@@ -316,6 +316,27 @@ CONVERT_AHEAD_LIMIT = 1024
 CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 
 
+def _direct_fn_api_runner(all_options: dict):
+    """The runner DirectRunner uses for a batch pipeline, without its Prism attempt.
+
+    Since Beam 2.6x, DirectRunner first tries to download and start the Prism
+    runner (a Go binary from GitHub) and falls back to the FnApiRunner only when
+    that fails. Prism ignores ``--direct_running_mode``, and the local
+    conversion pool needs the whole graph in this process (in_memory), so a
+    DirectRunner job here goes straight to the FnApiRunner, configured exactly
+    as DirectRunner configures it: the same engine offline and online, no
+    download at run time. ``--runner=PrismRunner`` still selects Prism.
+    """
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    info = beam_provision_api_pb2.ProvisionInfo(
+        pipeline_options=JobServiceHandle.encode_pipeline_options(all_options)
+    )
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(info))
+
+
 def _run_pipeline(args, beam_args, processes, layout, output):
     """Builds and runs the pipeline; the result, or None when not waiting."""
     import apache_beam as beam
@@ -352,13 +373,15 @@ def _run_pipeline(args, beam_args, processes, layout, output):
             say(f"imagerecords: left {len(others)} unrelated files in --output, e.g. {others[0]}")
     options = PipelineOptions(beam_args)
     chosen = options.get_all_options()
-    runner = chosen.get("runner") or "DirectRunner"
-    if "Direct" in str(runner):
+    runner_name = chosen.get("runner") or "DirectRunner"
+    runner = None
+    if runner_name in ("DirectRunner", "direct"):
+        runner = _direct_fn_api_runner(chosen)
         mode = chosen.get("direct_running_mode")
         workers = processes if mode == "in_memory" else chosen.get("direct_num_workers")
-        runner = f"{runner} ({mode}, {workers} conversion processes)"
-    say(f"imagerecords: running on {runner}")
-    p = beam.Pipeline(options=options)
+        runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
+    say(f"imagerecords: running on {runner_name}")
+    p = beam.Pipeline(runner=runner, options=options)
     pipeline.build(p, config)
     result = p.run()
     if not args.wait:

@@ -251,6 +251,22 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
     assert not (tmp_path / "o" / "dataset_info.json").exists()
 
 
+def test_direct_runner_never_tries_prism(dataset, tmp_path, monkeypatch):
+    """DirectRunner would first try to download and start Prism; the CLI goes to FnApiRunner."""
+    from apache_beam.runners.portability import prism_runner
+
+    tried = []
+    monkeypatch.setattr(
+        prism_runner.PrismRunner, "run_pipeline", lambda *args: tried.append(args) or 1 / 0
+    )
+    root, out, _, _ = dataset
+    assert (
+        convert(root, tmp_path / "o", "--max_reject_fraction", "0.1", "--runner=DirectRunner") == 0
+    )
+    assert not tried
+    assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
+
+
 def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
     """The pooled step parks record bytes in-process; a doubled record still fails the books."""
     from beam_pipeline import pipeline
