@@ -107,7 +107,7 @@ class ListImages(beam.PTransform):
             label_of = {name: i for i, name in enumerate(layout.classes)}
             refs = (
                 pbegin
-                | "ManifestPath" >> beam.Create([layout.manifest])
+                | "ManifestPath" >> beam.Create([layout.manifest], reshuffle=False)
                 # str -> ImageRef (one worker streams the file; conversion fans out below)
                 | "ReadManifest"
                 >> beam.FlatMap(
@@ -118,7 +118,9 @@ class ListImages(beam.PTransform):
                 )
             )
         else:
-            folders = pbegin | "ClassFolders" >> beam.Create(list(layout.folders))
+            # Create's own Reshuffle would cost a shuffle stage; SpreadFolders
+            # below redistributes where there is more than one worker.
+            folders = pbegin | "ClassFolders" >> beam.Create(list(layout.folders), reshuffle=False)
             if self._config.conversion_processes == 1:
                 # ClassFolder, one per worker: folders are listed in parallel
                 folders = folders | "SpreadFolders" >> beam.Reshuffle()
@@ -601,7 +603,7 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
     } | "WriteShards" >> WriteShards(config)
     return (
         pipeline
-        | "Start" >> beam.Create([None])
+        | "Start" >> beam.Create([None], reshuffle=False)
         | "Finalize"
         >> beam.ParDo(
             _Finalize(config),
