@@ -251,6 +251,30 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
     assert not (tmp_path / "o" / "dataset_info.json").exists()
 
 
+def test_local_run_imports_beam_without_unused_extras():
+    """Beam loads without MongoDB/Pub/Sub/Arrow, which stay importable afterwards."""
+    code = (
+        "import sys\n"
+        "from beam_pipeline.__main__ import _UNUSED_BEAM_EXTRAS, _import_beam_for_local_run\n"
+        "_import_beam_for_local_run()\n"
+        "import apache_beam as beam\n"
+        "assert not [m for m in _UNUSED_BEAM_EXTRAS if m in sys.modules], sys.modules.keys()\n"
+        "assert beam.Map(len)  # Beam works\n"
+        "import pyarrow, pymongo\n"  # not blocked once Beam is loaded
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+    assert "bson" not in result.stderr  # Beam's warning about the hidden package is silenced
+
+
 def test_direct_runner_never_tries_prism(dataset, tmp_path, monkeypatch):
     """DirectRunner would first try to download and start Prism; the CLI goes to FnApiRunner."""
     from apache_beam.runners.portability import prism_runner
