@@ -314,3 +314,56 @@ def test_image_fn_that_changes_the_shape_needs_decode_before_batching(fixture):
             training=True,
             image_fn=lambda image, label: (image[::2], label),
         )
+
+
+def _photo_like_jpeg(height: int = 60, width: int = 84) -> tf.Tensor:
+    """A JPEG with smooth gradients and texture, so resize and flip errors would show."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    rng = np.random.default_rng(0)
+    image = np.stack(
+        [255 * x / width, 255 * y / height, 127 + 100 * np.sin(x / 3) * np.cos(y / 5)], axis=-1
+    )
+    image = np.clip(image + rng.normal(0, 12, image.shape), 0, 255).astype(np.uint8)
+    return tf.io.encode_jpeg(image, quality=90)
+
+
+@pytest.mark.parametrize("method", ["bilinear", "bicubic", "area", "nearest"])
+def test_resize_gives_the_uint8_kernels_values(method):
+    """Bilinear and bicubic resize float32 input (faster kernels); the values do not change."""
+    from reader import decode
+
+    image = tf.io.decode_jpeg(_photo_like_jpeg(), channels=3)
+    for size in ((24, 24), (224, 224), (31, 50)):
+        ours = decode._resize(image, size, method)
+        reference = tf.cast(tf.image.resize(image, size, method=method), tf.float32)
+        assert ours.dtype == tf.float32 and ours.shape == (*size, 3)
+        np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=1e-3)
+
+
+def test_flip_before_resize_equals_flip_after():
+    """The crop is flipped before the resize: the same images as flipping the float result."""
+    from reader import decode
+
+    encoded = _photo_like_jpeg()
+    kwargs = dict(
+        random_crop=True,
+        horizontal_flip=True,
+        area_range=(0.08, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        eval_crop="center",
+        center_crop_fraction=0.875,
+        resize_method="bilinear",
+    )
+    flipped = 0
+    for i in range(16):
+        seeds = tf.constant([[i, 1], [i, 2]], tf.int64)
+        ours = decode.decode_train(encoded, seeds, (SIZE, SIZE), **kwargs)
+        # What the reader did before: crop, resize to float, then flip the result.
+        shape = tf.io.extract_jpeg_shape(encoded)
+        window = decode.random_crop_window(shape, seeds[0], (0.08, 1.0), (3 / 4, 4 / 3))
+        crop = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+        resized = tf.image.resize(crop, (SIZE, SIZE))
+        reference = tf.image.stateless_random_flip_left_right(resized, seeds[1])
+        np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=1e-3)
+        flipped += not np.allclose(reference.numpy(), resized.numpy(), atol=1e-3)
+    assert 0 < flipped < 16  # both outcomes were checked
