@@ -275,6 +275,18 @@ def decoded_cache_bytes(info: DatasetInfo, split: str, num_records: int | None =
     return int(n * per_image), how
 
 
+def _interleave_parallelism(num_parallel_calls: int, cycle_length: int) -> int:
+    """``num_parallel_calls`` for ``interleave``: AUTOTUNE, or at most ``cycle_length``.
+
+    ``interleave`` refuses a fixed parallelism above its cycle length (e.g.
+    ``num_parallel_calls=2`` on a split of one shard); the same number still
+    applies to the decode map.
+    """
+    if num_parallel_calls == AUTOTUNE:
+        return num_parallel_calls
+    return max(1, min(num_parallel_calls, cycle_length))
+
+
 def _derive_seed(seed: int, purpose: str) -> int:
     """A 63-bit seed for one purpose (stdlib hash, stable across processes)."""
     digest = hashlib.blake2b(f"{seed}\0{purpose}".encode(), digest_size=8).digest()
@@ -377,7 +389,7 @@ class InputReader:
             lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER_BYTES),
             cycle_length=cycle_length,
             block_length=cfg.block_length,
-            num_parallel_calls=cfg.num_parallel_calls,
+            num_parallel_calls=_interleave_parallelism(cfg.num_parallel_calls, cycle_length),
             deterministic=cfg.is_deterministic,
         )
 
@@ -403,11 +415,12 @@ class InputReader:
         )
         files = tf.data.Dataset.from_tensor_slices(self._files)
         if cfg.training:
+            cycle_length = cfg.cycle_length or min(len(self._files), 16)
             ds = files.interleave(
                 lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER_BYTES),
-                cycle_length=cfg.cycle_length or min(len(self._files), 16),
+                cycle_length=cycle_length,
                 block_length=cfg.block_length,
-                num_parallel_calls=cfg.num_parallel_calls,
+                num_parallel_calls=_interleave_parallelism(cfg.num_parallel_calls, cycle_length),
                 deterministic=True,
             )
         else:

@@ -258,6 +258,24 @@ def test_options_reach_tf_data(fixture):
     assert x.shape == (8, SIZE, SIZE, 3)
 
 
+def test_fixed_parallelism_above_the_shard_count(tmp_path):
+    """num_parallel_calls=3 on a one-shard split: interleave gets at most its cycle length."""
+    one_shard = write_dataset(tmp_path / "ds", per_class=8, shards={"train": 1})
+    assert len(reader.load_info(one_shard.path).files("train")) == 1
+    for context in (None, tf.distribute.InputContext(2, 1, 2)):
+        ds = reader.make_dataset(
+            one_shard.path,
+            "train",
+            4,
+            SIZE,
+            training=True,
+            num_parallel_calls=3,
+            input_context=context,
+        )
+        x, _ = next(iter(ds))
+        assert x.shape == (4, SIZE, SIZE, 3)
+
+
 @pytest.mark.filterwarnings("ignore:`shuffle=True` was passed")
 def test_keras_model_learns_from_make_dataset(fixture):
     tf.keras.utils.set_random_seed(0)
