@@ -347,15 +347,17 @@ def _photo_like_jpeg(height: int = 60, width: int = 84) -> tf.Tensor:
 
 @pytest.mark.parametrize("method", ["bilinear", "bicubic", "area", "nearest"])
 def test_resize_gives_the_uint8_kernels_values(method):
-    """Bilinear and bicubic resize float32 input (faster kernels); the values do not change."""
+    """Bilinear and bicubic resize float32 input (faster kernels), or only cast when the
+    image already has the output size; the values do not change."""
     from reader import decode
 
     image = tf.io.decode_jpeg(_photo_like_jpeg(), channels=3)
-    for size in ((24, 24), (224, 224), (31, 50)):
-        ours = decode._resize(image, size, method)
+    for size in ((24, 24), (224, 224), (31, 50), (60, 84)):  # (60, 84): no resize
         reference = tf.cast(tf.image.resize(image, size, method=method), tf.float32)
-        assert ours.dtype == tf.float32 and ours.shape == (*size, 3)
-        np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=1e-3)
+        for often_same_size in (False, True):
+            ours = decode._resize(image, size, method, often_same_size=often_same_size)
+            assert ours.dtype == tf.float32 and ours.shape == (*size, 3)
+            np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=1e-3)
 
 
 def test_flip_before_resize_equals_flip_after():
