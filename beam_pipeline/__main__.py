@@ -316,6 +316,26 @@ CONVERT_AHEAD_LIMIT = 1024
 CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 
 
+# Beam's state sampler thread sleeps up to this long between samples, and every
+# bundle's end waits for it to wake (Beam's own comment: "may have to wait up to
+# sampling_period_ms"). Its default, 200 ms, idled the end of the long
+# conversion bundle for 0.1-0.2 s of a 3-5 s local run, on the critical path.
+_LOCAL_STATE_SAMPLING_MS = 20
+
+
+def _shorten_state_sampling() -> None:
+    """Lowers the state sampler's period for bundles run in this process.
+
+    The sampler thread runs without the GIL, so sampling more often costs
+    nothing measurable. Applied only when Beam's default is still in place.
+    """
+    from apache_beam.runners.worker import statesampler
+
+    init = statesampler.StateSampler.__init__
+    if init.__defaults__ == (statesampler.DEFAULT_SAMPLING_PERIOD_MS,):
+        init.__defaults__ = (_LOCAL_STATE_SAMPLING_MS,)
+
+
 def _direct_fn_api_runner(all_options: dict):
     """The runner DirectRunner uses for a batch pipeline, without its Prism attempt.
 
@@ -331,6 +351,7 @@ def _direct_fn_api_runner(all_options: dict):
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
+    _shorten_state_sampling()
     info = beam_provision_api_pb2.ProvisionInfo(
         pipeline_options=JobServiceHandle.encode_pipeline_options(all_options)
     )

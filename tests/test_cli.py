@@ -275,6 +275,17 @@ def test_local_run_imports_beam_without_unused_extras():
     assert "bson" not in result.stderr  # Beam's warning about the hidden package is silenced
 
 
+def test_local_runner_samples_state_often_enough_not_to_idle_bundle_ends():
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    from beam_pipeline.__main__ import _LOCAL_STATE_SAMPLING_MS, _direct_fn_api_runner
+
+    _direct_fn_api_runner({})
+    sampler = statesampler.StateSampler("step", CounterFactory())
+    assert sampler.sampling_period_ms == _LOCAL_STATE_SAMPLING_MS < 50
+
+
 def test_direct_runner_never_tries_prism(dataset, tmp_path, monkeypatch):
     """DirectRunner would first try to download and start Prism; the CLI goes to FnApiRunner."""
     from apache_beam.runners.portability import prism_runner
