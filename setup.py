@@ -34,7 +34,9 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["beam_pipeline", "beam_pipeline.*", "reader", "reader.*"]),
+    packages=setuptools.find_packages(
+        include=["beam_pipeline", "beam_pipeline.*", "reader", "reader.*"]
+    ),
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": TEST_REQUIRES + BENCH_REQUIRES,
