@@ -414,15 +414,20 @@ def _run_pipeline(args, beam_args, processes, layout, output):
 
 
 # Optional packages that ``import apache_beam`` loads whenever they are installed
-# (Beam guards each import with ``except ImportError``): MongoDB IO, Pub/Sub IO
-# and Arrow type conversion. A local conversion uses none of them, and loading
-# them is ~0.15 s of CPU while the conversion processes need the cores.
+# (Beam guards each import with ``except ImportError``): MongoDB IO, Pub/Sub IO,
+# Arrow type conversion, BigQuery IO and the Dataflow API client. A local
+# conversion uses none of them, and loading them is ~0.25 s of CPU while the
+# conversion processes need the cores.
 _UNUSED_BEAM_EXTRAS = (
     "pymongo",
     "bson",
     "pyarrow",
     "google.cloud.pubsub",
     "google.cloud.pubsub_v1",
+    "google.cloud.bigquery",
+    "google.cloud.bigquery_storage_v1",
+    "google.cloud.dataflow",
+    "google.cloud.dataflow_v1beta3",
 )
 
 

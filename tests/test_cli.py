@@ -260,7 +260,7 @@ def test_local_run_imports_beam_without_unused_extras():
         "import apache_beam as beam\n"
         "assert not [m for m in _UNUSED_BEAM_EXTRAS if m in sys.modules], sys.modules.keys()\n"
         "assert beam.Map(len)  # Beam works\n"
-        "import pyarrow, pymongo\n"  # not blocked once Beam is loaded
+        "import pyarrow, pymongo, google.cloud.bigquery\n"  # importable once Beam loaded
         "print('ok')\n"
     )
     result = subprocess.run(
