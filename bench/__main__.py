@@ -91,7 +91,12 @@ def _converter_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Pat
                     )
                 )
         rows += [dataclasses.asdict(converters.best_of(runs[c])) for c in wanted]
-    return {"measured_at": _now(), "repeats": args.repeats, "rows": rows}
+    return {
+        "measured_at": _now(),
+        "code": machine.git_state(),
+        "repeats": args.repeats,
+        "rows": rows,
+    }
 
 
 def _records_for_reader(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path):
@@ -123,6 +128,7 @@ def _reader_half(
     )
     return {
         "measured_at": _now(),
+        "code": machine.git_state(),
         "batch": sizes.read_batch_size,
         "image_size": 224,
         "warmup": sizes.read_warmup_epochs,

@@ -59,7 +59,7 @@ def _libjpeg() -> str:
     return f"libjpeg {features.version('jpg')}"
 
 
-def _git_state() -> str:
+def git_state() -> str:
     """HEAD, and whether the code under test has uncommitted changes (it is measured as is)."""
     from bench.settings import REPO_DIR
 
@@ -90,6 +90,6 @@ def describe() -> dict:
             if _version(dist) != "not installed"
         },
         "libjpeg": _libjpeg(),
-        "git": _git_state(),
+        "git": git_state(),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }

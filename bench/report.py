@@ -81,6 +81,11 @@ def ratios(results: dict) -> dict:
     return out
 
 
+def _at_commit(half: dict) -> str:
+    """The ' at commit X' of a half that recorded its code (older results did not)."""
+    return f" at commit {half['code']}" if half.get("code") else ""
+
+
 def _fmt(value, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
@@ -121,7 +126,7 @@ def markdown(results: dict) -> str:
         f"- Python {m['python']}; "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         + f"; {m['libjpeg']}",
-        f"- Code measured: commit {m.get('git', 'unknown')}",
+        f"- Code at the last run: commit {m.get('git', 'unknown')} (each half names its own below)",
         f"- Load average (1/5/15 min) at start {m['loadavg_start']}, "
         f"at end {m.get('loadavg_end', 'n/a')} (a shared machine: other jobs were running)",
         "",
@@ -141,7 +146,7 @@ def markdown(results: dict) -> str:
     if conv:
         lines += [
             "",
-            f"## Converter (measured {conv['measured_at']})",
+            f"## Converter (measured {conv['measured_at']}{_at_commit(conv)})",
             "",
             "images/s and MB/s: wall clock of the whole process, start-up included, best of "
             f"{conv.get('repeats', 1)} run(s) (all runs' wall times in the last column); "
@@ -180,7 +185,7 @@ def markdown(results: dict) -> str:
     if read:
         lines += [
             "",
-            f"## Reader (web set, measured {read['measured_at']})",
+            f"## Reader (web set, measured {read['measured_at']}{_at_commit(read)})",
             "",
             f"Images/s at {read['image_size']}x{read['image_size']}, batch {read['batch']}, "
             f"{read['epochs']} timed epoch(s) after {read['warmup']} warm-up epoch(s), each "
