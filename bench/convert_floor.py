@@ -15,12 +15,12 @@ harness measures the full wall clock from outside).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import time
 from pathlib import Path
 
+from bench.converters import print_work_summary
 from bench.data import list_images
 from bench.imageops import convert_file
 
@@ -42,17 +42,7 @@ def main(argv: list[str] | None = None) -> None:
             in_bytes += n_in
             out_bytes += n_out
     work_s = time.perf_counter() - start
-    print(
-        json.dumps(
-            {
-                "images": len(files),
-                "in_bytes": in_bytes,
-                "out_bytes": out_bytes,
-                "work_s": work_s,
-                "processes": args.processes,
-            }
-        )
-    )
+    print_work_summary(len(files), in_bytes, out_bytes, work_s, args.processes)
 
 
 if __name__ == "__main__":

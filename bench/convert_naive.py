@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import random
 import time
 from pathlib import Path
 
 from PIL import Image, ImageOps
 
+from bench.converters import print_work_summary
 from bench.data import list_images
 from bench.imageops import shorter_side_size
 from bench.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
@@ -77,17 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             writer.write(example.SerializeToString())
     work_s = time.perf_counter() - start
-    print(
-        json.dumps(
-            {
-                "images": len(files),
-                "in_bytes": in_bytes,
-                "out_bytes": out_bytes,
-                "work_s": work_s,
-                "processes": 1,
-            }
-        )
-    )
+    print_work_summary(len(files), in_bytes, out_bytes, work_s, 1)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,24 @@ LABELS = {
 _SUMMARY = re.compile(r"(\d+) images read in ([\d.]+) s wall time: ([\d.]+) images/s")
 
 
+def print_work_summary(
+    images: int, in_bytes: int, out_bytes: int, work_s: float, processes: int
+) -> None:
+    """The last stdout line of a baseline converter (floor, naive loop); read by
+    :func:`_result` for the ``work`` columns."""
+    print(
+        json.dumps(
+            {
+                "images": images,
+                "in_bytes": in_bytes,
+                "out_bytes": out_bytes,
+                "work_s": work_s,
+                "processes": processes,
+            }
+        )
+    )
+
+
 @dataclasses.dataclass
 class ConverterResult:
     """One converter on one image set.
