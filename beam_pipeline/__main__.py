@@ -339,7 +339,7 @@ def _shorten_state_sampling() -> None:
 def _direct_fn_api_runner(all_options: dict):
     """The runner DirectRunner uses for a batch pipeline, without its Prism attempt.
 
-    Since Beam 2.6x, DirectRunner first tries to download and start the Prism
+    Beam 2.77's DirectRunner first tries to download and start the Prism
     runner (a Go binary from GitHub) and falls back to the FnApiRunner only when
     that fails. Prism ignores ``--direct_running_mode``, and the local
     conversion pool needs the whole graph in this process (in_memory), so a
