@@ -37,6 +37,9 @@ setuptools.setup(
     packages=setuptools.find_packages(
         include=["beam_pipeline", "beam_pipeline.*", "reader", "reader.*"]
     ),
+    # The reader's native op ships as source and is compiled on first use
+    # against the user's TensorFlow (reader/native.py).
+    package_data={"reader": ["native/*.cc"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": TEST_REQUIRES + BENCH_REQUIRES,

@@ -28,6 +28,7 @@ from reader.info import (
     UnknownSplitError,
     load_info,
 )
+from reader.native import NativeOpsError
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -37,6 +38,7 @@ __all__ = [
     "ImageSpec",
     "IncompleteDatasetError",
     "InputReader",
+    "NativeOpsError",
     "ReaderConfig",
     "ShardInfo",
     "SplitInfo",

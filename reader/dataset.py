@@ -6,8 +6,10 @@ in the manner of TF Model Garden's ``official/core/input_reader.py``::
     training:   shard list -(seeded shuffle each epoch)-> shard by InputContext
                 -> interleave(TFRecordDataset, AUTOTUNE, deterministic=False)
                 -> [cache] -> shuffle -> repeat -> batch -> parse_example (whole batch)
-                -> decode + random crop while decoding + flip + resize (per image)
-                -> normalise / cast / one-hot (whole batch) -> prefetch(AUTOTUNE)
+                -> decode + random crop while decoding (per image)
+                -> flip + resize into the batch (native op, whole batch; stock ops per
+                image where it cannot be built) -> normalise / cast / one-hot
+                (whole batch) -> prefetch(AUTOTUNE)
     evaluation: shards in order -> shard by InputContext -> TFRecordDataset
                 -> [cache] -> batch -> parse_example -> decode + centre crop / resize
                 -> [pad the last batch + weights] -> normalise -> prefetch
@@ -30,7 +32,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from reader import decode
+from reader import decode, native
 from reader.info import DatasetInfo, load_info
 
 _LOG = logging.getLogger(__name__)
@@ -131,6 +133,13 @@ class ReaderConfig:
             (``parse_single_example`` path). Needed when ``image_fn`` changes the
             image shape; it costs one function call per record instead of per
             batch and copies decoded pixels into the batch.
+        native_ops: Flip and resize each batch with the reader's native op
+            (``reader.native``, compiled on first use; same pixels as stock
+            ``tf.image.resize``, ~15% less CPU per image). ``None``: where it can
+            be built, else stock ops with one warning. ``True``: required (an
+            error if it cannot be built or does not apply). ``False``: stock ops.
+            It applies to the per-batch decode with ``resize_method="bilinear"``
+            and no ``image_fn`` (which needs each image as a tensor of its own).
         threadpool_size: ``tf.data.Options.threading.private_threadpool_size``.
         max_intra_op_parallelism: ``tf.data.Options.threading.max_intra_op_parallelism``.
         options: Extra ``tf.data.Options``, merged over the reader's own.
@@ -169,6 +178,7 @@ class ReaderConfig:
     image_fn: Callable | None = None
     batch_fn: Callable | None = None
     decode_before_batching: bool = False
+    native_ops: bool | None = None
     threadpool_size: int | None = None
     max_intra_op_parallelism: int | None = None
     options: tf.data.Options | None = None
@@ -239,6 +249,16 @@ class ReaderConfig:
     def caches_decoded(self) -> bool:
         return self.cache == DECODED
 
+    @property
+    def native_resize_applies(self) -> bool:
+        """The pipeline has the per-batch step the native op replaces."""
+        return (
+            not self.caches_decoded
+            and not self.decode_before_batching
+            and self.image_fn is None
+            and self.resize_method == "bilinear"
+        )
+
 
 def _physical_memory_bytes() -> int | None:
     """Physical RAM of this machine, or ``None`` where the OS does not say."""
@@ -287,6 +307,45 @@ def _interleave_parallelism(num_parallel_calls: int, cycle_length: int) -> int:
     return max(1, min(num_parallel_calls, cycle_length))
 
 
+def _use_native_ops(config: ReaderConfig) -> bool:
+    """Whether this pipeline flips + resizes with the native op (see ``native_ops``)."""
+    if config.native_ops is False:
+        return False
+    if not config.native_resize_applies:
+        if config.native_ops:
+            raise ValueError(
+                "native_ops=True needs the per-batch decode with resize_method='bilinear': "
+                "no image_fn, no decode_before_batching, no cache='decoded'"
+            )
+        return False
+    if config.native_ops is None and native.disabled_by_environment():
+        return False
+    if native.ops() is not None:
+        return True
+    if config.native_ops:
+        raise native.NativeOpsError(
+            f"native_ops=True but the native op is unavailable: {native.unavailable_reason()}"
+        )
+    _warn_native_unavailable()
+    return False
+
+
+_warned_native = False
+
+
+def _warn_native_unavailable() -> None:
+    global _warned_native
+    if not _warned_native:
+        _warned_native = True
+        _LOG.warning(
+            "The reader's native resize op is unavailable, so stock TensorFlow ops flip and "
+            "resize each image (same pixels, ~15%% more CPU per image): %s. Pass "
+            "native_ops=False or set %s=0 to silence this.",
+            native.unavailable_reason(),
+            native.ENV_DISABLE,
+        )
+
+
 def _derive_seed(seed: int, purpose: str) -> int:
     """A 63-bit seed for one purpose (stdlib hash, stable across processes)."""
     digest = hashlib.blake2b(f"{seed}\0{purpose}".encode(), digest_size=8).digest()
@@ -308,6 +367,7 @@ class InputReader:
         self._files = list(info.files(config.split))
         if not self._files:
             raise ValueError(f"split {config.split!r} of {info.path} has no shards")
+        self._native = _use_native_ops(config)
         # One base seed per build. Without a user seed it is fresh each run, so
         # unseeded training differs run to run as users expect.
         self._seed = config.seed if config.seed is not None else random.getrandbits(62)
@@ -662,6 +722,9 @@ class InputReader:
         seeds = tf.random.stateless_uniform(
             tf.stack([size, 2, 2]), seed=batch_seed, minval=None, maxval=None, dtype=tf.int64
         )
+        if self._native:
+            features["image"] = self._decode_batch_native(encoded, seeds)
+            return features
         # Decoding after batching needs a per-image step. map_fn (a while_loop with
         # parallel_iterations = the batch size) measured fastest: see the top of the module.
         # tf.vectorized_map fails on the variable-size decoded images, and
@@ -678,6 +741,54 @@ class InputReader:
         features["image"] = images
         features["label"] = labels
         return features
+
+    def _decode_batch_native(self, encoded: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
+        """Decodes each image's window (uint8), then flips + resizes all into the batch at once.
+
+        The windows go to the op as one flat uint8 tensor plus their shapes: the
+        concatenation copies ~100 KB per image, where the stock path copies the
+        600 KB float32 result into the batch.
+        """
+        cfg = self._config
+        count = tf.shape(encoded)[0]
+        augments = cfg.augments
+
+        def step(i, pixels, shapes, flips):
+            image, flip = decode.decode_window(
+                encoded[i],
+                seeds[i],
+                cfg.image_size,
+                random_crop=augments and cfg.random_crop,
+                horizontal_flip=augments and cfg.horizontal_flip,
+                area_range=cfg.crop_area_range,
+                aspect_ratio_range=cfg.crop_aspect_ratio_range,
+                eval_crop=cfg.eval_crop,
+                center_crop_fraction=cfg.center_crop_fraction,
+            )
+            return (
+                i + 1,
+                pixels.write(i, tf.reshape(image, [-1])),
+                shapes.write(i, tf.shape(image)[:2]),
+                flips.write(i, flip),
+            )
+
+        arrays = (
+            tf.TensorArray(tf.uint8, size=count, infer_shape=False, element_shape=[None]),
+            tf.TensorArray(tf.int32, size=count, element_shape=[2]),
+            tf.TensorArray(tf.bool, size=count, element_shape=[]),
+        )
+        _, pixels, shapes, flips = tf.while_loop(
+            lambda i, *_: i < count,
+            step,
+            (tf.constant(0), *arrays),
+            parallel_iterations=cfg.batch_size,
+        )
+        # concat() of an empty array has no element shape to go by.
+        flat = tf.cond(count > 0, lambda: pixels.concat(), lambda: tf.zeros([0], tf.uint8))
+        images = native.resize_crops(flat, shapes.stack(), flips.stack(), cfg.image_size)
+        # The batch dimension is static when the remainder is dropped; the loop hides it.
+        images.set_shape(encoded.shape[:1].concatenate([*cfg.image_size, 3]))
+        return images
 
     def _decode_each(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """The decode-before-batching path: parse and decode each record on its own."""

@@ -199,15 +199,56 @@ def decode_train(
     Returns:
         float32 ``[height, width, 3]`` in 0..255.
     """
+    image, flip = decode_window(
+        encoded,
+        seeds,
+        size,
+        random_crop=random_crop,
+        horizontal_flip=horizontal_flip,
+        area_range=area_range,
+        aspect_ratio_range=aspect_ratio_range,
+        eval_crop=eval_crop,
+        center_crop_fraction=center_crop_fraction,
+    )
+    if horizontal_flip:
+        image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
+    return _resize(image, size, resize_method, often_same_size=not random_crop)
+
+
+def decode_window(
+    encoded: tf.Tensor,
+    seeds: tf.Tensor,
+    size: Sequence[int],
+    *,
+    random_crop: bool,
+    horizontal_flip: bool,
+    area_range: Sequence[float],
+    aspect_ratio_range: Sequence[float],
+    eval_crop: str,
+    center_crop_fraction: float,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """The decoding half of :func:`decode_train` / :func:`decode_eval`, for the native resize.
+
+    Decodes the same window with the same seeds and draws the same flip, but
+    leaves flip and resize to ``reader.native.resize_crops``, which does both for
+    the whole batch.
+
+    Returns:
+        ``(uint8 [h, w, 3] window, bool scalar: mirror it)``.
+    """
     if random_crop:
         shape = tf.io.extract_jpeg_shape(encoded)
         window = random_crop_window(shape, seeds[0], area_range, aspect_ratio_range)
         image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
     else:
         image = _decode_eval_window(encoded, size, eval_crop, center_crop_fraction)
-    if horizontal_flip:
-        image = _random_flip(image, seeds[1])
-    return _resize(image, size, resize_method, often_same_size=not random_crop)
+    flip = _flip_draw(seeds[1]) if horizontal_flip else tf.constant(False)
+    return image, flip
+
+
+def _flip_draw(seed: tf.Tensor) -> tf.Tensor:
+    """``stateless_random_flip_left_right``'s own draw: mirror when uniform(seed) < 0.5."""
+    return tf.random.stateless_uniform([], seed=seed, minval=0.0, maxval=1.0) < 0.5
 
 
 def decode_eval(

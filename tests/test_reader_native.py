@@ -1,0 +1,227 @@
+"""reader.native: the compiled flip + resize op, its build cache, and the fallback to stock ops.
+
+The op is compiled here for real (``c++`` and TensorFlow's headers, as on a
+user's machine); each test that must not reuse the shared build points
+``IMAGERECORDS_CACHE_DIR`` at its own folder and runs in a subprocess, since a
+process loads the op once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import reader
+from reader import native
+from tests.shard_fixtures import write_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def op():
+    module = native.ops()
+    assert module is not None, native.unavailable_reason()
+    return module
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("native") / "ds", per_class=24, max_side=120)
+
+
+def _crops(rng, count, max_side):
+    return [
+        rng.integers(
+            0, 256, (rng.integers(1, max_side), rng.integers(1, max_side), 3), dtype=np.uint8
+        )
+        for _ in range(count)
+    ]
+
+
+def _run_op(op, crops, flips, size):
+    flat = np.concatenate([c.reshape(-1) for c in crops])
+    shapes = np.array([c.shape[:2] for c in crops], np.int32)
+    return op.imagerecords_resize_crops(flat, shapes, np.asarray(flips), size=list(size)).numpy()
+
+
+@pytest.mark.parametrize(
+    "size, max_side",
+    [((224, 224), 400), ((7, 300), 60), ((1, 1), 9), ((33, 17), 33)],
+    ids=["down-and-up", "wide-out", "one-pixel", "odd"],
+)
+def test_op_equals_tf_image_resize_bit_for_bit(op, size, max_side):
+    rng = np.random.default_rng(sum(size))
+    crops = _crops(rng, 12, max_side) + [np.full((1, 1, 3), 200, np.uint8)]
+    flips = rng.integers(0, 2, len(crops)).astype(bool)
+    got = _run_op(op, crops, flips, size)
+    assert got.shape == (len(crops), *size, 3) and got.dtype == np.float32
+    for image, crop, flip in zip(got, crops, flips, strict=True):
+        want = tf.image.resize(tf.cast(crop, tf.float32), size, method="bilinear").numpy()
+        np.testing.assert_array_equal(image, want[:, ::-1] if flip else want)
+
+
+def test_op_same_size_is_an_exact_cast(op):
+    crop = np.random.default_rng(1).integers(0, 256, (5, 6, 3), dtype=np.uint8)
+    got = _run_op(op, [crop, crop], [False, True], (5, 6))
+    np.testing.assert_array_equal(got[0], crop.astype(np.float32))
+    np.testing.assert_array_equal(got[1], crop[:, ::-1].astype(np.float32))
+
+
+def test_op_rejects_inconsistent_inputs(op):
+    flat = np.zeros(10, np.uint8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sum"):
+        op.imagerecords_resize_crops(flat, [[2, 2]], [False], size=[4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at least 1x1"):
+        op.imagerecords_resize_crops(np.zeros(0, np.uint8), [[0, 5]], [False], size=[4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="flips"):
+        op.imagerecords_resize_crops(np.zeros(12, np.uint8), [[2, 2]], [False, True], size=[4, 4])
+
+
+def test_op_on_an_empty_batch(op):
+    got = op.imagerecords_resize_crops(
+        np.zeros(0, np.uint8), np.zeros((0, 2), np.int32), np.zeros(0, bool), size=[8, 8]
+    )
+    assert got.shape == (0, 8, 8, 3)
+
+
+def _read(fixture, training, **kwargs):
+    ds = reader.make_dataset(
+        fixture.path,
+        "train" if training else "val",
+        batch_size=8,
+        image_size=(40, 32),
+        training=training,
+        seed=11,
+        deterministic=True,
+        return_dict=True,
+        repeat=False,
+        **kwargs,
+    )
+    batches = list(ds.as_numpy_iterator())
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def test_training_pipeline_matches_stock_ops(fixture):
+    """Same records, crops and flips as the stock path; pixels equal up to float rounding.
+
+    The stock path mirrors the uint8 crop before resizing, the op mirrors the
+    result, so a mirrored image may differ in the last float bit (and only there).
+    """
+    stock = _read(fixture, True, native_ops=False)
+    fused = _read(fixture, True, native_ops=True)
+    assert list(fused["filename"]) == list(stock["filename"])
+    np.testing.assert_array_equal(fused["label"], stock["label"])
+    np.testing.assert_allclose(fused["image"], stock["image"], rtol=0, atol=1e-3)
+    # The augmentation is live: an unflipped copy of an image differs from its flip.
+    assert not np.allclose(fused["image"], fused["image"][:, :, ::-1])
+
+
+def test_evaluation_pipeline_is_bit_identical_to_stock_ops(fixture):
+    stock = _read(fixture, False, native_ops=False)
+    fused = _read(fixture, False, native_ops=True)
+    assert list(fused["filename"]) == list(stock["filename"])
+    np.testing.assert_array_equal(fused["image"], stock["image"])
+
+
+def test_native_ops_true_refuses_settings_it_cannot_serve(fixture):
+    with pytest.raises(ValueError, match="resize_method='bilinear'"):
+        reader.make_dataset(
+            fixture.path, "train", 8, 32, training=True, native_ops=True, resize_method="area"
+        )
+    with pytest.raises(ValueError, match="no image_fn"):
+        reader.make_dataset(
+            fixture.path,
+            "train",
+            8,
+            32,
+            training=True,
+            native_ops=True,
+            image_fn=lambda image, label: (image, label),
+        )
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+_BUILD_AND_REPORT = """
+    import json, logging, os, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    import numpy as np, reader
+    from reader import native
+    ds = reader.make_dataset(sys.argv[1] if len(sys.argv) > 1 else {path!r}, "train", 4, 16,
+                             training=True, seed=1, **{kwargs})
+    images, labels = next(iter(ds))
+    print(json.dumps({{"ops": native.ops() is not None, "why": native.unavailable_reason(),
+                      "shape": list(images.shape), "finite": bool(np.isfinite(images).all()),
+                      "files": sorted(os.listdir(native.cache_dir()))
+                               if native.cache_dir().exists() else []}}))
+"""
+
+
+def _report(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_builds_once_into_the_cache_and_reuses_it(fixture, tmp_path):
+    code = _BUILD_AND_REPORT.format(path=str(fixture.path), kwargs={})
+    env = {native.ENV_CACHE_DIR: str(tmp_path / "cache")}
+    first = _report(_python(code, env))
+    assert first["ops"] and first["shape"] == [4, 16, 16, 3] and first["finite"]
+    libraries = [f for f in first["files"] if f.endswith(".so")]
+    assert len(libraries) == 1 and not [f for f in first["files"] if f.startswith(".build-")]
+    library = tmp_path / "cache" / libraries[0]
+    built_at = library.stat().st_mtime_ns
+    second = _report(_python(code, env))
+    assert second["ops"] and second["files"] == first["files"]
+    assert library.stat().st_mtime_ns == built_at  # loaded, not rebuilt
+
+
+def test_without_a_compiler_falls_back_with_one_warning(fixture, tmp_path):
+    code = _BUILD_AND_REPORT.format(path=str(fixture.path), kwargs={})
+    env = {native.ENV_CACHE_DIR: str(tmp_path / "cache"), "CXX": "no-such-compiler-here"}
+    result = _python(code, env)
+    report = _report(result)
+    assert not report["ops"] and "no C++ compiler" in report["why"]
+    assert report["shape"] == [4, 16, 16, 3] and report["finite"]
+    assert result.stderr.count("native resize op is unavailable") == 1
+
+
+def test_a_failing_compile_is_reported_with_the_compiler_output(fixture, tmp_path):
+    fake = tmp_path / "fake-c++"
+    fake.write_text("#!/bin/sh\necho 'fatal: this compiler is broken' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    code = _BUILD_AND_REPORT.format(path=str(fixture.path), kwargs={"native_ops": True})
+    env = {native.ENV_CACHE_DIR: str(tmp_path / "cache"), "CXX": str(fake)}
+    result = _python(code, env)
+    assert result.returncode != 0
+    assert "NativeOpsError" in result.stderr and "this compiler is broken" in result.stderr
+    assert "exit 3" in result.stderr
+    assert not list((tmp_path / "cache").glob("*.so"))  # no half-built library left
+
+
+def test_environment_switch_turns_it_off_silently(fixture, tmp_path):
+    code = _BUILD_AND_REPORT.format(path=str(fixture.path), kwargs={})
+    env = {native.ENV_CACHE_DIR: str(tmp_path / "cache"), native.ENV_DISABLE: "0"}
+    result = _python(code, env)
+    report = _report(result)
+    assert not report["ops"] and report["files"] == [] and report["shape"] == [4, 16, 16, 3]
+    assert "unavailable" not in result.stderr
