@@ -16,6 +16,9 @@ drained prefetch buffer at epoch boundaries counts against them.
   decode_jpeg -> resize, AUTOTUNE)`` -> ``batch`` -> ``prefetch``.
 * ``imagerecords_train`` / ``imagerecords_eval``: ``reader.make_dataset(OUT,
   "train", batch_size, image_size=224, training=True|False)``.
+* ``imagerecords_train_stock``: the default training pipeline with
+  ``native_ops=False``: stock TensorFlow ops flip and resize each image, as on a
+  machine where the reader's native op cannot be compiled (no C++ compiler).
 * ``imagerecords_train_decoded``: the same training pipeline with
   ``cache="decoded"``: a different mode (the split's decoded pixels are kept in
   RAM after the first epoch, which the warm-up epoch pays for), not the default.
@@ -31,6 +34,7 @@ VARIANTS = (
     "tfdata_files",
     "tfrecord_per_example",
     "imagerecords_train",
+    "imagerecords_train_stock",
     "imagerecords_train_decoded",
     "imagerecords_eval",
 )
@@ -39,6 +43,7 @@ LABELS = {
     "tfdata_files": "hand-written tf.data over files",
     "tfrecord_per_example": "TFRecord, per-example parse (tutorial)",
     "imagerecords_train": "imagerecords reader, training (augment)",
+    "imagerecords_train_stock": "imagerecords reader, training, stock TF ops (no C++ compiler)",
     "imagerecords_train_decoded": "imagerecords reader, training, cache=decoded (RAM)",
     "imagerecords_eval": "imagerecords reader, eval",
 }
@@ -142,6 +147,13 @@ def imagerecords_train(files_root: Path, records_dir: Path, batch: int, size: in
     return _imagerecords(records_dir, batch, size, training=True)
 
 
+def imagerecords_train_stock(
+    files_root: Path, records_dir: Path, batch: int, size: int
+) -> Pipeline:
+    """The training pipeline without the native op (the fallback where it cannot be built)."""
+    return _imagerecords(records_dir, batch, size, training=True, native_ops=False)
+
+
 def imagerecords_train_decoded(
     files_root: Path, records_dir: Path, batch: int, size: int
 ) -> Pipeline:
@@ -159,6 +171,7 @@ BUILDERS = {
     "tfdata_files": tfdata_files,
     "tfrecord_per_example": tfrecord_per_example,
     "imagerecords_train": imagerecords_train,
+    "imagerecords_train_stock": imagerecords_train_stock,
     "imagerecords_train_decoded": imagerecords_train_decoded,
     "imagerecords_eval": imagerecords_eval,
 }

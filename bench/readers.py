@@ -16,7 +16,12 @@ from bench.procstats import run_measured
 from bench.read_pipelines import VARIANTS
 from bench.settings import READ_IMAGE_SIZE, REPO_DIR
 
-_NEEDS_READER = {"imagerecords_train", "imagerecords_train_decoded", "imagerecords_eval"}
+_NEEDS_READER = {
+    "imagerecords_train",
+    "imagerecords_train_stock",
+    "imagerecords_train_decoded",
+    "imagerecords_eval",
+}
 _NEEDS_RECORDS = {"tfrecord_per_example", *_NEEDS_READER}
 
 

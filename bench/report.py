@@ -61,6 +61,11 @@ def ratios(results: dict) -> dict:
             read.get(base, {}).get("cpu_ms_per_image"),
             read.get("imagerecords_train", {}).get("cpu_ms_per_image"),
         )
+    # The fallback where the native op cannot be built (no C++ compiler).
+    out["reader_train_stock_vs_tfrecord"] = _ratio(
+        read.get("imagerecords_train_stock", {}).get("images_per_s"),
+        read.get("tfrecord_per_example", {}).get("images_per_s"),
+    )
     # cache="decoded" is a different mode (decoded pixels in RAM): reported next to
     # the default training row, never instead of it.
     decoded = read.get("imagerecords_train_decoded", {})
@@ -224,6 +229,9 @@ def markdown(results: dict) -> str:
             f"| CPU per image: per-example TFRecord / imagerecords (train) "
             f"| {_x(r['reader_train_cpu_tfrecord_per_example_over_ir'])} "
             "| (load-robust view) |",
+            f"| *fallback:* imagerecords (train, stock TF ops) / per-example TFRecord "
+            f"| {_x(r.get('reader_train_stock_vs_tfrecord'))} "
+            "| where no C++ compiler is found |",
             f"| imagerecords (eval) / image_dataset_from_directory "
             f"| {_x(r['reader_eval_vs_keras'])} | - |",
             f"| *different mode:* imagerecords (train, cache=decoded) "
