@@ -15,6 +15,10 @@ loaded with ``tf.load_op_library``. Where that is impossible (no compiler, a
 read-only cache, an unusual TensorFlow build) the reader falls back to stock
 TensorFlow ops with one warning, and the output is the same.
 
+Prebuild it (a container image, a TPU VM's start-up script) with
+``python -m reader.native``; it prints the library's path, or why it cannot be
+built (exit status 1).
+
 Environment:
     IMAGERECORDS_NATIVE_OPS: ``0`` never builds or loads the op (stock ops only).
     IMAGERECORDS_CACHE_DIR: where the built library goes (default
@@ -124,8 +128,12 @@ def build(force: bool = False) -> Path:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
         os.close(fd)
         command = _build_command(compiler, Path(tmp))
-        _LOG.info(
-            "Building the reader's native resize op (once per TensorFlow version): %s", target
+        # A warning, so the one-time pause of a first make_dataset has a visible cause.
+        _LOG.warning(
+            "Compiling the reader's native resize op for TensorFlow %s (once; a few "
+            "seconds) into %s",
+            tf.__version__,
+            target.parent,
         )
         try:
             done = subprocess.run(
@@ -188,3 +196,18 @@ def resize_crops(pixels: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size) -
     if module is None:
         raise NativeOpsError(unavailable_reason())
     return module.imagerecords_resize_crops(pixels, shapes, flips, size=list(size))
+
+
+def main() -> int:
+    """``python -m reader.native``: build (or find) the op's library and load it."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    module, why = _load()
+    if module is None:
+        print(f"reader.native: not available: {why}")
+        return 1
+    print(build())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
