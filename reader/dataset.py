@@ -253,8 +253,7 @@ class ReaderConfig:
     def native_resize_applies(self) -> bool:
         """The pipeline has the per-batch step the native op replaces."""
         return (
-            not self.caches_decoded
-            and not self.decode_before_batching
+            (self.caches_decoded or not self.decode_before_batching)
             and self.image_fn is None
             and self.resize_method == "bilinear"
         )
@@ -387,8 +386,11 @@ class InputReader:
             ds = self._decode_and_cache(ds)
             ds = self._maybe_shuffle(ds)
             ds = self._maybe_repeat(ds)
-            ds = self._transform_decoded(ds)
-            ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
+            if self._native:
+                ds = self._crop_decoded_native(ds)
+            else:
+                ds = self._transform_decoded(ds)
+                ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
         elif cfg.decode_before_batching:
             ds = self._maybe_cache(ds, num_pipelines, pipeline_id)
             ds = self._maybe_shuffle(ds)
@@ -601,6 +603,60 @@ class InputReader:
 
         return ds.map(
             fn, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
+        )
+
+    def _crop_decoded_native(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """cache="decoded" with the native op: crop per image, then flip + resize per batch.
+
+        Each image's window (a slice of the cached pixels) travels flat, and
+        ``ragged_batch`` lays the windows of a batch end to end: exactly the
+        op's input, with no float32 image per record and no copy into the batch.
+        """
+        cfg = self._config
+
+        def crop(features, seed):
+            features = dict(features)
+            seeds = tf.random.stateless_uniform(
+                [2, 2], seed=seed, minval=None, maxval=None, dtype=tf.int64
+            )
+            image, flip = decode.crop_decoded(
+                features.pop("image"),
+                seeds,
+                random_crop=cfg.training and cfg.random_crop,
+                horizontal_flip=cfg.training and cfg.horizontal_flip,
+                area_range=cfg.crop_area_range,
+                aspect_ratio_range=cfg.crop_aspect_ratio_range,
+            )
+            features["pixels"] = tf.reshape(image, [-1])
+            features["window"] = tf.shape(image)[:2]
+            features["flip"] = flip
+            return features
+
+        if cfg.augments:
+            ds = tf.data.Dataset.zip((ds, self._seeds()))
+            fn = crop
+        else:
+
+            def fn(features):
+                return crop(features, tf.zeros([2], tf.int64))
+
+        ds = ds.map(
+            fn, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
+        )
+        ds = ds.ragged_batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
+
+        def resize(features):
+            features = dict(features)
+            pixels = features.pop("pixels")
+            images = native.resize_crops(
+                pixels.flat_values, features.pop("window"), features.pop("flip"), cfg.image_size
+            )
+            images.set_shape(pixels.shape[:1].concatenate([*cfg.image_size, 3]))
+            features["image"] = images
+            return features
+
+        return ds.map(
+            resize, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
         )
 
     def _maybe_shuffle(self, ds: tf.data.Dataset) -> tf.data.Dataset:

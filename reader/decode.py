@@ -111,20 +111,6 @@ def _resize(
     return image
 
 
-def _random_flip(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """Random left-right flip of a decoded image, *before* it is resized.
-
-    A half-pixel-centred resize commutes with a horizontal flip, so flipping the
-    uint8 crop gives the image that flipping the float32 result gave (equal up
-    to float rounding for bilinear, the default; nearest may pick the other
-    neighbour at exact ties) while copying a fraction of the bytes: the average
-    random crop on the benchmark is ~34k pixels x 3 bytes, the 224x224 float32
-    result 600 KB (whose flip was 7.5% of the reader's CPU time). The draw is
-    ``stateless_random_flip_left_right``'s, so a seed flips the same images.
-    """
-    return tf.image.stateless_random_flip_left_right(image, seed)
-
-
 def random_crop_window(
     image_shape: tf.Tensor,
     seed: tf.Tensor,
@@ -211,6 +197,10 @@ def decode_train(
         center_crop_fraction=center_crop_fraction,
     )
     if horizontal_flip:
+        # Mirror the uint8 crop, *before* the resize: a half-pixel-centred resize
+        # commutes with a horizontal flip, so the result is the flipped resize up
+        # to float rounding, while this moves ~100 KB instead of the 600 KB
+        # float32 result (whose flip was 7.5% of the reader's CPU).
         image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
     return _resize(image, size, resize_method, often_same_size=not random_crop)
 
@@ -325,14 +315,40 @@ def transform_decoded(
     Returns:
         float32 ``[height, width, 3]`` in 0..255.
     """
+    image, flip = crop_decoded(
+        image,
+        seeds,
+        random_crop=random_crop,
+        horizontal_flip=horizontal_flip,
+        area_range=area_range,
+        aspect_ratio_range=aspect_ratio_range,
+    )
+    if horizontal_flip:
+        image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
+    return _resize(image, size, resize_method, often_same_size=not random_crop)
+
+
+def crop_decoded(
+    image: tf.Tensor,
+    seeds: tf.Tensor,
+    *,
+    random_crop: bool,
+    horizontal_flip: bool,
+    area_range: Sequence[float],
+    aspect_ratio_range: Sequence[float],
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """The crop half of :func:`transform_decoded`, for the native resize.
+
+    Returns:
+        ``(uint8 [h, w, 3] window of the cached pixels, bool scalar: mirror it)``.
+    """
     if random_crop:
         window = random_crop_window(tf.shape(image), seeds[0], area_range, aspect_ratio_range)
         image = tf.slice(
             image, tf.stack([window[0], window[1], 0]), tf.stack([window[2], window[3], 3])
         )
-    if horizontal_flip:
-        image = _random_flip(image, seeds[1])
-    return _resize(image, size, resize_method, often_same_size=not random_crop)
+    flip = _flip_draw(seeds[1]) if horizontal_flip else tf.constant(False)
+    return image, flip
 
 
 def normalize(

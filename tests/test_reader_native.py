@@ -137,6 +137,18 @@ def test_evaluation_pipeline_is_bit_identical_to_stock_ops(fixture):
     np.testing.assert_array_equal(fused["image"], stock["image"])
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_decoded_cache_pipeline_matches_stock_ops(fixture, training):
+    """cache="decoded": the op resizes ragged batches of cached windows, same pixels."""
+    stock = _read(fixture, training, cache="decoded", native_ops=False)
+    fused = _read(fixture, training, cache="decoded", native_ops=True)
+    assert list(fused["filename"]) == list(stock["filename"])
+    np.testing.assert_array_equal(fused["label"], stock["label"])
+    np.testing.assert_allclose(fused["image"], stock["image"], rtol=0, atol=1e-3)
+    if not training:
+        np.testing.assert_array_equal(fused["image"], stock["image"])
+
+
 def test_native_ops_true_refuses_settings_it_cannot_serve(fixture):
     with pytest.raises(ValueError, match="resize_method='bilinear'"):
         reader.make_dataset(
