@@ -135,7 +135,7 @@ class ReaderConfig:
             batch and copies decoded pixels into the batch.
         native_ops: Flip and resize each batch with the reader's native op
             (``reader.native``, compiled on first use; same pixels as stock
-            ``tf.image.resize``, ~15% less CPU per image). ``None``: where it can
+            ``tf.image.resize``, ~30% less CPU per image in training). ``None``: where it can
             be built, else stock ops with one warning. ``True``: required (an
             error if it cannot be built or does not apply). ``False``: stock ops.
             It applies to the per-batch decode with ``resize_method="bilinear"``
@@ -338,7 +338,7 @@ def _warn_native_unavailable() -> None:
         _warned_native = True
         _LOG.warning(
             "The reader's native resize op is unavailable, so stock TensorFlow ops flip and "
-            "resize each image (same pixels, ~15%% more CPU per image): %s. Pass "
+            "resize each image (same pixels, ~40%% more CPU per image): %s. Pass "
             "native_ops=False or set %s=0 to silence this.",
             native.unavailable_reason(),
             native.ENV_DISABLE,
