@@ -28,7 +28,6 @@ Environment:
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import logging
@@ -40,6 +39,11 @@ import tempfile
 from pathlib import Path
 
 import tensorflow as tf
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and TensorFlow's flags there are not GCC's.
+    fcntl = None
 
 _LOG = logging.getLogger(__name__)
 
@@ -109,6 +113,8 @@ def build(force: bool = False) -> Path:
         NativeOpsError: no compiler, an unwritable cache directory, or a failed
             compile (with the compiler's last lines).
     """
+    if fcntl is None:
+        raise NativeOpsError("building the native op needs a POSIX system (Linux, macOS)")
     compiler = _compiler()
     target = library_path(compiler)
     if target.exists() and not force:
