@@ -429,17 +429,26 @@ _UNUSED_BEAM_EXTRAS = (
     "google.cloud.dataflow",
     "google.cloud.dataflow_v1beta3",
 )
+# Beam's GCS filesystem and GCP auth helpers (the Cloud Storage client and the
+# API client library under them, with their HTTP and crypto stack): ~0.15 s of
+# import CPU. Hidden only when the input and the output are both local, so
+# Beam registers no gs:// filesystem in that process.
+_GCS_CLIENT_PACKAGES = ("google.cloud.storage", "apitools")
 
 
-def _import_beam_for_local_run() -> None:
+def _import_beam_for_local_run(uses_gcs: bool = True) -> None:
     """Imports Apache Beam without the optional packages a local run never uses.
 
     The packages are hidden only during the import and importable again after
     it; Beam's modules that wanted them stay in their "not installed" state.
+
+    Args:
+        uses_gcs: Some path is on gs://: keep Beam's GCS filesystem.
     """
     if "apache_beam" in sys.modules:
         return
-    hidden = [name for name in _UNUSED_BEAM_EXTRAS if name not in sys.modules]
+    unused = _UNUSED_BEAM_EXTRAS if uses_gcs else _UNUSED_BEAM_EXTRAS + _GCS_CLIENT_PACKAGES
+    hidden = [name for name in unused if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # makes `import name` raise ImportError
     mongo_log = logging.getLogger("apache_beam.io.mongodbio")
@@ -452,6 +461,13 @@ def _import_beam_for_local_run() -> None:
         for name in hidden:
             if name in sys.modules and sys.modules[name] is None:
                 del sys.modules[name]
+
+
+def _all_local(layout, output: str) -> bool:
+    """Input folder and output are local (a manifest may name gs:// images: not local)."""
+    from beam_pipeline import listing
+
+    return layout.kind != "manifest" and listing.is_local(layout.root) and listing.is_local(output)
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -481,7 +497,7 @@ def run(argv: list[str] | None = None) -> dict:
                 args.image_spec,
                 processes,
             )
-        _import_beam_for_local_run()
+        _import_beam_for_local_run(uses_gcs=not _all_local(layout, output))
     try:
         result = _run_pipeline(args, beam_args, processes, layout, output)
     finally:

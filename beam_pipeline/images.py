@@ -40,9 +40,21 @@ _TRANSPOSE = {
     8: Image.Transpose.ROTATE_90,
 }
 
-# Image.open(formats=...) looks formats up in Pillow's registry, which holds only
-# the most common plugins until init() has loaded all of them (MPO among them).
-Image.init()
+# Image.open(formats=...) looks each format up in Pillow's registry and loads
+# *every* plugin (Image.init(), ~0.1 s: AVIF, PDF, EPS, ...) when one is missing.
+# Registering just the plugins of _PIL_FORMATS, plus MPO (multi-picture JPEGs
+# from phones, opened by the JPEG plugin), keeps that off the start of every run.
+from PIL import (  # noqa: E402, F401  (imported to register the formats)
+    BmpImagePlugin,
+    GifImagePlugin,
+    JpegImagePlugin,
+    MpoImagePlugin,
+    PngImagePlugin,
+    TiffImagePlugin,
+    WebPImagePlugin,
+)
+
+assert all(name in Image.OPEN for name in _PIL_FORMATS), "a plugin of _PIL_FORMATS is missing"
 _PAD_COLOUR = (0, 0, 0)
 
 

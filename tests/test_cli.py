@@ -251,17 +251,26 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
     assert not (tmp_path / "o" / "dataset_info.json").exists()
 
 
-def test_local_run_imports_beam_without_unused_extras():
-    """Beam loads without MongoDB/Pub/Sub/Arrow, which stay importable afterwards."""
+@pytest.mark.parametrize("uses_gcs", [True, False], ids=["gcs", "all-local"])
+def test_local_run_imports_beam_without_unused_extras(uses_gcs):
+    """Beam loads without MongoDB/Pub/Sub/Arrow (and, all local, GCS), importable afterwards."""
     code = (
         "import sys\n"
-        "from beam_pipeline.__main__ import _UNUSED_BEAM_EXTRAS, _import_beam_for_local_run\n"
-        "_import_beam_for_local_run()\n"
+        "from beam_pipeline.__main__ import (\n"
+        "    _GCS_CLIENT_PACKAGES, _UNUSED_BEAM_EXTRAS, _import_beam_for_local_run)\n"
+        f"_import_beam_for_local_run(uses_gcs={uses_gcs})\n"
         "import apache_beam as beam\n"
+        "from apache_beam.io.filesystems import FileSystems\n"
         "assert not [m for m in _UNUSED_BEAM_EXTRAS if m in sys.modules], sys.modules.keys()\n"
+        "gcs = [m for m in _GCS_CLIENT_PACKAGES if m in sys.modules]\n"
         "assert beam.Map(len)  # Beam works\n"
-        "import pyarrow, pymongo, google.cloud.bigquery\n"  # importable once Beam loaded
-        "print('ok')\n"
+        "try:\n"
+        "    FileSystems.get_filesystem('gs://bucket/x')\n"
+        "    has_gs = True\n"
+        "except ValueError:\n"
+        "    has_gs = False\n"
+        "import pyarrow, pymongo, google.cloud.bigquery, google.cloud.storage\n"  # importable
+        "print(bool(gcs), has_gs)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -271,7 +280,8 @@ def test_local_run_imports_beam_without_unused_extras():
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    # All local: no GCS client loaded and no gs:// filesystem registered; else both.
+    assert result.stdout.strip() == f"{uses_gcs} {uses_gcs}"
     assert "bson" not in result.stderr  # Beam's warning about the hidden package is silenced
 
 
