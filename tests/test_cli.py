@@ -257,12 +257,12 @@ def test_local_run_imports_beam_without_unused_extras(uses_gcs):
     code = (
         "import sys\n"
         "from beam_pipeline.__main__ import (\n"
-        "    _GCS_CLIENT_PACKAGES, _UNUSED_BEAM_EXTRAS, _import_beam_for_local_run)\n"
+        "    _CLOUD_ONLY_MODULES, _UNUSED_BEAM_EXTRAS, _import_beam_for_local_run)\n"
         f"_import_beam_for_local_run(uses_gcs={uses_gcs})\n"
         "import apache_beam as beam\n"
         "from apache_beam.io.filesystems import FileSystems\n"
         "assert not [m for m in _UNUSED_BEAM_EXTRAS if m in sys.modules], sys.modules.keys()\n"
-        "gcs = [m for m in _GCS_CLIENT_PACKAGES if m in sys.modules]\n"
+        "gcs = [m for m in _CLOUD_ONLY_MODULES if m in sys.modules]\n"
         "assert beam.Map(len)  # Beam works\n"
         "try:\n"
         "    FileSystems.get_filesystem('gs://bucket/x')\n"
@@ -270,6 +270,7 @@ def test_local_run_imports_beam_without_unused_extras(uses_gcs):
         "except ValueError:\n"
         "    has_gs = False\n"
         "import pyarrow, pymongo, google.cloud.bigquery, google.cloud.storage\n"  # importable
+        "import apache_beam.io.gcp.bigquery\n"
         "print(bool(gcs), has_gs)\n"
     )
     result = subprocess.run(
