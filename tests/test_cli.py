@@ -501,3 +501,14 @@ def test_index_files_locate_every_record(dataset, tmp_path):
         reader.load_info(str(tmp_path / "o")).num_examples("train")
         == info["splits"]["train"]["num_examples"]
     )
+
+
+def test_local_default_skips_construction_type_checks_unless_asked():
+    from beam_pipeline.__main__ import _with_local_defaults
+
+    args, _ = _with_local_defaults([], None)
+    assert "--no_pipeline_type_check" in args and IN_MEMORY in args
+    args, _ = _with_local_defaults(["--pipeline_type_check"], None)
+    assert "--no_pipeline_type_check" not in args
+    args, _ = _with_local_defaults(["--runner=DataflowRunner"], None)
+    assert args == ["--runner=DataflowRunner"]
