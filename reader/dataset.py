@@ -313,8 +313,8 @@ def _use_native_ops(config: ReaderConfig) -> bool:
     if not config.native_resize_applies:
         if config.native_ops:
             raise ValueError(
-                "native_ops=True needs the per-batch decode with resize_method='bilinear': "
-                "no image_fn, no decode_before_batching, no cache='decoded'"
+                "native_ops=True needs resize_method='bilinear', no image_fn, and no "
+                "decode_before_batching (unless cache='decoded')"
             )
         return False
     if config.native_ops is None and native.disabled_by_environment():
@@ -581,7 +581,6 @@ class InputReader:
 
     def _transform_decoded(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """cache="decoded": per image crop (+ flip) + resize of the cached pixels, before batching."""
-        cfg = self._config
 
         def transform(features, seed):
             features = dict(features)
@@ -593,17 +592,7 @@ class InputReader:
             )
             return features
 
-        if cfg.augments:
-            ds = tf.data.Dataset.zip((ds, self._seeds()))
-            fn = transform
-        else:
-
-            def fn(features):
-                return transform(features, tf.zeros([2], tf.int64))
-
-        return ds.map(
-            fn, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
-        )
+        return self._map_with_seeds(ds, transform)
 
     def _crop_decoded_native(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """cache="decoded" with the native op: crop per image, then flip + resize per batch.
@@ -632,17 +621,7 @@ class InputReader:
             features["flip"] = flip
             return features
 
-        if cfg.augments:
-            ds = tf.data.Dataset.zip((ds, self._seeds()))
-            fn = crop
-        else:
-
-            def fn(features):
-                return crop(features, tf.zeros([2], tf.int64))
-
-        ds = ds.map(
-            fn, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
-        )
+        ds = self._map_with_seeds(ds, crop)
         ds = ds.ragged_batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
 
         def resize(features):
@@ -754,20 +733,7 @@ class InputReader:
 
     def _decode_batches(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """parse_example on each batch, then the per-image step over the batch."""
-        cfg = self._config
-        if cfg.augments:
-            ds = tf.data.Dataset.zip((ds, self._seeds()))
-            decode_batch = self._decode_batch
-        else:
-
-            def decode_batch(serialized):
-                return self._decode_batch(serialized, tf.zeros([2], tf.int64))
-
-        return ds.map(
-            decode_batch,
-            num_parallel_calls=cfg.num_parallel_calls,
-            deterministic=cfg.is_deterministic,
-        )
+        return self._map_with_seeds(ds, self._decode_batch)
 
     def _decode_batch(self, serialized: tf.Tensor, batch_seed: tf.Tensor) -> dict:
         cfg = self._config
@@ -861,16 +827,24 @@ class InputReader:
             )
             return features
 
+        return self._map_with_seeds(ds, decode_record)
+
+    def _map_with_seeds(self, ds: tf.data.Dataset, fn: Callable) -> tf.data.Dataset:
+        """``ds.map(fn(element, seed))``, parallel: one augmentation seed per element, or zeros.
+
+        Without augmentation nothing random is drawn, so no seed stream is zipped on.
+        """
+        cfg = self._config
         if cfg.augments:
             ds = tf.data.Dataset.zip((ds, self._seeds()))
-            fn = decode_record
+            mapped = fn
         else:
 
-            def fn(serialized):
-                return decode_record(serialized, tf.zeros([2], tf.int64))
+            def mapped(element):
+                return fn(element, tf.zeros([2], tf.int64))
 
         return ds.map(
-            fn, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
+            mapped, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
         )
 
     # Batch-level steps ---------------------------------------------------------------

@@ -196,11 +196,25 @@ def decode_train(
         eval_crop=eval_crop,
         center_crop_fraction=center_crop_fraction,
     )
+    return _flip_and_resize(image, flip, horizontal_flip, size, resize_method, random_crop)
+
+
+def _flip_and_resize(
+    image: tf.Tensor,
+    flip: tf.Tensor,
+    horizontal_flip: bool,
+    size: Sequence[int],
+    resize_method: str,
+    random_crop: bool,
+) -> tf.Tensor:
+    """The stock-ops tail of every path: mirror the window if drawn so, then resize it.
+
+    The uint8 window is mirrored *before* the resize: a half-pixel-centred
+    resize commutes with a horizontal flip, so the result is the flipped resize
+    up to float rounding, while this moves ~100 KB instead of the 600 KB float32
+    result (whose flip was 7.5% of the reader's CPU).
+    """
     if horizontal_flip:
-        # Mirror the uint8 crop, *before* the resize: a half-pixel-centred resize
-        # commutes with a horizontal flip, so the result is the flipped resize up
-        # to float rounding, while this moves ~100 KB instead of the 600 KB
-        # float32 result (whose flip was 7.5% of the reader's CPU).
         image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
     return _resize(image, size, resize_method, often_same_size=not random_crop)
 
@@ -323,9 +337,7 @@ def transform_decoded(
         area_range=area_range,
         aspect_ratio_range=aspect_ratio_range,
     )
-    if horizontal_flip:
-        image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
-    return _resize(image, size, resize_method, often_same_size=not random_crop)
+    return _flip_and_resize(image, flip, horizontal_flip, size, resize_method, random_crop)
 
 
 def crop_decoded(

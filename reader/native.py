@@ -5,7 +5,7 @@ decoded crops straight into the float32 batch: the cast, the flip, the resize
 and the copy into the batch that stock ops do one image at a time become one
 pass per output row (training on the reader benchmark: 0.73 -> 0.52 CPU ms per image).
 Its results are bit-identical to ``tf.image.resize(..., "bilinear")`` of the
-float32 crop (then mirrored).
+float32 crop, mirrored first when drawn so: to what the stock path computes.
 
 Shipping a compiled op for every TensorFlow release would tie this package to
 TensorFlow's C++ ABI, so the op is built here instead: once per TensorFlow
@@ -52,7 +52,9 @@ ENV_DISABLE = "IMAGERECORDS_NATIVE_OPS"
 ENV_CACHE_DIR = "IMAGERECORDS_CACHE_DIR"
 # -O3 without -march: the library may sit in a home directory shared by machines
 # with different CPUs, and SSE2 code already runs the op at memory speed.
-_OPT_FLAGS = ("-O3", "-fPIC", "-shared", "-w")
+# -ffp-contract=off: no fused multiply-adds (aarch64 GCC emits them by default),
+# which would round differently from TensorFlow's own kernel.
+_OPT_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-w")
 _BUILD_TIMEOUT_S = 600
 
 
@@ -72,17 +74,19 @@ def disabled_by_environment() -> bool:
     return os.environ.get(ENV_DISABLE, "").strip().lower() in ("0", "false", "no", "off")
 
 
-def _compiler() -> str:
-    name = os.environ.get("CXX") or "c++"
-    found = shutil.which(name)
+def _compiler() -> list[str]:
+    """The compiler command: ``$CXX`` (which may carry arguments, e.g. ``ccache g++``) or c++."""
+    words = shlex.split(os.environ.get("CXX") or "c++")
+    found = shutil.which(words[0]) if words else None
     if not found:
+        name = words[0] if words else os.environ.get("CXX")
         raise NativeOpsError(f"no C++ compiler: {name!r} is not on PATH (set CXX to one)")
-    return found
+    return [found, *words[1:]]
 
 
-def _build_command(compiler: str, output: Path) -> list[str]:
+def _build_command(compiler: list[str], output: Path) -> list[str]:
     return [
-        compiler,
+        *compiler,
         *_OPT_FLAGS,
         str(SOURCE),
         "-o",
@@ -92,7 +96,7 @@ def _build_command(compiler: str, output: Path) -> list[str]:
     ]
 
 
-def library_path(compiler: str) -> Path:
+def library_path(compiler: list[str]) -> Path:
     """The cached library for this source, TensorFlow build and compiler."""
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
@@ -151,6 +155,9 @@ def build(force: bool = False) -> Path:
                     f"compiling {SOURCE.name} failed (exit {done.returncode}):\n"
                     f"{shlex.join(command)}\n{tail}"
                 )
+            # mkstemp made it 0600; a library prebuilt by root in a container image
+            # or put in a shared cache must stay loadable by everyone.
+            os.chmod(tmp, 0o755)
             os.replace(tmp, target)
         except subprocess.TimeoutExpired as e:
             raise NativeOpsError(f"compiling {SOURCE.name} took over {_BUILD_TIMEOUT_S} s") from e
@@ -166,11 +173,15 @@ def _load():
     if disabled_by_environment():
         return None, f"{ENV_DISABLE}={os.environ[ENV_DISABLE]} turns the native op off"
     try:
-        return tf.load_op_library(str(build())), None
+        library = build()
     except NativeOpsError as e:
         return None, str(e)
+    except OSError as e:  # the source, the cache directory or the lock file
+        return None, f"building the native op failed: {e}"
+    try:
+        return tf.load_op_library(str(library)), None
     except (tf.errors.OpError, OSError) as e:  # a library that does not load
-        return None, f"loading the native op failed: {e}"
+        return None, f"loading the native op from {library} failed: {e}"
 
 
 def ops():

@@ -10,11 +10,12 @@
 //
 // The arithmetic is tf.image.resize(method="bilinear", antialias=False) on a
 // float32 input (ResizeBilinear with half_pixel_centers=True,
-// align_corners=False): the same sample positions, the same clamping at the
-// edges and the same order of float operations (top = tl + (tr - tl) * xl;
-// bottom = ...; top + (bottom - top) * yl), computed separably: each input row
-// is interpolated horizontally once, then two such rows are blended per output
-// row. A mirrored image is the resized image with its columns reversed.
+// align_corners=False) of the crop, mirrored first when asked: the same sample
+// positions, the same clamping at the edges and the same order of float
+// operations (top = tl + (tr - tl) * xl; bottom = ...; top + (bottom - top) *
+// yl), computed separably: each input row is interpolated horizontally once,
+// then two such rows are blended per output row. Built with -ffp-contract=off
+// so no compiler fuses a multiply-add that TensorFlow's kernel does not.
 //
 // Built on first use by reader/native.py against the installed TensorFlow.
 
@@ -125,7 +126,17 @@ void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t
   std::vector<Tap> ys, xs;
   ComputeTaps(out_h, in_h, 1, &ys);
   ComputeTaps(out_w, in_w, 3, &xs);
-  if (flip) std::reverse(xs.begin(), xs.end());
+  if (flip) {
+    // Resize the mirrored crop: output column x samples mirrored columns
+    // lower/upper, i.e. original columns in_w-1-lower / in_w-1-upper, with the
+    // same lerp. Bit-identical to tf.image.resize(tf.reverse(crop, [1])), which
+    // is what the stock path computes (it mirrors the uint8 crop first).
+    const int64_t last = (in_w - 1) * 3;
+    for (Tap& t : xs) {
+      t.lower = last - t.lower;
+      t.upper = last - t.upper;
+    }
+  }
   const int64_t row_len = out_w * 3;
   const int64_t in_stride = in_w * 3;
   // Two horizontally interpolated input rows, cached by input row index:
@@ -177,10 +188,16 @@ class ResizeCropsOp : public OpKernel {
     const auto hw = shapes.matrix<int32_t>();
     const auto flip = flips.vec<bool>();
     std::vector<int64_t> offsets(batch + 1, 0);
+    const int64_t available = pixels.dim_size(0);
     for (int64_t i = 0; i < batch; ++i) {
       OP_REQUIRES(ctx, hw(i, 0) > 0 && hw(i, 1) > 0,
                   absl::InvalidArgumentError("every crop must be at least 1x1"));
-      offsets[i + 1] = offsets[i] + static_cast<int64_t>(hw(i, 0)) * hw(i, 1) * 3;
+      // h, w < 2^31, so h * w * 3 < 2^63; checking against what pixels holds
+      // before adding keeps the running sum from overflowing.
+      const int64_t bytes = static_cast<int64_t>(hw(i, 0)) * hw(i, 1) * 3;
+      OP_REQUIRES(ctx, bytes <= available - offsets[i],
+                  absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
+      offsets[i + 1] = offsets[i] + bytes;
     }
     OP_REQUIRES(ctx, offsets[batch] == pixels.dim_size(0),
                 absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
