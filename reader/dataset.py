@@ -134,12 +134,13 @@ class ReaderConfig:
             image shape; it costs one function call per record instead of per
             batch and copies decoded pixels into the batch.
         native_ops: Flip and resize each batch with the reader's native op
-            (``reader.native``, compiled on first use; same pixels as stock
-            ``tf.image.resize``, ~30% less CPU per image in training). ``None``: where it can
-            be built, else stock ops with one warning. ``True``: required (an
-            error if it cannot be built or does not apply). ``False``: stock ops.
-            It applies to the per-batch decode with ``resize_method="bilinear"``
-            and no ``image_fn`` (which needs each image as a tensor of its own).
+            (``reader.native``, compiled on first use; the same pixels as the
+            stock ops, ~30% less CPU per image in training). ``None``: where it
+            can be built, else stock ops with one warning. ``True``: required
+            (an error if it cannot be built or does not apply). ``False``:
+            stock ops. It applies with ``resize_method="bilinear"``, no
+            ``image_fn`` (which needs each image as a tensor of its own) and no
+            ``decode_before_batching`` (``cache="decoded"`` is served).
         threadpool_size: ``tf.data.Options.threading.private_threadpool_size``.
         max_intra_op_parallelism: ``tf.data.Options.threading.max_intra_op_parallelism``.
         options: Extra ``tf.data.Options``, merged over the reader's own.
