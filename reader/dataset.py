@@ -599,8 +599,11 @@ class InputReader:
         """cache="decoded" with the native op: crop per image, then flip + resize per batch.
 
         Each image's window (a slice of the cached pixels) travels flat, and
-        ``ragged_batch`` lays the windows of a batch end to end: exactly the
-        op's input, with no float32 image per record and no copy into the batch.
+        ``padded_batch`` puts the windows of a batch in the rows of one uint8
+        tensor, which the op reads row by row: no float32 image per record and
+        no copy into the batch. (``ragged_batch`` would pack them end to end,
+        but its variant encoding cost 0.24 ms per image: 0.51 vs 0.28 CPU ms
+        per image for the whole pipeline.)
         """
         cfg = self._config
 
@@ -623,13 +626,13 @@ class InputReader:
             return features
 
         ds = self._map_with_seeds(ds, crop)
-        ds = ds.ragged_batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
+        ds = ds.padded_batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
 
         def resize(features):
             features = dict(features)
             pixels = features.pop("pixels")
             images = native.resize_crops(
-                pixels.flat_values, features.pop("window"), features.pop("flip"), cfg.image_size
+                pixels, features.pop("window"), features.pop("flip"), cfg.image_size
             )
             images.set_shape(pixels.shape[:1].concatenate([*cfg.image_size, 3]))
             features["image"] = images

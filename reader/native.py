@@ -198,7 +198,9 @@ def resize_crops(pixels: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size) -
     """Bilinear resize of a batch of crops into one batch (see the module docstring).
 
     Args:
-        pixels: uint8 ``[N]``, every crop's ``[h, w, 3]`` bytes one after the other.
+        pixels: uint8 ``[N]``, every crop's ``[h, w, 3]`` bytes one after the other;
+            or ``[B, L]``, crop ``i``'s bytes at the start of row ``i`` (what
+            ``padded_batch`` makes of flattened crops).
         shapes: int32 ``[B, 2]``, each crop's ``(h, w)``.
         flips: bool ``[B]``, mirror that image left-right.
         size: ``(height, width)`` of the output.

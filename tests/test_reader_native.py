@@ -77,6 +77,24 @@ def test_op_equals_tf_image_resize_bit_for_bit(op, size, max_side):
         np.testing.assert_array_equal(image, want)
 
 
+def test_op_reads_one_row_per_crop_as_packed(op):
+    """2-D pixels (a padded batch: crop i at the start of row i) give the packed result."""
+    rng = np.random.default_rng(7)
+    crops = _crops(rng, 6, 50)
+    flips = rng.integers(0, 2, len(crops)).astype(bool)
+    longest = max(c.size for c in crops)
+    rows = np.full((len(crops), longest + 5), 77, np.uint8)  # padding must not be read
+    for row, crop in zip(rows, crops, strict=True):
+        row[: crop.size] = crop.reshape(-1)
+    shapes = np.array([c.shape[:2] for c in crops], np.int32)
+    got = op.imagerecords_resize_crops(rows, shapes, flips, size=[19, 23]).numpy()
+    np.testing.assert_array_equal(got, _run_op(op, crops, flips, (19, 23)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sum"):
+        op.imagerecords_resize_crops(rows[:, :-6], shapes, flips, size=[4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one row per crop"):
+        op.imagerecords_resize_crops(rows[:-1], shapes, flips, size=[4, 4])
+
+
 def test_op_same_size_is_an_exact_cast(op):
     crop = np.random.default_rng(1).integers(0, 256, (5, 6, 3), dtype=np.uint8)
     got = _run_op(op, [crop, crop], [False, True], (5, 6))

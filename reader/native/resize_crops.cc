@@ -43,7 +43,8 @@ using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
 
 REGISTER_OP("ImagerecordsResizeCrops")
-    .Input("pixels: uint8")   // [N]: the crops' HWC bytes, one after the other
+    .Input("pixels: uint8")   // [N]: the crops' HWC bytes one after the other, or
+                              // [B, L]: crop i in row i (padded_batch), L >= its bytes
     .Input("shapes: int32")   // [B, 2]: (height, width) of each crop
     .Input("flips: bool")     // [B]: mirror left-right
     .Attr("size: list(int) >= 2")
@@ -179,7 +180,8 @@ class ResizeCropsOp : public OpKernel {
     const Tensor& pixels = ctx->input(0);
     const Tensor& shapes = ctx->input(1);
     const Tensor& flips = ctx->input(2);
-    OP_REQUIRES(ctx, pixels.dims() == 1, absl::InvalidArgumentError("pixels must be 1-D"));
+    OP_REQUIRES(ctx, pixels.dims() == 1 || pixels.dims() == 2,
+                absl::InvalidArgumentError("pixels must be 1-D (packed) or 2-D (one row per crop)"));
     OP_REQUIRES(ctx, shapes.dims() == 2 && shapes.dim_size(1) == 2,
                 absl::InvalidArgumentError("shapes must be [B, 2]"));
     const int64_t batch = shapes.dim_size(0);
@@ -187,19 +189,24 @@ class ResizeCropsOp : public OpKernel {
                 absl::InvalidArgumentError("flips must be [B]"));
     const auto hw = shapes.matrix<int32_t>();
     const auto flip = flips.vec<bool>();
+    const bool rows = pixels.dims() == 2;
+    OP_REQUIRES(ctx, !rows || pixels.dim_size(0) == batch,
+                absl::InvalidArgumentError("2-D pixels must have one row per crop"));
+    // Where crop i starts; packed: right after crop i-1, rows: at i * row length.
     std::vector<int64_t> offsets(batch + 1, 0);
-    const int64_t available = pixels.dim_size(0);
+    const int64_t available = rows ? pixels.dim_size(1) : pixels.dim_size(0);
     for (int64_t i = 0; i < batch; ++i) {
       OP_REQUIRES(ctx, hw(i, 0) > 0 && hw(i, 1) > 0,
                   absl::InvalidArgumentError("every crop must be at least 1x1"));
       // h, w < 2^31, so h * w * 3 < 2^63; checking against what pixels holds
       // before adding keeps the running sum from overflowing.
       const int64_t bytes = static_cast<int64_t>(hw(i, 0)) * hw(i, 1) * 3;
-      OP_REQUIRES(ctx, bytes <= available - offsets[i],
+      const int64_t room = rows ? available : available - offsets[i];
+      OP_REQUIRES(ctx, bytes <= room,
                   absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
-      offsets[i + 1] = offsets[i] + bytes;
+      offsets[i + 1] = rows ? (i + 1) * available : offsets[i] + bytes;
     }
-    OP_REQUIRES(ctx, offsets[batch] == pixels.dim_size(0),
+    OP_REQUIRES(ctx, rows || offsets[batch] == available,
                 absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
 
     Tensor* images = nullptr;
