@@ -197,7 +197,7 @@ def _with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[l
     """DirectRunner with no explicit mode: use every core, not one in-memory thread.
 
     Returns the Beam args and the number of local conversion processes.
-    ``multi_threading`` is avoided on purpose (DESIGN.md section 5: it was seen
+    ``multi_threading`` is avoided on purpose (docs/format.md section 5: it was seen
     to lose records under load).
     """
     joined = " ".join(beam_args)

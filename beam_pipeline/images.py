@@ -2,7 +2,7 @@
 
 The single entry point is :func:`convert`. It never lets an exception other
 than :class:`Rejected` escape for a bad input, so the Beam step can turn every
-failure into a rejection record with a reason (DESIGN.md section 4).
+failure into a rejection record with a reason (docs/format.md section 4).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 
-# Formats recognised by content (DESIGN.md section 2). Camera MPO files open
+# Formats recognised by content (docs/format.md section 2). Camera MPO files open
 # through the JPEG plugin and are read as their first frame.
 _PIL_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP", "TIFF")
 _MAGIC = (

@@ -1,7 +1,7 @@
 """Pure helpers: hashing, split assignment, shard counts and shard of a key.
 
 Imports neither Beam nor TensorFlow, so it is cheap to test and to reason
-about (DESIGN.md section 3). Every function here is deterministic across
+about (docs/format.md section 3). Every function here is deterministic across
 processes, machines and Python versions: nothing uses Python's ``hash()``.
 """
 

@@ -4,7 +4,7 @@ Discovery of the *folders* happens when the pipeline is built (a handful of
 delimiter listings), so bad input is refused before any work starts and the
 class list - hence the class ids - is fixed. Listing the *files* inside each
 folder happens in the pipeline, one folder per element, so a million-image
-bucket is not listed by one worker (DESIGN.md section 2).
+bucket is not listed by one worker (docs/format.md section 2).
 """
 
 from __future__ import annotations

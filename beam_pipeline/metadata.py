@@ -1,4 +1,4 @@
-"""dataset_info.json and labels.txt (DESIGN.md section 7). Pure: no Beam, no TF."""
+"""dataset_info.json and labels.txt (docs/format.md section 7). Pure: no Beam, no TF."""
 
 from __future__ import annotations
 

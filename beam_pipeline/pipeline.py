@@ -1,4 +1,4 @@
-"""The Beam graph: one composite PTransform per stage (DESIGN.md sections 2-7).
+"""The Beam graph: one composite PTransform per stage (docs/format.md sections 2-7).
 
 ListImages      PBegin -> ImageRef
 ConvertImages   ImageRef -> Record (main) + Rejection ("rejected")

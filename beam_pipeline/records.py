@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 import google_crc32c
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-# The record keys of DESIGN.md section 6, with their value types.
+# The record keys of docs/format.md section 6, with their value types.
 FEATURE_TYPES: dict[str, str] = {
     "image/encoded": "bytes",
     "image/format": "bytes",
@@ -91,7 +91,7 @@ def make_example(values: Mapping[str, bytes | int | str]) -> bytes:
     """Serializes one image record; keys and types follow ``FEATURE_TYPES``.
 
     ``deterministic=True`` fixes the map's key order, so the same record is the
-    same bytes in every process (DESIGN.md section 6).
+    same bytes in every process (docs/format.md section 6).
     """
     example = Example()
     feature_map = example.features.feature

@@ -9,7 +9,7 @@ measures framework overhead and not a choice of algorithm:
 2. for a JPEG, ``Image.draft(mode, request)``: libjpeg-turbo's DCT-domain
    downscale by 1/2, 1/4 or 1/8 while decoding, choosing the largest factor
    that keeps both sides >= the final size, so the last step still only
-   downscales (DESIGN.md section 4; this is what makes 6 MP photos cheap);
+   downscales (docs/format.md section 4; this is what makes 6 MP photos cheap);
 3. resize so the shorter side is 256 (never upscale) with
    ``Image.resize(..., BICUBIC, reducing_gap=3.0)``, Pillow's integer
    box-reduce before the bicubic pass for large factors;

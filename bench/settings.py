@@ -14,7 +14,7 @@ REPO_DIR = BENCH_DIR.parent
 CACHE_DIR = BENCH_DIR / ".cache"
 RESULTS_DIR = BENCH_DIR / "results"
 
-# The converter's output size (DESIGN.md section 4 defaults) and the reader's
+# The converter's output size (docs/format.md section 4 defaults) and the reader's
 # batch and image size (issue 5). Every converter in the benchmark produces the
 # same thing: shorter side 256, never upscaled, JPEG quality 90.
 TARGET_SHORTER_SIDE = 256

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-# The record keys of DESIGN.md section 6 the reader needs.
+# The record keys of docs/format.md section 6 the reader needs.
 ENCODED = "image/encoded"
 LABEL = "image/class/label"
 FILENAME = "image/filename"

@@ -1,4 +1,4 @@
-"""``dataset_info.json`` -> a small, frozen, typed object (DESIGN.md section 7).
+"""``dataset_info.json`` -> a small, frozen, typed object (docs/format.md section 7).
 
 The converter writes ``dataset_info.json`` *last*, so its presence is what says
 "this conversion finished and its books balanced". The reader therefore never

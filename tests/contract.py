@@ -1,4 +1,4 @@
-"""Checks an output folder against DESIGN.md sections 5-7, parsing with real TensorFlow."""
+"""Checks an output folder against docs/format.md sections 5-7, parsing with real TensorFlow."""
 
 from __future__ import annotations
 

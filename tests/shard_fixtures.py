@@ -1,4 +1,4 @@
-"""Writes a small dataset that follows DESIGN.md sections 3, 5, 6 and 7, without Beam.
+"""Writes a small dataset that follows docs/format.md sections 3, 5, 6 and 7, without Beam.
 
 The reader's tests must not depend on the converter (written in parallel, and
 slow to start), so this module produces the same *files* in pure Python:
