@@ -22,6 +22,7 @@ TEST_REQUIRES = [
     "cryptography>=42",
     "scikit-image>=0.22",  # real photos for the demo and benchmarks
     "ruff>=0.6",
+    "psutil>=5.9",  # tests: no child process of the CLI outlives it
 ]
 
 BENCH_REQUIRES = ["matplotlib>=3.8", "scikit-image>=0.22", "py-spy>=0.3"]

@@ -19,8 +19,9 @@ import logging
 import re
 import sys
 import time
+import traceback
 
-from beam_pipeline import images, keys, metadata
+from beam_pipeline import errors, images, keys, metadata
 from beam_pipeline.errors import BooksDoNotBalance, UsageError
 
 EXAMPLE = (
@@ -89,10 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--local_processes",
         type=int,
         default=None,
-        help="DirectRunner in_memory only: convert images in this many local processes "
-        "(default: all cores when no --direct_running_mode is given, else 1)",
+        help="DirectRunner in_memory only: convert images in this many local processes, "
+        "at least 1 (default: all cores when no --direct_running_mode is given, else 1)",
     )
     add("--quiet", **_FLAG, help="Print only the summary")
+    add("--verbose", **_FLAG, help="Show the traceback of an error, not only its one line")
     add(
         "--wait",
         type=_boolean,
@@ -113,51 +115,22 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgumentError(message)
 
 
-def _beam_option_names() -> set[str]:
-    """Every flag that some registered Beam PipelineOptions class accepts."""
-    from apache_beam.options import pipeline_options
-
-    parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
-    stack = [pipeline_options.PipelineOptions]
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        try:
-            cls._add_argparse_args(parser)
-        except Exception:  # pragma: no cover - an option class we cannot introspect
-            continue
-    return {opt for action in parser._actions for opt in action.option_strings}
-
-
 def _check_beam_args(beam_args: list[str]) -> None:
-    known = _beam_option_names()
-    for arg in beam_args:
-        if not arg.startswith("--"):
-            if arg.startswith("-"):
-                raise UsageError(f"unknown option {arg}")
-            continue
-        name = arg.split("=", 1)[0]
-        if name not in known:
-            hint = ""
-            underscored = "--" + name[2:].replace("-", "_")
-            if underscored in known or underscored in _OWN_FLAGS:
-                hint = f" (did you mean {underscored}?)"
-            message = f"unknown option {name}{hint}"
-            if os.environ.get("IMAGERECORDS_LENIENT_OPTIONS"):
-                # The Flex Template launcher may add flags of its own; warn, don't fail.
-                logging.warning("%s; passing it to Beam as it is", message)
-                continue
-            raise UsageError(message)
+    """Every Beam flag and its value, checked without importing Beam (see beam_options)."""
+    from beam_pipeline import beam_options
+
+    # The Flex Template launcher may add flags of its own; warn, don't fail.
+    lenient = bool(os.environ.get("IMAGERECORDS_LENIENT_OPTIONS"))
+    beam_options.check(beam_args, _OWN_FLAGS, lenient=lenient)
 
 
 _OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
 
 
-def parse_args(argv: list[str], check_beam_args: bool = True):
-    """-> (our namespace, beam args). Raises UsageError for any bad argument.
+def parse_args(argv: list[str]):
+    """-> (our namespace, beam args). Raises UsageError for any bad argument, Beam's included.
 
-    ``check_beam_args=False`` skips checking the Beam flags, which imports Beam;
-    the caller must then call :func:`_check_beam_args` itself.
+    Imports no Beam, so a bad flag is refused before any process is forked.
     """
     parser = build_parser()
     parser.__class__ = _Parser
@@ -165,8 +138,7 @@ def parse_args(argv: list[str], check_beam_args: bool = True):
         args, beam_args = parser.parse_known_args(argv)
     except _ArgumentError as error:
         raise UsageError(str(error)) from None
-    if check_beam_args:
-        _check_beam_args(beam_args)
+    _check_beam_args(beam_args)
     if not args.input and not args.manifest:
         raise UsageError("--input is required (or --manifest FILE)")
     try:
@@ -181,6 +153,8 @@ def parse_args(argv: list[str], check_beam_args: bool = True):
         raise UsageError(str(error)) from None
     if not args.target_shard_mb > 0:
         raise UsageError(f"--target_shard_mb must be positive, got {args.target_shard_mb:g}")
+    if args.local_processes is not None and args.local_processes < 1:
+        raise UsageError(f"--local_processes must be at least 1, got {args.local_processes}")
     if args.min_shards < 1:
         raise UsageError(f"--min_shards must be at least 1, got {args.min_shards}")
     if not 0.0 <= args.max_reject_fraction <= 1.0:
@@ -371,7 +345,6 @@ def _run_pipeline(args, beam_args, processes, layout, output):
 
     from beam_pipeline import pipeline
 
-    _check_beam_args(beam_args)
     config = pipeline.JobConfig(
         layout=layout,
         output=output,
@@ -408,7 +381,10 @@ def _run_pipeline(args, beam_args, processes, layout, output):
         workers = processes if mode == "in_memory" else chosen.get("direct_num_workers")
         runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
     say(f"imagerecords: running on {runner_name}")
-    p = beam.Pipeline(runner=runner, options=options)
+    try:
+        p = beam.Pipeline(runner=runner, options=options)
+    except (ImportError, ValueError, AttributeError) as error:  # a runner Beam cannot make
+        raise UsageError(f"--runner {runner_name}: {error}") from None
     pipeline.build(p, config)
     result = p.run()
     if not args.wait:
@@ -478,14 +454,18 @@ def _all_local(layout, output: str) -> bool:
     return layout.kind != "manifest" and listing.is_local(layout.root) and listing.is_local(output)
 
 
-def run(argv: list[str] | None = None) -> dict:
+def run(argv: list[str] | None = None, parsed=None) -> dict:
     """Validates arguments, builds and runs the pipeline; returns dataset_info.
+
+    Args:
+        argv: The command line (default ``sys.argv[1:]``).
+        parsed: What :func:`parse_args` returned for it, when already parsed.
 
     Raises:
         UsageError: bad arguments or input, before any work starts.
         BooksDoNotBalance: the job lost, doubled or rejected too many images.
     """
-    args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv), False)
+    args, beam_args = parsed or parse_args(list(sys.argv[1:] if argv is None else argv))
     started = time.monotonic()
     beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
 
@@ -496,19 +476,20 @@ def run(argv: list[str] | None = None) -> dict:
     layout = listing.discover(args.input, args.manifest)
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
-    if processes > 1:
-        # Fork before Beam's runner and gRPC start threads (see local_pool).
-        local_pool.start(processes)
-        if layout.kind != "manifest" and listing.is_local(layout.root):
-            local_pool.convert_ahead(
-                listing.local_files(layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES),
-                args.image_spec,
-                processes,
-            )
-        _import_beam_for_local_run(uses_gcs=not _all_local(layout, output))
     try:
+        if processes > 1:
+            # Fork before Beam's runner and gRPC start threads (see local_pool).
+            local_pool.start(processes)
+            if layout.kind != "manifest" and listing.is_local(layout.root):
+                local_pool.convert_ahead(
+                    listing.local_files(layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES),
+                    args.image_spec,
+                    processes,
+                )
+            _import_beam_for_local_run(uses_gcs=not _all_local(layout, output))
         result = _run_pipeline(args, beam_args, processes, layout, output)
     finally:
+        # On every way out (an error, Ctrl-C): no conversion process outlives the run.
         local_pool.shutdown_all()
     if result is None:
         return {}
@@ -524,31 +505,75 @@ def run(argv: list[str] | None = None) -> dict:
 def _books_message(error: BaseException) -> str | None:
     """The BooksDoNotBalance message inside a runner's wrapped exception, if any."""
     text = str(error)
+    if isinstance(error, BooksDoNotBalance):
+        text = "BooksDoNotBalance: " + text
     match = re.search(r"BooksDoNotBalance: (.*?)(?: \[while running|\n|$)", text)
     return match.group(1) if match else None
 
 
+def _print_books_error(message: str, verbose: bool) -> None:
+    """The error line, after the most common reasons when too many images were rejected."""
+    message, reasons = errors.split_reasons(message)
+    if reasons:
+        print("most common reasons for rejection:", file=sys.stderr)
+        for count, reason in reasons:
+            print(f"  {count:>6}  {reason}", file=sys.stderr)
+    _error(message, verbose)
+
+
+# What Ctrl-C prints after "error: interrupted". Nothing the run wrote looks
+# finished (no dataset_info.json), and a rerun refuses the non-empty --output.
+RESUME_HINT = "rerun the same command with --overwrite to start again"
+
+
+def _error(message: str, verbose: bool) -> None:
+    if verbose:
+        traceback.print_exc()
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+_JOB_SERVICE_LOG = "apache_beam.runners.portability.local_job_service"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (0, 1 failed, 2 bad usage, 130 Ctrl-C)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # multi_processing workers relay their start-up chatter (unparseable runner
     # flags, no semi_persistent_directory) as warnings; they mean nothing here.
-    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
-    # Progress lines from the conversion step ("converted N images (R images/s)").
-    if "--quiet" not in (argv if argv is not None else sys.argv):
-        logging.getLogger("beam_pipeline").setLevel(logging.INFO)
+    logging.getLogger(_JOB_SERVICE_LOG).setLevel(logging.ERROR)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv  # before parsing: a usage error can show its traceback too
     try:
-        run(argv)
+        parsed = parse_args(argv)
+        verbose = parsed[0].verbose
+        if not verbose:
+            # Beam logs an error raised in a step (with its traceback) before
+            # re-raising it; the CLI reports it in one line instead.
+            for name in ("apache_beam.runners.common", _JOB_SERVICE_LOG):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+        if not parsed[0].quiet:
+            # Progress lines from the conversion step ("converted N images (R images/s)").
+            logging.getLogger("beam_pipeline").setLevel(logging.INFO)
+        run(argv, parsed)
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _error(str(error), verbose)
         return 2
     except BooksDoNotBalance as error:
-        print(f"error: {error}", file=sys.stderr)
+        _print_books_error(_books_message(error) or str(error), verbose)
         return 1
+    except KeyboardInterrupt:
+        _error(f"interrupted; no dataset_info.json was written; {RESUME_HINT}", verbose)
+        return 130
     except Exception as error:
         message = _books_message(error)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
+        if message is not None:
+            _print_books_error(message, verbose)
+            return 1
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        message = f"{type(error).__name__}: {first}"
+        if not verbose:
+            message += " (--verbose shows the traceback)"
+        _error(message, verbose)
         return 1
     return 0
 
@@ -556,7 +581,12 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     status = main()
     # Every output is closed and renamed by now. Skipping the interpreter's
-    # teardown of Beam's runner state saves ~0.4 s of a local run's wall time.
+    # teardown of Beam's runner state saves ~0.4 s of a local run's wall time;
+    # os._exit also skips multiprocessing's clean-up, so do its part here.
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -152,6 +152,20 @@ def _has_any_file(path: str) -> bool:
     return next(_visible_local_files(path), None) is not None
 
 
+def check_class_name(name: str, where: str) -> None:
+    """Refuses a class name that labels.txt ("line i = class i") could not hold.
+
+    Raises:
+        UsageError: the name is empty or holds a newline or another control
+            character, naming it as Python would write it.
+    """
+    if not name.strip() or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise UsageError(
+            f"{where} {name!r}: a class name must be non-blank and hold no newline or other "
+            "control character (labels.txt has one class per line); rename it"
+        )
+
+
 def sort_class_names(names) -> list[str]:
     """Sorted class names; numerically when every name is an integer (so "10" > "9")."""
     names = set(names)
@@ -187,7 +201,9 @@ def discover(input_path: str | None, manifest: str | None = None) -> Layout:
         folders = []
         class_names: set[str] = set()
         per_split = {split: list_subfolders(join(root, split)) for split in top}
-        for names in per_split.values():
+        for split, names in per_split.items():
+            for name in names:
+                check_class_name(name, f"--input: class folder {split}/")
             class_names.update(names)
         classes = sort_class_names(class_names)
         ids = {name: i for i, name in enumerate(classes)}
@@ -195,6 +211,8 @@ def discover(input_path: str | None, manifest: str | None = None) -> Layout:
             folders += [ClassFolder(join(root, split, n), ids[n], split) for n in names]
         kind = "presplit"
     else:
+        for name in top:
+            check_class_name(name, "--input: class folder")
         classes = sort_class_names(top)
         folders = [ClassFolder(join(root, name), i, None) for i, name in enumerate(classes)]
         kind = "classes"
@@ -279,12 +297,16 @@ def _jsonl_rows(stream, name):
             raise UsageError(f"--manifest {name}:{number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict):
             raise UsageError(f"--manifest {name}:{number}: expected an object")
-        label = row.get("label")
+        label, split = row.get("label"), row.get("split")
+        if split is not None and not isinstance(split, str):
+            raise UsageError(
+                f"--manifest {name}:{number}: split must be a string, got {json.dumps(split)}"
+            )
         yield (
             number,
             str(row.get("path") or ""),
             "" if label is None else str(label),
-            row.get("split"),
+            split,
         )
 
 
@@ -302,6 +324,8 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
     duplicates: list[str] = []
     count = 0
     for row in read_manifest(manifest, input_path):
+        if row.label_name not in labels:
+            check_class_name(row.label_name, f"--manifest {manifest}: label")
         labels.add(row.label_name)
         if row.image_id in seen:
             duplicates.append(row.image_id)

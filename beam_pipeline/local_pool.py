@@ -14,7 +14,12 @@ package's pure modules.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
+import threading
 import weakref
 
 from beam_pipeline import convert
@@ -27,19 +32,53 @@ _ahead: dict[str, tuple[concurrent.futures.Future, int]] = {}
 _parked: dict[str, bytes] = {}
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def _ready() -> bool:
     return True
 
 
+def _init_worker(parent: int, die_with_parent: bool) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if die_with_parent and sys.platform == "linux":
+        # Even a SIGKILLed CLI leaves no worker behind: the kernel kills the
+        # child when the forking thread (here the main thread) ends.
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+
 def new(processes: int) -> concurrent.futures.ProcessPoolExecutor:
-    """A pool of ``processes`` forked workers, started now (not on first use)."""
+    """A pool of ``processes`` forked workers, started now (not on first use).
+
+    The workers ignore SIGINT: Ctrl-C reaches the whole process group, and it
+    is the parent's job to stop them (:func:`shutdown_all`), not theirs to die
+    mid-task with a traceback each.
+    """
     # fork: workers inherit the imported modules (start-up in milliseconds)
     # and, unlike spawn/forkserver, never re-import the caller's __main__.
+    in_main_thread = threading.current_thread() is threading.main_thread()
     executor = concurrent.futures.ProcessPoolExecutor(
-        processes, mp_context=multiprocessing.get_context("fork")
+        processes,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_init_worker,
+        # A pool forked from another thread (after a worker crash) would die
+        # with that thread, not with the process: no parent-death signal there.
+        initargs=(os.getpid(), in_main_thread),
     )
-    executor.submit(_ready).result()  # a fork executor starts all workers at first submit
     _all.add(executor)
+    # Ignored from the fork itself, not only from the initializer on: no window.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+    try:
+        executor.submit(_ready).result()  # a fork executor starts all workers at first submit
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
     return executor
 
 
@@ -107,9 +146,15 @@ def unpark(image_id: str) -> bytes:
 
 
 def shutdown_all() -> None:
-    """Stops every pool, taken or not (the run is over; idempotent)."""
+    """Stops every pool, taken or not, and waits for its processes (idempotent).
+
+    The pools are listed before the strong references in ``_started`` go:
+    dropping the last one first could let a pool vanish from the weak set
+    unshut, its processes still running.
+    """
+    executors = list(_all) + list(_started.values())
     _started.clear()
     _ahead.clear()
     _parked.clear()
-    for executor in list(_all):
+    for executor in dict.fromkeys(executors):
         executor.shutdown(wait=True, cancel_futures=True)

@@ -26,7 +26,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
-from beam_pipeline import images, keys, listing, local_pool, metadata, records
+from beam_pipeline import errors, images, keys, listing, local_pool, metadata, records
 from beam_pipeline.convert import (
     Outcome,
     Record,
@@ -513,13 +513,12 @@ class _Finalize(beam.DoFn):
                 f"the job's books do not balance: listed {total_listed}, wrote {written}, "
                 f"rejected {len(rejects)}; dataset_info.json was not written"
             )
-        fraction = len(rejects) / total_listed
-        if fraction > config.max_reject_fraction:
-            raise BooksDoNotBalance(
-                f"too many rejected images: {len(rejects)} of {total_listed} "
-                f"({fraction:.1%}) > --max_reject_fraction {config.max_reject_fraction:g}; "
-                f"see {_output_path(output, metadata.REJECTS_FILE)}; "
-                "dataset_info.json was not written"
+        if len(rejects) / total_listed > config.max_reject_fraction:
+            raise errors.too_many_rejects(
+                (r.reason for r in rejects),
+                total_listed,
+                config.max_reject_fraction,
+                _output_path(output, metadata.REJECTS_FILE),
             )
         shards = _move_into_place(shards, output)
         rejected_by_split = Counter(r.split for r in rejects)

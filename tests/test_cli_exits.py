@@ -1,0 +1,271 @@
+"""Every way out of the command line: one `error:` line, the right status, no process left.
+
+Process checks run the real entry point in its own session and then look for
+any process still in that session (psutil), so a child reparented to PID 1
+after the CLI exited is still found.
+"""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from beam_pipeline import beam_options, local_pool
+from beam_pipeline.__main__ import main
+from beam_pipeline.errors import UsageError
+from tests.image_factory import add_bad_files, make_class_folders
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exits") / "images"
+    make_class_folders(str(root), per_class=10, nested=False)
+    add_bad_files(str(root))
+    return root
+
+
+def _session_processes(sid: int) -> list[str]:
+    left = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.pid != os.getpid() and os.getsid(process.pid) == sid:
+                left.append(" ".join(process.info["cmdline"] or []))
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return left
+
+
+def _assert_no_process_left(sid: int) -> None:
+    deadline = time.monotonic() + 5  # a killed process may take a moment to go
+    while (left := _session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes of the CLI outlived it: {left}"
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "beam_pipeline", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,  # its own session: children are found even when orphaned
+    )
+
+
+def _finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    _, err = process.communicate(timeout=timeout)
+    _assert_no_process_left(process.pid)
+    return process.returncode, err
+
+
+BAD_FLAGS = [
+    (["--image-size", "128"], "did you mean --image_size"),
+    (["--bogus_flag", "3"], "unknown option --bogus_flag"),
+    (["--runner", "NoSuchRunner"], "--runner NoSuchRunner: unknown runner"),
+    (["--direct_num_workers=abc"], "--direct_num_workers must be an integer"),
+    (["--direct_running_mode", "fast"], "--direct_running_mode must be one of"),
+    (["--local_processes", "0"], "--local_processes must be at least 1"),
+    (["--quiet=maybe"], "expected true or false"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_FLAGS, ids=[f[0][0] for f in BAD_FLAGS])
+def test_a_bad_flag_forks_nothing(images, tmp_path, capsys, monkeypatch, flags, message):
+    forked = []
+    monkeypatch.setattr(local_pool, "start", lambda n: forked.append(n))
+    monkeypatch.setattr(local_pool, "new", lambda n: forked.append(n))
+    argv = ["--input", str(images), "--output", str(tmp_path / "o"), *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    assert not forked, "conversion processes were forked before the flags were checked"
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flags", [["--bogus_flag", "3"], ["--direct_num_workers=abc"]])
+def test_a_bad_flag_leaves_no_process(images, tmp_path, flags):
+    status, err = _finish(_start("--input", str(images), "--output", str(tmp_path / "o"), *flags))
+    assert status == 2
+    assert err.strip().startswith("error: ") and len(err.strip().splitlines()) == 1, err
+
+
+def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
+    out = tmp_path / "o"
+    status, err = _finish(_start("--input", str(images), "--output", str(out), "--quiet"))
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err, err
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]]
+    assert lines[-1].startswith("error: too many rejected images: 2 of 32 (6.2%)")
+    assert "--max_reject_fraction 0.07" in lines[-1]  # the value that accepts this run
+    assert str(out / "rejects.jsonl") in lines[-1]
+    assert "reasons=" not in err
+    reasons = lines[lines.index("most common reasons for rejection:") + 1 : -1]
+    assert len(reasons) == 2
+    assert sorted(r.split(None, 1)[1].split(":")[0] for r in reasons) == [
+        "corrupt image",
+        "not an image",
+    ]
+    assert all(r.split()[0] == "1" for r in reasons)
+    assert not (out / "dataset_info.json").exists()
+
+
+def test_verbose_shows_the_traceback(images, tmp_path):
+    out = tmp_path / "o"
+    status, err = _finish(
+        _start("--input", str(images), "--output", str(out), "--quiet", "--verbose")
+    )
+    assert status == 1
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: too many")
+
+
+def test_ctrl_c_exits_130_with_how_to_go_on(tmp_path):
+    root = tmp_path / "images"
+    make_class_folders(str(root), per_class=60, nested=False, size_range=(500, 800))
+    out = tmp_path / "o"
+    process = _start("--input", str(root), "--output", str(out), "--local_processes", "2")
+    # Interrupt once the pipeline runs, as a terminal does: the whole process group.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        children = psutil.Process(process.pid).children(recursive=True)
+        if len(children) >= 2 and process.poll() is None:
+            break
+        time.sleep(0.05)
+    time.sleep(1.0)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(process.pid, signal.SIGINT)
+    status, err = _finish(process, timeout=60)
+    assert status == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted") and "rerun the same command" in last, err
+    assert not (out / "dataset_info.json").exists()
+
+
+def test_a_killed_cli_takes_its_workers_with_it(tmp_path):
+    root = tmp_path / "images"
+    make_class_folders(str(root), per_class=60, nested=False, size_range=(500, 800))
+    process = _start("--input", str(root), "--output", str(tmp_path / "o"), "--local_processes", "2")
+    deadline = time.monotonic() + 120
+    while len(psutil.Process(process.pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    _finish(process, timeout=60)
+
+
+def test_shutdown_all_stops_a_started_pool():
+    local_pool.start(2)
+    (executor,) = local_pool._started.values()
+    pids = list(executor._processes)
+    assert len(pids) == 2
+    local_pool.shutdown_all()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+@pytest.mark.parametrize("value, quiet", [("--quiet=true", True), ("--quiet=false", False)])
+def test_quiet_with_a_value(images, tmp_path, value, quiet):
+    logger = logging.getLogger("beam_pipeline")
+    logger.setLevel(logging.WARNING)
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "x").write_text("")
+    try:  # refused after parsing (output not empty): the log level is already set
+        assert main(["--input", str(images), "--output", str(tmp_path / "o"), value]) == 2
+        assert (logger.level == logging.INFO) is not quiet
+    finally:
+        logger.setLevel(logging.NOTSET)
+
+
+def test_class_folder_with_a_newline_is_refused(tmp_path, capsys):
+    root = tmp_path / "in"
+    make_class_folders(str(root), classes=("cat", "dog\nevil"), per_class=2, nested=False)
+    assert main(["--input", str(root), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "'dog\\nevil'" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["a\tb", "x\x1by", " "])
+def test_class_names_with_control_characters_are_refused(name):
+    from beam_pipeline import listing
+
+    with pytest.raises(UsageError, match="control character"):
+        listing.check_class_name(name, "class folder")
+    listing.check_class_name("caf\u00e9 au lait", "class folder")  # not a control character
+
+
+def test_manifest_label_with_a_newline_is_refused(images, tmp_path, capsys):
+    manifest = tmp_path / "list.jsonl"
+    manifest.write_text(json.dumps({"path": str(images / "cat" / "cat_0000.jpg"), "label": "a\nb"}))
+    assert main(["--manifest", str(manifest), "--output", str(tmp_path / "o")]) == 2
+    assert "'a\\nb'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("split", [1, None, ["train"], True])
+def test_jsonl_manifest_with_a_non_string_split(images, tmp_path, capsys, split):
+    manifest = tmp_path / "list.jsonl"
+    row = {"path": str(images / "cat" / "cat_0000.jpg"), "label": "cat", "split": split}
+    manifest.write_text(json.dumps(row) + "\n")
+    status = main(["--manifest", str(manifest), "--output", str(tmp_path / "o"), "--quiet"])
+    if split is None:  # no split: the hash decides
+        assert status == 0
+        return
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --manifest {manifest}:1: split must be a string"), err
+
+
+# ----------------------------------------------------- Beam flags without Beam
+
+
+def test_the_beam_flag_table_matches_the_installed_beam():
+    """If this fails after a Beam upgrade: python -m beam_pipeline.beam_options; make format."""
+    from beam_pipeline import _beam_option_table
+
+    assert _beam_option_table.TABLE == beam_options.snapshot()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--runner", "DataflowRunner", "--project", "p", "--region", "us-central1"],
+        ["--runner=direct", "--direct_num_workers", "4", "--direct_running_mode=in_memory"],
+        ["--experiments=a,b", "--no_pipeline_type_check", "--save_main_session"],
+        ["--runner=my.module.MyRunner", "--update_compatibility_version"],
+        ["--update_compatibility_version", "2.60.0", "--num_workers=3"],
+        ["--environment_config", '{"a": 1}', "--max_num_workers", "10"],
+    ],
+)
+def test_good_beam_flags_pass(args):
+    beam_options.check(args)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_workers=x"], "--num_workers must be an integer"),
+        (["--runner=Fast"], "unknown runner"),
+        (["--direct_running_mode=fast"], "must be one of"),
+        (["--save_main_session=yes"], "takes no value"),
+        (["--project"], "--project needs a value"),
+        (["stray"], "unexpected argument 'stray'"),
+        (["-x"], "unknown option -x"),
+        (["--num-workers", "3"], "did you mean --num_workers"),
+    ],
+)
+def test_bad_beam_flags_fail(args, message):
+    with pytest.raises(UsageError, match=message):
+        beam_options.check(args)
+
+
+def test_lenient_mode_warns_and_skips_the_unknown_flag_with_its_value(caplog):
+    beam_options.check(["--launcher_flag", "v", "--num_workers", "2"], lenient=True)
+    assert "unknown option --launcher_flag" in caplog.text
