@@ -66,8 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--seed", type=int, default=42, help="Seed of the split and shuffle hashes (default 42)")
     add("--image_size", type=int, default=256, help="Target size in pixels (default 256)")
-    add("--resize", default="shorter", help="shorter|longer|crop|pad|none (default shorter)")
-    add("--upscale", **_FLAG, help="Also enlarge images smaller than --image_size")
+    add(
+        "--resize",
+        default="shorter",
+        help="shorter: shorter side = size; longer: longer side = size; crop: centre "
+        "crop to exactly size x size (smaller images are enlarged first); pad: exactly "
+        "size x size, letterboxed with black bars (smaller images are centred, not "
+        "enlarged, unless --upscale); none (default shorter)",
+    )
+    add(
+        "--upscale",
+        **_FLAG,
+        help="Also enlarge images smaller than --image_size (shorter, longer, pad; "
+        "crop always does)",
+    )
     add("--jpeg_quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
     add(
         "--target_shard_mb", type=float, default=200.0, help="Target shard size in MB (default 200)"

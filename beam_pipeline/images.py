@@ -100,19 +100,26 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def _scaled(width: int, height: int, scale: float) -> tuple[int, int]:
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
 def target_size(width: int, height: int, spec: ImageSpec) -> tuple[int, int]:
-    """The size the image is resized to before any crop or pad."""
+    """The size the image is resized to before any crop or pad.
+
+    The side that sets the scale (the shorter one for ``shorter`` and ``crop``,
+    the longer one for ``longer`` and ``pad``) becomes exactly ``spec.size``,
+    not a rounded product, so ``crop`` and ``pad`` always end at size x size.
+    ``crop`` enlarges a smaller image whatever ``upscale`` says: its output
+    size is fixed. ``pad`` letterboxes a smaller image instead (``_resize``).
+    """
     if spec.resize == "none":
         return width, height
-    side = min(width, height) if spec.resize in ("shorter", "crop") else max(width, height)
-    scale = spec.size / side
-    if scale >= 1.0 and not spec.upscale:
+    by_shorter = spec.resize in ("shorter", "crop")
+    side = min(width, height) if by_shorter else max(width, height)
+    if side == spec.size or (side < spec.size and not spec.upscale and spec.resize != "crop"):
         return width, height
-    return _scaled(width, height, scale)
+    scale = spec.size / side
+    # Ties (a square) go to the width; either way both sides get spec.size.
+    if (width <= height) == by_shorter:
+        return spec.size, max(1, round(height * scale))
+    return max(1, round(width * scale)), spec.size
 
 
 def _open(data: bytes) -> Image.Image:
@@ -182,16 +189,15 @@ def _resize(image: Image.Image, spec: ImageSpec) -> Image.Image:
         # quality for large downscales at a fraction of the cost.
         image = image.resize(new_size, Image.Resampling.BICUBIC, reducing_gap=3.0)
     if spec.resize == "crop":
-        width, height = image.size
-        crop_w, crop_h = min(spec.size, width), min(spec.size, height)
-        left, top = (width - crop_w) // 2, (height - crop_h) // 2
-        if (crop_w, crop_h) != (width, height):
-            image = image.crop((left, top, left + crop_w, top + crop_h))
-    elif spec.resize == "pad":
-        width, height = image.size
+        width, height = image.size  # both >= spec.size (target_size)
+        left, top = (width - spec.size) // 2, (height - spec.size) // 2
         if (width, height) != (spec.size, spec.size):
-            canvas = Image.new("RGB", (max(width, spec.size), max(height, spec.size)), _PAD_COLOUR)
-            canvas.paste(image, ((canvas.width - width) // 2, (canvas.height - height) // 2))
+            image = image.crop((left, top, left + spec.size, top + spec.size))
+    elif spec.resize == "pad":
+        width, height = image.size  # both <= spec.size (target_size, or a small image)
+        if (width, height) != (spec.size, spec.size):
+            canvas = Image.new("RGB", (spec.size, spec.size), _PAD_COLOUR)
+            canvas.paste(image, ((spec.size - width) // 2, (spec.size - height) // 2))
             image = canvas
     return image
 

@@ -154,7 +154,9 @@ def test_ctrl_c_exits_130_with_how_to_go_on(tmp_path):
 def test_a_killed_cli_takes_its_workers_with_it(tmp_path):
     root = tmp_path / "images"
     make_class_folders(str(root), per_class=60, nested=False, size_range=(500, 800))
-    process = _start("--input", str(root), "--output", str(tmp_path / "o"), "--local_processes", "2")
+    process = _start(
+        "--input", str(root), "--output", str(tmp_path / "o"), "--local_processes", "2"
+    )
     deadline = time.monotonic() + 120
     while len(psutil.Process(process.pid).children()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

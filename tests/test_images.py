@@ -120,7 +120,9 @@ class ImageChopsTranspose:
         ("shorter", 256, (200, 100), True, (512, 256)),
         ("longer", 256, (1024, 768), False, (256, 192)),
         ("crop", 128, (400, 300), False, (128, 128)),
-        ("crop", 128, (100, 300), False, (100, 128)),  # too small: crop only
+        ("crop", 128, (100, 300), False, (128, 128)),  # too small: enlarged, then cropped
+        ("crop", 128, (63, 35), False, (128, 128)),
+        ("crop", 128, (300, 127), False, (128, 128)),
         ("pad", 128, (400, 200), False, (128, 128)),
         ("pad", 128, (60, 40), False, (128, 128)),
         ("none", 128, (400, 300), False, (400, 300)),
@@ -131,6 +133,43 @@ def test_resize_modes(resize, size, source, upscale, expected):
     data = _encode(photo(*source, seed=3), "PNG")
     converted = images.convert(data, spec)
     assert (converted.width, converted.height) == expected
+
+
+@pytest.mark.parametrize("resize", ["crop", "pad"])
+@pytest.mark.parametrize("upscale", [False, True])
+def test_crop_and_pad_always_give_size_by_size(resize, upscale):
+    """Whatever the source: tiny or huge, grey, rotated by EXIF, draft-decoded JPEG."""
+    import random
+
+    rng = random.Random(f"{resize}{upscale}")
+    for _ in range(40):
+        width, height = rng.choice([1, 7, 35, 127, 128, 129, 500, 1999]), rng.randint(1, 1500)
+        size = rng.choice([1, 31, 127, 128, 224, 256])
+        exif = Image.Exif()
+        exif[0x0112] = rng.choice([1, 3, 6, 8])
+        image = Image.new(rng.choice(["RGB", "L"]), (width, height), 90)
+        data = _encode(image, rng.choice(["JPEG", "PNG"]), exif=exif.tobytes())
+        spec = images.ImageSpec(resize=resize, size=size, upscale=upscale)
+        converted = images.convert(data, spec)
+        assert (converted.width, converted.height) == (size, size), (width, height, size)
+
+
+def test_target_size_gives_the_scaling_side_exactly():
+    for width in range(1, 700, 7):
+        for height in range(1, 700, 11):
+            for size in (64, 127, 128, 299):
+                w, h = images.target_size(width, height, images.ImageSpec("crop", size))
+                assert min(w, h) == size and max(w, h) >= size
+                w, h = images.target_size(width, height, images.ImageSpec("longer", size, True))
+                assert max(w, h) == size
+
+
+def test_crop_enlarges_a_small_image():
+    image = Image.new("RGB", (40, 20), (200, 30, 30))
+    image.paste((30, 200, 30), (10, 0, 30, 20))  # a green middle
+    out = _decode(images.convert(_encode(image, "PNG"), images.ImageSpec(resize="crop", size=64)))
+    assert out.size == (64, 64)
+    assert _close(out.getpixel((32, 32)), (30, 200, 30), 12)  # the middle, not black bars
 
 
 def test_pad_letterboxes_with_black_bars():
