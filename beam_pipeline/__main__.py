@@ -235,7 +235,7 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
 
 
 _OUR_OUTPUT = re.compile(
-    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)$"
+    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|skipped\.jsonl|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)$"
 )
 
 
@@ -281,6 +281,13 @@ def _summary(info: dict, seconds: float, counters: dict[str, int]) -> str:
     lines.append(
         f"{total} images read in {seconds:.1f} s wall time: {total / max(seconds, 1e-9):.1f} images/s"
     )
+    skipped = info.get("skipped", {})
+    if skipped.get("count"):
+        reasons = ", ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
+        lines.append(
+            f"skipped {skipped['count']} files that are not images to convert ({reasons}): "
+            f"listed in {skipped['file']} in the output folder"
+        )
     if counters:
         lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
     return "\n".join(lines)

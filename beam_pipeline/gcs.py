@@ -223,19 +223,31 @@ def list_prefixes(url: str) -> list[str]:
     Raises:
         UsageError: missing bucket, permission or credentials.
     """
+    return list_level(url)[0]
+
+
+def list_level(url: str) -> tuple[list[str], list[str]]:
+    """``(sub-folders, files)`` directly under ``url``, as full ``gs://`` URLs, sorted.
+
+    The delimiter listing of :func:`list_prefixes`, keeping the objects it
+    returns at this level too (folder placeholders ``url/`` are not files).
+
+    Raises:
+        UsageError: missing bucket, permission or credentials.
+    """
     bucket, prefix = split_url(url)
+    folder = _folder_prefix(prefix)
+    files = []
     try:
-        iterator = _client().list_blobs(
-            bucket, prefix=_folder_prefix(prefix), delimiter="/", retry=_retry()
-        )
-        for _ in iterator.pages:  # prefixes are filled in while pages are read
-            pass
+        iterator = _client().list_blobs(bucket, prefix=folder, delimiter="/", retry=_retry())
+        for page in iterator.pages:  # prefixes are filled in while pages are read
+            files += [f"gs://{bucket}/{b.name}" for b in page if not b.name.endswith("/")]
     except Exception as error:
         translated = usage_error(error, url, "list folders in")
         if translated is None:
             raise
         raise translated from error
-    return sorted(f"gs://{bucket}/{p.rstrip('/')}" for p in iterator.prefixes)
+    return sorted(f"gs://{bucket}/{p.rstrip('/')}" for p in iterator.prefixes), sorted(files)
 
 
 def check_input(url: str) -> None:

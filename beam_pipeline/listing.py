@@ -23,6 +23,38 @@ from beam_pipeline.errors import UsageError
 
 PRESPLIT_FOLDERS = ("train", "val", "validation", "test")
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
+# Files that sit next to images in real folders (licences, notes, label lists,
+# scraping leftovers) and are clearly not images: skipped and listed, never
+# converted, so they cannot be rejections that fail the job (docs/format.md 2).
+NOT_IMAGE_SUFFIXES = (
+    ".txt",
+    ".csv",
+    ".json",
+    ".jsonl",
+    ".md",
+    ".html",
+    ".htm",
+    ".xml",
+    ".py",
+    ".yaml",
+    ".yml",
+)
+NOT_IN_CLASS_FOLDER = "not inside a class folder"
+
+
+def skip_reason(path: str) -> str | None:
+    """Why a file in a class folder is skipped instead of converted, or None."""
+    suffix = posixpath.splitext(path.replace("\\", "/"))[1].lower()
+    if suffix in NOT_IMAGE_SUFFIXES:
+        return f"not an image file ({suffix})"
+    return None
+
+
+class Skipped(NamedTuple):
+    """A file the job did not try to convert (docs/format.md section 2)."""
+
+    path: str  # full local path or URL
+    reason: str
 
 
 class ImageRef(NamedTuple):
@@ -53,6 +85,9 @@ class Layout:
     folders: tuple[ClassFolder, ...] = ()
     manifest: str | None = None
     num_manifest_rows: int = 0
+    # Files outside any class folder (directly under the input, or under a
+    # split folder), skipped and listed in skipped.jsonl.
+    loose_files: tuple[str, ...] = ()
 
     @property
     def split_names(self) -> tuple[str, ...]:
@@ -121,21 +156,32 @@ def _escape_glob(path: str) -> str:
 
 def list_subfolders(path: str) -> list[str]:
     """Immediate, non-hidden sub-folder names of ``path``, sorted."""
+    return list_level(path)[0]
+
+
+def list_level(path: str) -> tuple[list[str], list[str]]:
+    """``(sub-folder names, full paths of files)`` directly in ``path``, non-hidden, sorted."""
     if is_gcs(path):
-        names = [posixpath.basename(p) for p in gcs.list_prefixes(path)]
+        folders, files = gcs.list_level(path)
+        names = [posixpath.basename(p) for p in folders]
     elif is_local(path):
         with os.scandir(path) as entries:
-            names = [e.name for e in entries if e.is_dir()]
+            entries = list(entries)
+        names = [e.name for e in entries if e.is_dir()]
+        files = [e.path for e in entries if not e.is_dir()]
     else:
-        # Any other Beam filesystem: derive first-level folders from a full match.
+        # Any other Beam filesystem: derive the first level from a full match.
         root = path.rstrip("/") + "/"
-        names = set()
+        names, files = set(), []
         for metadata in _filesystems().match([_escape_glob(root) + "**"])[0].metadata_list:
             rel = metadata.path[len(root) :]
             if metadata.path.startswith(root) and "/" in rel:
                 names.add(rel.split("/", 1)[0])
+            elif metadata.path.startswith(root) and rel:
+                files.append(metadata.path)
         names = list(names)
-    return sorted(n for n in names if n and not n.startswith("."))
+    visible = sorted(f for f in files if not posixpath.basename(f).startswith("."))
+    return sorted(n for n in names if n and not n.startswith(".")), visible
 
 
 def _visible_local_files(path: str) -> Iterator[str]:
@@ -148,8 +194,8 @@ def _visible_local_files(path: str) -> Iterator[str]:
 
 
 def _has_any_file(path: str) -> bool:
-    """True if some non-hidden file lies anywhere below a local folder."""
-    return next(_visible_local_files(path), None) is not None
+    """True if some non-hidden file that is not skipped lies anywhere below a local folder."""
+    return any(skip_reason(f) is None for f in _visible_local_files(path))
 
 
 def check_class_name(name: str, where: str) -> None:
@@ -192,15 +238,20 @@ def discover(input_path: str | None, manifest: str | None = None) -> Layout:
             raise UsageError(f"--input: {input_path} is not a folder")
     elif is_gcs(root):
         gcs.check_input(root)
-    top = list_subfolders(root)
+    top, loose = list_level(root)
     if not top:
+        found = f" (its {len(loose)} files must be inside class folders)" if loose else ""
         raise UsageError(
-            f"--input: no class folders in {input_path}; expected {input_path}/<class_name>/<images>"
+            f"--input: no class folders in {input_path}{found}; "
+            f"expected {input_path}/<class_name>/<images>"
         )
     if set(top) <= set(PRESPLIT_FOLDERS) and "train" in top and len(top) >= 2:
         folders = []
         class_names: set[str] = set()
-        per_split = {split: list_subfolders(join(root, split)) for split in top}
+        per_split = {}
+        for split in top:
+            per_split[split], files = list_level(join(root, split))
+            loose += files
         for split, names in per_split.items():
             for name in names:
                 check_class_name(name, f"--input: class folder {split}/")
@@ -220,7 +271,13 @@ def discover(input_path: str | None, manifest: str | None = None) -> Layout:
         raise UsageError(f"--input: {input_path} has split folders but no class folders in them")
     if is_local(root) and not any(_has_any_file(f.path) for f in folders):
         raise UsageError(f"--input: no image files found under {input_path}")
-    return Layout(kind=kind, root=root, classes=tuple(classes), folders=tuple(folders))
+    return Layout(
+        kind=kind,
+        root=root,
+        classes=tuple(classes),
+        folders=tuple(folders),
+        loose_files=tuple(sorted(loose)),
+    )
 
 
 # ------------------------------------------------------------------- manifests
@@ -368,14 +425,21 @@ def files_under(folder: str) -> list:
     return [m for m in found if m.path.startswith(prefix + "/")]
 
 
-def list_folder(folder: ClassFolder, root: str) -> Iterator[tuple[str, str, int, str | None]]:
-    """Every non-hidden file below a class folder: ``(image_id, path, label, split)``."""
+def list_folder(
+    folder: ClassFolder, root: str
+) -> Iterator[tuple[str, str, int, str | None] | Skipped]:
+    """Every non-hidden file below a class folder: ``(image_id, path, label, split)``,
+    or :class:`Skipped` for a file that is clearly not an image (``skip_reason``)."""
     prefix = folder.path.rstrip("/")
     for metadata in files_under(prefix):
         path = metadata.path
         if path.endswith("/"):
             continue  # a GCS "folder placeholder" object, not a file
         if is_hidden(path[len(prefix) :]):
+            continue
+        reason = skip_reason(path)
+        if reason is not None:
+            yield Skipped(path, reason)
             continue
         yield relative_id(root, path), path, folder.label, folder.split
 
@@ -393,6 +457,8 @@ def local_files(layout: Layout, limit: int, max_bytes: int) -> list[str]:
     total = 0
     for folder in layout.folders:
         for path in _visible_local_files(folder.path):
+            if skip_reason(path) is not None:
+                continue
             try:
                 total += os.path.getsize(path)
             except OSError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from beam_pipeline import __version__
@@ -12,6 +13,7 @@ FORMAT_VERSION = 1
 INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
 REJECTS_FILE = "rejects.jsonl"
+SKIPPED_FILE = "skipped.jsonl"
 
 
 def split_order(configured: Iterable[str], present: Iterable[str]) -> list[str]:
@@ -30,6 +32,7 @@ def build_info(
     shards: Iterable[Mapping],
     rejected_by_split: Mapping[str, int],
     config: Mapping[str, object],
+    skipped_reasons: Iterable[str] = (),
 ) -> dict:
     """The dataset_info.json object.
 
@@ -37,7 +40,10 @@ def build_info(
         shards: one mapping per written shard with ``split``, ``file``,
             ``num_examples``, ``num_bytes``, ``sha256`` and ``class_counts``
             (label id -> count).
+        skipped_reasons: the reason of every skipped file (not an image by its
+            extension, not inside a class folder).
     """
+    skipped = Counter(skipped_reasons)
     per_split = {
         name: {
             "num_examples": 0,
@@ -74,6 +80,11 @@ def build_info(
             "file": REJECTS_FILE,
             "by_split": {name: rejected_by_split.get(name, 0) for name in splits},
         },
+        "skipped": {
+            "count": sum(skipped.values()),
+            "file": SKIPPED_FILE,
+            "by_reason": dict(sorted(skipped.items())),
+        },
         "config": dict(config),
     }
 
@@ -85,6 +96,11 @@ def dumps(info: Mapping) -> bytes:
 
 def labels_text(classes: Sequence[str]) -> bytes:
     return "".join(f"{name}\n" for name in classes).encode("utf-8")
+
+
+def skipped_jsonl(rows: Iterable[Mapping[str, str]]) -> bytes:
+    """One ``{"path", "reason"}`` object per skipped file, sorted by path."""
+    return rejects_jsonl(rows)
 
 
 def rejects_jsonl(rejections: Iterable[Mapping[str, str]]) -> bytes:

@@ -1,6 +1,6 @@
 """The Beam graph: one composite PTransform per stage (docs/format.md sections 2-7).
 
-ListImages      PBegin -> ImageRef
+ListImages      PBegin -> ImageRef ("refs") + Skipped ("skipped")
 ConvertImages   ImageRef -> Record (main) + Rejection ("rejected")
 WriteShards     {Record, ImageRef, Rejection} -> ShardInfo dict (main)
                 + the books of each key range ("books": split, listed, problems)
@@ -41,6 +41,7 @@ from beam_pipeline.errors import BooksDoNotBalance
 NAMESPACE = "imagerecords"
 TMP_DIR = ".imagerecords-tmp"
 REJECTED = "rejected"
+SKIPPED = "skipped"
 BOOKS = "books"
 _MAX_PROBLEMS_SHOWN = 20
 _LOG_EVERY_S = 15.0  # progress line per converting worker
@@ -86,8 +87,16 @@ def _write_atomically(path: str, data: bytes) -> None:
 # --------------------------------------------------------------------- listing
 
 
+def _refs_or_skipped(entries, to_ref):
+    for entry in entries:
+        if isinstance(entry, listing.Skipped):
+            yield TaggedOutput(SKIPPED, entry)
+        else:
+            yield to_ref(*entry)
+
+
 class ListImages(beam.PTransform):
-    """PBegin -> ImageRef, with every image's split assigned."""
+    """PBegin -> {"refs": ImageRef, every image's split assigned; "skipped": Skipped}."""
 
     def __init__(self, config: JobConfig):
         super().__init__()
@@ -117,6 +126,7 @@ class ListImages(beam.PTransform):
                     )
                 )
             )
+            skipped = pbegin | "NothingSkipped" >> beam.Create([])  # a manifest names its files
         else:
             # Create's own Reshuffle would cost a shuffle stage; SpreadFolders
             # below redistributes where there is more than one worker.
@@ -124,15 +134,15 @@ class ListImages(beam.PTransform):
             if self._config.conversion_processes == 1:
                 # ClassFolder, one per worker: folders are listed in parallel
                 folders = folders | "SpreadFolders" >> beam.Reshuffle()
-            refs = folders | "ListFolder" >> beam.FlatMap(
-                lambda folder: (
-                    to_ref(*entry) for entry in listing.list_folder(folder, layout.root)
-                )
-            )
-        if self._config.conversion_processes > 1:
-            return refs  # one local runner process: the conversion pool fans out
-        # ImageRef, redistributed so that conversion is not fused to the listing worker
-        return refs | "SpreadImages" >> beam.Reshuffle()
+            found = folders | "ListFolder" >> beam.FlatMap(
+                lambda folder: _refs_or_skipped(listing.list_folder(folder, layout.root), to_ref)
+            ).with_outputs(SKIPPED, main="refs")
+            refs, skipped = found.refs, found[SKIPPED]
+        if self._config.conversion_processes == 1:
+            # ImageRef, redistributed so that conversion is not fused to the listing
+            # worker (one local runner process: the conversion pool fans out instead)
+            refs = refs | "SpreadImages" >> beam.Reshuffle()
+        return {"refs": refs, SKIPPED: skipped}
 
 
 # ------------------------------------------------------------------ conversion
@@ -479,7 +489,7 @@ class _Finalize(beam.DoFn):
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def process(self, _, shards, rejects, books):
+    def process(self, _, shards, rejects, books, skipped):
         config = self._config
         listed: Counter[str] = Counter()
         problem_count, problems = 0, []
@@ -497,6 +507,13 @@ class _Finalize(beam.DoFn):
         )
         _write_atomically(
             _output_path(output, metadata.LABELS_FILE), metadata.labels_text(config.layout.classes)
+        )
+        skipped = list(skipped) + [
+            listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER) for path in config.layout.loose_files
+        ]
+        _write_atomically(
+            _output_path(output, metadata.SKIPPED_FILE),
+            metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
         )
         total_listed = sum(listed.values())
         if problem_count:
@@ -541,6 +558,7 @@ class _Finalize(beam.DoFn):
             splits=splits,
             shards=shards,
             rejected_by_split=rejected_by_split,
+            skipped_reasons=[s.reason for s in skipped],
             config={
                 "layout": config.layout.kind,
                 "splits": config.splits if config.layout.kind != "presplit" else None,
@@ -592,7 +610,8 @@ def _delete_tree(path: str) -> None:
 
 def build(pipeline: beam.Pipeline, config: JobConfig):
     """Adds the whole conversion to ``pipeline``; returns the final summary PCollection."""
-    refs = pipeline | "ListImages" >> ListImages(config)
+    listed = pipeline | "ListImages" >> ListImages(config)
+    refs = listed["refs"]
     converted = refs | "ConvertImages" >> ConvertImages(config)
     rejects = converted[REJECTED]
     written = {
@@ -609,5 +628,6 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
             shards=AsList(written.shards),
             rejects=AsList(rejects),
             books=AsList(written[BOOKS]),
+            skipped=AsList(listed[SKIPPED]),
         )
     )

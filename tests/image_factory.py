@@ -65,9 +65,9 @@ def add_bad_files(root: str, class_name: str = "cat") -> dict[str, str]:
     good = jpeg_bytes(photo(120, 90, seed=1))
     with open(os.path.join(folder, "truncated.jpg"), "wb") as f:
         f.write(good[: len(good) // 2])
-    with open(os.path.join(folder, "notes.txt"), "w") as f:
+    with open(os.path.join(folder, "notes.dat"), "w") as f:
         f.write("not an image\n")
     return {
         f"{class_name}/truncated.jpg": "corrupt image",
-        f"{class_name}/notes.txt": "not an image",
+        f"{class_name}/notes.dat": "not an image",
     }

@@ -28,7 +28,7 @@ gcs_account = gcs_fixtures.gcs_account
 
 IN_MEMORY = "--direct_running_mode=in_memory"
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-OUR_FILES = {"dataset_info.json", "labels.txt", "rejects.jsonl"}
+OUR_FILES = {"dataset_info.json", "labels.txt", "rejects.jsonl", "skipped.jsonl"}
 
 
 @dataclasses.dataclass
@@ -47,7 +47,9 @@ def source(gcs_emulator, tmp_path_factory) -> Source:
     local = work / "images"
     ids = make_class_folders(str(local), per_class=6, size_range=(60, 160))
     bad = add_bad_files(str(local))
-    (local / "dog" / ".DS_Store").write_bytes(b"\0hidden")  # skipped, not rejected
+    (local / "dog" / ".DS_Store").write_bytes(b"\0hidden")  # hidden: ignored
+    (local / "README.md").write_text("no class")  # skipped: not inside a class folder
+    (local / "cat" / "LICENSE.txt").write_text("CC-BY")  # skipped: not an image file
     # Names that need escaping somewhere: URL syntax, glob syntax, non-ASCII.
     for name in ("cat/with space #1?.jpg", "dog/[x] 100%+.jpg", "sea [lion]*/déjà vu.jpg"):
         (local / name).parent.mkdir(exist_ok=True)
@@ -91,6 +93,10 @@ def _verify(gcs_emulator, source: Source, output: str) -> dict[str, bytes]:
     for image_id, reason in source.bad.items():
         assert rejected[image_id].startswith(reason)
     assert info["rejected"]["count"] == len(source.bad)
+    assert info["skipped"]["by_reason"] == {
+        "not an image file (.txt)": 1,
+        "not inside a class folder": 1,
+    }
     assert info["source"] == (source.url if "gs://" in info["source"] else str(source.local))
 
     shards = {s["file"] for e in info["splits"].values() for s in e["shards"]}
@@ -157,6 +163,10 @@ def test_nonempty_gcs_output_is_refused_then_overwritten(gcs_emulator, source, c
     assert not [n for n in names if n.startswith(TMP_DIR)]
     info = json.loads(gcs_emulator.read_bytes(f"{out}/dataset_info.json"))
     assert info["rejected"]["count"] == len(source.bad)
+    assert info["skipped"]["by_reason"] == {
+        "not an image file (.txt)": 1,
+        "not inside a class folder": 1,
+    }
 
 
 @pytest.mark.parametrize(

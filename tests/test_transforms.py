@@ -40,7 +40,7 @@ def test_list_images_lists_every_visible_file_once_with_its_split(folder):
         for i in ids + list(bad)
     ]
     with BeamTestPipeline() as p:
-        refs = p | pipeline.ListImages(config)
+        refs = (p | pipeline.ListImages(config))["refs"]
         got = refs | beam.Map(lambda r: (r.image_id, r.label, r.split))
         assert_that(got, equal_to(expected), label="EveryFileOnce")
         paths_ok = refs | beam.Map(lambda r: r.path == os.path.join(root, r.image_id))
