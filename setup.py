@@ -46,5 +46,10 @@ setuptools.setup(
         "test": TEST_REQUIRES + BENCH_REQUIRES,
         "bench": BENCH_REQUIRES + ["tensorflow-cpu>=2.16"],
     },
-    entry_points={"console_scripts": ["imagerecords=beam_pipeline.__main__:main"]},
+    entry_points={
+        "console_scripts": [
+            "imagerecords=beam_pipeline.__main__:main",
+            "imagerecords-inspect=reader.inspect:main",
+        ]
+    },
 )

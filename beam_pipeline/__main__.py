@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="DirectRunner in_memory only: convert images in this many local processes, "
         "at least 1 (default: all cores when no --direct_running_mode is given, else 1)",
     )
+    add(
+        "--dry_run",
+        **_FLAG,
+        help="Write nothing: list the input, convert a sample in memory and print what the "
+        "job would produce (records, bytes and shards per split, likely rejects) and take "
+        "(local time, Dataflow vCPU-hours and cost for --machine_type)",
+    )
     add("--quiet", **_FLAG, help="Print only the summary")
     add("--verbose", **_FLAG, help="Show the traceback of an error, not only its one line")
     add(
@@ -485,6 +492,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         BooksDoNotBalance: the job lost, doubled or rejected too many images.
     """
     args, beam_args = parsed or parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.dry_run:
+        from beam_pipeline import dryrun
+
+        return dryrun.run(args, beam_args, check_output)
     started = time.monotonic()
     beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
 

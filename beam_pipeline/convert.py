@@ -72,6 +72,11 @@ def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
         data = read_bytes(path)
     except Exception as error:  # an unreadable file is a rejection, not a crash
         return Decoded(0, "", None, f"cannot read: {type(error).__name__}: {error}")
+    return decode_data(data, spec)
+
+
+def decode_data(data: bytes, spec: images.ImageSpec) -> Decoded:
+    """Converts one file's bytes, already read; never raises for a bad image."""
     try:
         converted = images.convert(data, spec)
     except images.Rejected as rejection:

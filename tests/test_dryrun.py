@@ -1,0 +1,208 @@
+"""``--dry_run``: writes nothing, and its estimates hold against a real run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from beam_pipeline import dryrun
+from beam_pipeline.__main__ import main, run
+from tests import contract, gcs_fixtures
+from tests.image_factory import add_bad_files, make_class_folders
+
+gcs_emulator = gcs_fixtures.gcs_emulator  # used by name (an import reads as unused)
+
+IN_MEMORY = "--direct_running_mode=in_memory"
+
+
+def _tree(path) -> dict[str, tuple[int, int]]:
+    """Every file and folder below ``path`` with its size and modification time."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            stat = os.stat(full)
+            out[os.path.relpath(full, path)] = (stat.st_size, stat.st_mtime_ns)
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    base = tmp_path_factory.mktemp("dryrun")
+    root = base / "images"
+    ids = make_class_folders(str(root), per_class=60, size_range=(60, 260))
+    bad = add_bad_files(str(root))
+    (root / "dog" / ".DS_Store").write_bytes(b"\0hidden")
+    (root / "README.txt").write_text("not in a class folder\n")
+    (root / "fish" / "LICENSE.md").write_text("skipped by its extension\n")
+    return base, root, ids, bad
+
+
+FLAGS = ["--splits", "train=0.6,val=0.4", "--target_shard_mb", "0.1", "--image_size", "128"]
+
+
+def test_dry_run_writes_nothing_and_its_estimates_match_a_real_run(
+    images, tmp_path, monkeypatch, capsys
+):
+    base, root, ids, bad = images
+    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)  # a stray relative write would land here
+    # Fewer samples than images, so the estimates really extrapolate.
+    monkeypatch.setattr(dryrun, "SAMPLE_SIZE", 60)
+    before_input, before_here = _tree(base), _tree(tmp_path)
+    argv = ["--input", str(root), "--output", str(out), "--dry_run", *FLAGS]
+    estimate = run(argv)
+    printed = capsys.readouterr().out
+
+    assert _tree(base) == before_input
+    assert _tree(tmp_path) == before_here
+    assert not out.exists()
+    assert estimate["sampled"] == 60
+    assert estimate["images"] == len(ids) + len(bad)
+    assert estimate["skipped"] == {
+        "hidden": 1,
+        "not inside a class folder": 1,
+        "not an image file (.md)": 1,
+    }
+    assert "skipped (hidden): 1 file, e.g. dog/.DS_Store" in printed
+    assert "other extensions (converted if the content is an image): .dat 1" in printed
+    assert "vCPU-hours" in printed and "n2-standard-4" in printed
+
+    # The real run rejects 2 of 181, above the default 1 %: allow that.
+    argv = ["--input", str(root), "--output", str(out), "--quiet", IN_MEMORY, *FLAGS]
+    assert main(argv + ["--max_reject_fraction", "0.05"]) == 0
+    info = contract.load_info(str(out))
+    for name, split in info["splits"].items():
+        guess = estimate["splits"][name]
+        assert guess["images"] == split["num_examples"] + info["rejected"]["by_split"][name]
+        assert guess["bytes"] == pytest.approx(split["num_bytes"], rel=0.25), name
+        assert guess["shards"] == pytest.approx(len(split["shards"]), rel=0.25), name
+    assert len(info["splits"]["train"]["shards"]) >= 4  # shard counts that can be wrong
+
+
+def test_dry_run_says_when_the_real_run_would_refuse_the_output(images, tmp_path, capsys):
+    _, root, _, _ = images
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    before = _tree(tmp_path)
+    assert main(["--input", str(root), "--output", str(out), "--dry_run"]) == 0
+    assert "warning: the real run would stop before starting" in capsys.readouterr().out
+    assert _tree(tmp_path) == before
+
+
+def test_dry_run_counts_presplit_and_manifest_layouts(tmp_path, capsys):
+    root = tmp_path / "presplit"
+    train = make_class_folders(str(root / "train"), classes=("a", "b"), per_class=5, nested=False)
+    val = make_class_folders(str(root / "val"), classes=("a", "b"), per_class=2, nested=False)
+    estimate = run(["--input", str(root), "--output", str(tmp_path / "o1"), "--dry_run"])
+    assert {k: v["images"] for k, v in estimate["splits"].items()} == {
+        "train": len(train),
+        "val": len(val),
+    }
+    manifest = tmp_path / "list.jsonl"
+    rows = [{"path": f"presplit/train/{i}", "label": i.split("/")[0]} for i in train]
+    rows += [{"path": f"presplit/val/{i}", "label": "b", "split": "extra"} for i in val]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    estimate = run(["--manifest", str(manifest), "--output", str(tmp_path / "o2"), "--dry_run"])
+    counts = {k: v["images"] for k, v in estimate["splits"].items()}
+    assert counts["extra"] == len(val)
+    assert sum(counts.values()) == len(train) + len(val)
+    assert list(counts)[:3] == ["train", "val", "test"]  # --splits order, then the manifest's
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    capsys.readouterr()
+
+
+def test_dry_run_on_gcs_writes_nothing_there(gcs_emulator, tmp_path, capsys):
+    local = tmp_path / "images"
+    make_class_folders(str(local), per_class=4, size_range=(60, 120))
+    bucket = gcs_emulator.create_bucket()
+    gcs_emulator.upload_dir(local, f"gs://{bucket}/images")
+    gcs_emulator.upload_bytes(f"gs://{bucket}/images/cat/.hidden.jpg", b"x")
+    before = gcs_emulator.list_names(f"gs://{bucket}")
+    estimate = run(
+        ["--input", f"gs://{bucket}/images", "--output", f"gs://{bucket}/out", "--dry_run"]
+        + ["--machine_type", "c3-highcpu-8"]
+    )
+    assert gcs_emulator.list_names(f"gs://{bucket}") == before
+    assert estimate["images"] == 12 and estimate["sampled"] == 12
+    assert estimate["skipped"] == {"hidden": 1}
+    assert estimate["reject_rate"] == 0
+    assert "c3-highcpu-8 (8 vCPU, 16 GB)" in capsys.readouterr().out
+
+
+def test_a_bad_machine_type_is_a_usage_error(images, tmp_path, capsys):
+    _, root, _, _ = images
+    argv = ["--input", str(root), "--output", str(tmp_path / "o"), "--dry_run"]
+    assert main(argv + ["--machine_type", "n9-weird-4"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown machine type 'n9-weird-4'")
+
+
+@pytest.mark.parametrize(
+    "name, vcpus, memory",
+    [
+        ("n2-standard-4", 4, 16.0),
+        ("n1-standard-8", 8, 30.0),
+        ("c3-highcpu-22", 22, 44.0),
+        ("e2-highmem-2", 2, 16.0),
+        ("custom-6-12288", 6, 12.0),
+        ("n2-custom-8-16384", 8, 16.0),
+    ],
+)
+def test_machine_types(name, vcpus, memory):
+    machine = dryrun.machine_type(name)
+    assert (machine.vcpus, machine.memory_gb) == (vcpus, memory)
+
+
+@pytest.mark.parametrize("name", ["n2-standard", "standard-4", "z9-standard-4", ""])
+def test_unknown_machine_types(name):
+    with pytest.raises(ValueError, match="unknown machine type"):
+        dryrun.machine_type(name)
+
+
+@pytest.mark.parametrize(
+    "records, total, target, minimum, shards",
+    [
+        (0, 0, 100, 1, 0),
+        (1, 500, 100, 1, 1),  # 5 hash ranges, one record: one non-empty shard
+        (1000, 500, 100, 1, 5),  # many records: every range is used
+        (10, 1000, 100, 1, 7),  # 10 records in 10 ranges: ~6.5 non-empty
+        (100, 50, 100, 4, 4),  # --min_shards
+        (100, 250, 100, 1, 3),
+    ],
+)
+def test_expected_shards(records, total, target, minimum, shards):
+    assert dryrun.expected_shards(records, target, total, minimum) == shards
+
+
+def test_dataflow_cost_adds_up_workers_memory_disk_and_shuffle():
+    machine = dryrun.machine_type("n2-standard-4")
+    prices = dryrun.Prices(vcpu_hour=1.0, gb_hour=0.5, shuffle_gb=2.0, pd_gb_hour=0.01, disk_gb=25)
+    # 3,600 images at 0.6 CPU-s each, at 60 % efficiency: 1 vCPU-hour = 0.25 worker-hours.
+    cost = dryrun.dataflow_cost(3600, 0.6 * dryrun.DATAFLOW_EFFICIENCY, 3e9, machine, prices)
+    assert cost.vcpu_hours == pytest.approx(0.6)
+    assert cost.worker_hours == pytest.approx(0.15)
+    assert cost.usd == pytest.approx(0.6 * 1.0 + 0.15 * 16 * 0.5 + 0.15 * 25 * 0.01 + 3 * 2.0)
+
+
+def test_local_wall_time_scales_with_processes():
+    one = dryrun.local_wall_s(10_000, 0.004, 1) - dryrun.LOCAL_FIXED_S
+    four = dryrun.local_wall_s(10_000, 0.004, 4) - dryrun.LOCAL_FIXED_S
+    assert one == pytest.approx(40 / dryrun.LOCAL_EFFICIENCY)
+    assert math.isclose(one / four, 4)
+
+
+@pytest.mark.parametrize(
+    "reason, kind",
+    [
+        ("corrupt image: OSError: broken data stream", "corrupt image"),
+        ("not an image: content is not JPEG, PNG, GIF, BMP, WebP or TIFF", "not an image"),
+        ("empty file", "empty file"),
+        ("cannot read: FileNotFoundError: gone", "cannot read"),
+    ],
+)
+def test_reason_kind(reason, kind):
+    assert dryrun.reason_kind(reason) == kind

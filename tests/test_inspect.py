@@ -1,0 +1,327 @@
+"""``python -m reader.inspect``: summary, shuffle evidence, --verify and the pictures."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from reader import inspect as inspect_tool
+from reader import load_info
+from tests.shard_fixtures import write_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inspect") / "good"
+    return write_dataset(path, per_class=(30, 24, 18), min_side=40, max_side=90)
+
+
+@pytest.fixture
+def copy(good, tmp_path):
+    """A private copy of the good dataset to damage."""
+    target = tmp_path / "copy"
+    shutil.copytree(good.path, target)
+    return target
+
+
+def _run(*argv) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    sys_out, sys_err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        status = inspect_tool.main([str(a) for a in argv])
+    finally:
+        sys.stdout, sys.stderr = sys_out, sys_err
+    return status, out.getvalue() + err.getvalue()
+
+
+def _info(path) -> dict:
+    with open(os.path.join(path, "dataset_info.json")) as f:
+        return json.load(f)
+
+
+def _write_info(path, info: dict) -> None:
+    with open(os.path.join(path, "dataset_info.json"), "w") as f:
+        json.dump(info, f)
+
+
+def _record_offsets(path) -> list[tuple[int, int]]:
+    """(offset of the record's data, its length) for every record of a shard."""
+    data = open(path, "rb").read()
+    out, offset = [], 0
+    while offset < len(data):
+        (length,) = struct.unpack("<Q", data[offset : offset + 8])
+        out.append((offset + 12, length))
+        offset += 12 + length + 4
+    return out
+
+
+def test_good_dataset_summary_and_verify_exit_0(good):
+    status, text = _run(good.path, "--verify")
+    assert status == 0, text
+    info = good.info
+    for name, split in info["splits"].items():
+        assert f"{name:<12}{split['num_examples']:>10,}{len(split['shards']):>8}" in text
+    assert "classes (3): cat, dog, fish" in text
+    assert "(0 flagged)" in text
+    records = sum(s["num_examples"] for s in info["splits"].values())
+    assert f"verify: OK: 5 shards, {records} records" in text
+
+
+def test_summary_shows_rejects_and_duplicates(copy):
+    info = _info(copy)
+    info["rejected"]["count"] = 3
+    info["duplicates"] = {
+        "groups": 2,
+        "images": 5,
+        "cross_split": 1,
+        "cross_class": 0,
+        "file": "duplicates.jsonl",
+    }
+    _write_info(copy, info)
+    rows = [
+        {"path": "/x/a.txt", "id": "a.txt", "split": "train", "reason": "not an image: text"},
+        {"path": "/x/b.txt", "id": "b.txt", "split": "val", "reason": "not an image: text"},
+        {"path": "/x/c.jpg", "id": "c.jpg", "split": "val", "reason": "corrupt image: broken"},
+    ]
+    (copy / "rejects.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    status, text = _run(copy, "--no_shuffle_check")
+    assert status == 0, text
+    assert "rejected: 3" in text
+    assert "       2  not an image (e.g. a.txt)" in text
+    assert "       1  corrupt image (e.g. c.jpg)" in text
+    assert (
+        "duplicates: groups 2, images 5, cross-split 1, cross-class 0 (see duplicates.jsonl)"
+        in text
+    )
+
+
+def test_shards_grouped_by_class_are_flagged(tmp_path):
+    grouped = write_dataset(tmp_path / "grouped", per_class=40, class_sorted_shards=True)
+    status, text = _run(grouped.path)
+    assert status == 0  # a summary reports; only --verify fails
+    mixes = inspect_tool.shuffle_evidence(load_info(grouped.path))
+    flagged = {m.file for m in mixes if m.flagged}
+    assert flagged == {m.file for m in mixes if m.sampled >= 10}
+    assert "records look grouped by class" in text
+
+
+@pytest.mark.parametrize(
+    "labels, shares, flagged",
+    [
+        ([0, 1, 2] * 20, [1 / 3] * 3, None),
+        ([0] * 20 + [1] * 20 + [2] * 20, [1 / 3] * 3, "switches"),
+        ([0] * 50 + [1] * 10, [0.5, 0.5], "class 0 is 83%"),
+        ([0, 0, 0], [0.5, 0.5], None),  # too few records to judge
+        ([0] * 60, [1.0], None),  # one class: nothing to mix
+    ],
+)
+def test_shard_mix(labels, shares, flagged):
+    mix = inspect_tool.shard_mix("train", "train-00000-of-00001.tfrecord", labels, shares)
+    if flagged is None:
+        assert mix.flagged is None
+    else:
+        assert flagged in mix.flagged
+
+
+def _fails(path, *names) -> str:
+    status, text = _run(path, "--verify", "--no_shuffle_check")
+    assert status == 1, text
+    for name in names:
+        assert name in text, text
+    return text
+
+
+def test_verify_names_a_truncated_shard(copy):
+    shard = copy / "train-00002-of-00004.tfrecord"
+    last_offset, _ = _record_offsets(shard)[-1]
+    with open(shard, "r+b") as f:
+        f.truncate(last_offset + 10)
+    count = len(_record_offsets(copy / "train-00001-of-00004.tfrecord"))
+    assert count  # sanity: the neighbour is intact
+    records = _info(copy)["splits"]["train"]["shards"][2]["num_examples"]
+    _fails(
+        copy,
+        f"train-00002-of-00004.tfrecord: record {records - 1} (byte {last_offset - 12:,}): "
+        "truncated",
+        f"train-00002-of-00004.tfrecord: {records - 1:,} records, dataset_info.json says "
+        f"{records:,}",
+        "train-00002-of-00004.tfrecord: SHA-256 differs",
+    )
+
+
+def test_verify_names_a_missing_shard(copy):
+    os.remove(copy / "val-00000-of-00001.tfrecord")
+    _fails(copy, "val-00000-of-00001.tfrecord: missing")
+
+
+def test_verify_names_the_record_with_a_flipped_byte(copy):
+    shard = copy / "train-00001-of-00004.tfrecord"
+    offset, length = _record_offsets(shard)[3]
+    with open(shard, "r+b") as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)
+        f.seek(offset + length // 2)
+        f.write(bytes([byte[0] ^ 0x20]))
+    text = _fails(
+        copy,
+        f"train-00001-of-00004.tfrecord: record 3 (byte {offset - 12:,}): data CRC mismatch",
+        "train-00001-of-00004.tfrecord: SHA-256 differs",
+    )
+    assert "record 2 " not in text and "record 4 " not in text
+
+
+def test_verify_names_edited_counts(copy):
+    info = _info(copy)
+    shard = info["splits"]["train"]["shards"][0]
+    shard["num_examples"] += 1
+    info["splits"]["train"]["num_examples"] += 1  # consistent totals: only a re-read can tell
+    info["splits"]["train"]["class_counts"]["dog"] += 1
+    _write_info(copy, info)
+    _fails(
+        copy,
+        f"{shard['file']}: {shard['num_examples'] - 1:,} records, dataset_info.json says "
+        f"{shard['num_examples']:,}",
+        "split train: ",
+        "of class 'dog', dataset_info.json says",
+    )
+
+
+def test_verify_names_a_count_that_does_not_add_up(copy):
+    info = _info(copy)
+    info["splits"]["val"]["num_examples"] += 5
+    _write_info(copy, info)
+    status, text = _run(copy, "--verify")
+    assert status == 1
+    assert text.startswith("error: ") and "split 'val': num_examples is" in text
+
+
+def test_verify_names_labels_that_disagree(copy):
+    (copy / "labels.txt").write_text("cat\nfish\ndog\n")
+    _fails(copy, "labels.txt: its 3 lines are not dataset_info.json's 3 classes in order")
+
+
+def test_bad_arguments_exit_2_with_one_line(good, tmp_path):
+    cases = [
+        ([tmp_path / "nothing-here"], "does not exist"),
+        ([good.path, "--split", "nope"], "its splits are: train, val"),
+        ([good.path, "--samples", "0"], "--samples must be at least 1"),
+        ([good.path, "--contact_sheet", "sheet.jpg"], "must name a .png file"),
+        ([good.path, "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ]
+    for argv, message in cases:
+        status, text = _run(*argv)
+        assert status == 2, (argv, text)
+        assert text.startswith("error: ") and message in text and text.count("\n") == 1
+
+
+def _records_by_filename(path) -> dict[str, bytes]:
+    out = {}
+    for shard in tf.io.gfile.glob(os.path.join(path, "*.tfrecord")):
+        for data in tf.data.TFRecordDataset(shard):
+            example = tf.train.Example.FromString(data.numpy())
+            feature = example.features.feature
+            name = feature["image/filename"].bytes_list.value[0].decode()
+            out[name] = feature["image/encoded"].bytes_list.value[0]
+    return out
+
+
+def test_contact_sheet_tiles_are_the_named_splits_images(good, tmp_path):
+    sheet = tmp_path / "sheet.png"
+    status, text = _run(good.path, "--contact_sheet", sheet, "--split", "val", "--samples", "10")
+    assert status == 0, text
+    assert "contact sheet: 10 images of val" in text
+    tiles = inspect_tool.contact_sheet(
+        load_info(good.path), str(tmp_path / "again.png"), ["val"], 10, 0
+    )
+    assert sheet.read_bytes() == (tmp_path / "again.png").read_bytes()  # same seed, same sheet
+
+    image = np.asarray(Image.open(sheet).convert("RGB")).astype(int)
+    # 8 columns (two rows for 10 images) under one split header.
+    cell_w = inspect_tool.TILE + inspect_tool.PAD
+    cell_h = inspect_tool.TILE + inspect_tool.CAPTION + inspect_tool.PAD
+    assert image.shape == (
+        inspect_tool.HEADER + 2 * cell_h + inspect_tool.PAD,
+        inspect_tool.PAD + 8 * cell_w,
+        3,
+    )
+    assert image.std() > 20  # not blank
+
+    val = set(good.filenames("val"))
+    assert len(tiles) == 10 and len({t.filename for t in tiles}) == 10
+    assert {t.filename for t in tiles} <= val
+    truth = {r.filename: r for r in good.records["val"]}
+    encoded = _records_by_filename(good.path)
+    for tile in tiles:
+        assert tile.class_name == truth[tile.filename].class_name
+        left, top, right, bottom = tile.box
+        drawn = image[top:bottom, left:right]
+        record = Image.open(io.BytesIO(encoded[tile.filename])).convert("RGB")
+        expected = np.asarray(record.resize((right - left, bottom - top), Image.BICUBIC))
+        assert np.abs(drawn - expected.astype(int)).mean() < 8, tile
+        # The fixture paints each class its own colour: the tile shows that colour.
+        assert (
+            np.abs(np.median(drawn.reshape(-1, 3), axis=0) - truth[tile.filename].colour).max() < 30
+        )
+
+
+def test_histogram_bars_follow_the_class_counts(good, tmp_path):
+    path = tmp_path / "hist.png"
+    status, text = _run(good.path, "--histogram", path, "--no_shuffle_check")
+    assert status == 0, text
+    bars = inspect_tool.histogram(
+        load_info(good.path), str(tmp_path / "again.png"), ["train", "val"]
+    )
+    image = np.asarray(Image.open(path).convert("RGB"))
+    assert image.shape[1] == inspect_tool.HISTOGRAM_WIDTH
+    assert image.shape[0] > 3 * 2 * 12  # a bar per class and split
+    assert len(np.unique(image.reshape(-1, 3), axis=0)) > 10  # not blank
+    longest = max(bar.count for bar in bars)
+    widest = max(bar.box[2] - bar.box[0] for bar in bars)
+    for bar in bars:
+        assert bar.count == good.info["splits"][bar.split]["class_counts"][bar.class_name]
+        width = bar.box[2] - bar.box[0]
+        assert width == pytest.approx(widest * bar.count / longest, abs=1)
+        if width > 2:
+            colour = inspect_tool.SPLIT_COLOURS[["train", "val"].index(bar.split)]
+            middle = image[(bar.box[1] + bar.box[3]) // 2, (bar.box[0] + bar.box[2]) // 2]
+            assert tuple(middle) == colour
+
+
+def test_import_reader_loads_nothing_but_tensorflow():
+    # TensorFlow's bundled Keras imports Pillow itself when it is installed, so
+    # the check is on what reader and reader.inspect add on top of TensorFlow.
+    code = (
+        "import sys\n"
+        "import tensorflow\n"
+        "before = set(sys.modules)\n"
+        "import reader, reader.inspect\n"
+        "forbidden = ('PIL', 'matplotlib', 'google_crc32c', 'apache_beam', 'beam_pipeline')\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith(forbidden)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_console_script_is_installed(good):
+    script = os.path.join(os.path.dirname(sys.executable), "imagerecords-inspect")
+    result = subprocess.run(
+        [script, good.path, "--no_shuffle_check"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "classes (3): cat, dog, fish" in result.stdout
