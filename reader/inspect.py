@@ -222,6 +222,15 @@ def summary(info: info_lib.DatasetInfo, mixes: Sequence[ShardMix] | None) -> str
     lines += _class_table(info)
     lines.append("")
     lines += _rejects_lines(info)
+    skipped = raw.get("skipped")
+    if isinstance(skipped, dict) and skipped.get("count"):
+        reasons = skipped.get("by_reason") or {}
+        shown = ", ".join(f"{n:,} {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1]))
+        lines.append(
+            f"skipped (not converted): {skipped['count']:,}"
+            + (f" (listed in {skipped['file']})" if skipped.get("file") else "")
+            + (f": {shown}" if shown else "")
+        )
     duplicates = raw.get("duplicates")
     if isinstance(duplicates, dict):
         lines.append(

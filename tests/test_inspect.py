@@ -17,7 +17,13 @@ from PIL import Image
 
 from reader import inspect as inspect_tool
 from reader import load_info
+from tests import gcs_fixtures
 from tests.shard_fixtures import write_dataset
+
+# Fixtures used by name in this module (an import would read as unused to linters).
+gcs_emulator = gcs_fixtures.gcs_emulator
+gcs_proxy = gcs_fixtures.gcs_proxy
+tf_gcs_env = gcs_fixtures.tf_gcs_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,6 +96,11 @@ def test_summary_shows_rejects_and_duplicates(copy):
         "cross_class": 0,
         "file": "duplicates.jsonl",
     }
+    info["skipped"] = {
+        "count": 3,
+        "file": "skipped.jsonl",
+        "by_reason": {"not an image file (.txt)": 1, "not inside a class folder": 2},
+    }
     _write_info(copy, info)
     rows = [
         {"path": "/x/a.txt", "id": "a.txt", "split": "train", "reason": "not an image: text"},
@@ -102,6 +113,10 @@ def test_summary_shows_rejects_and_duplicates(copy):
     assert "rejected: 3" in text
     assert "       2  not an image (e.g. a.txt)" in text
     assert "       1  corrupt image (e.g. c.jpg)" in text
+    assert (
+        "skipped (not converted): 3 (listed in skipped.jsonl): 2 not inside a class folder, "
+        "1 not an image file (.txt)"
+    ) in text
     assert (
         "duplicates: groups 2, images 5, cross-split 1, cross-class 0 (see duplicates.jsonl)"
         in text
@@ -325,3 +340,55 @@ def test_console_script_is_installed(good):
     )
     assert result.returncode == 0, result.stderr
     assert "classes (3): cat, dog, fish" in result.stdout
+
+
+# Runs in a subprocess whose TensorFlow reads gs:// from the emulator (see
+# tests/test_gcs_tensorflow.py): argv[1] is a good dataset, argv[2] a damaged
+# copy, argv[3] a local folder for the pictures.
+INSPECT_ON_GCS = r"""
+import contextlib, io, json, sys
+from reader import inspect as inspect_tool
+
+good, damaged, local = sys.argv[1:4]
+out = {}
+for name, argv in {
+    "good": [good, "--verify", "--contact_sheet", local + "/sheet.png", "--samples", "4"],
+    "damaged": [damaged, "--verify", "--no_shuffle_check"],
+}.items():
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        status = inspect_tool.main(argv)
+    out[name] = [status, text.getvalue()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_inspect_and_verify_on_gcs(good, tmp_path, gcs_emulator, tf_gcs_env):
+    emulator, env = gcs_emulator, tf_gcs_env
+    bucket = emulator.create_bucket()
+    url, damaged = f"gs://{bucket}/good", f"gs://{bucket}/damaged"
+    emulator.upload_dir(good.path, url)
+    emulator.upload_dir(good.path, damaged)
+    shard = os.path.join(good.path, "train-00003-of-00004.tfrecord")
+    offset, length = _record_offsets(shard)[1]
+    data = bytearray(open(shard, "rb").read())
+    data[offset + length - 1] ^= 0xFF
+    emulator.upload_bytes(f"{damaged}/train-00003-of-00004.tfrecord", bytes(data))
+    result = subprocess.run(
+        [sys.executable, "-c", INSPECT_ON_GCS, url, damaged, str(tmp_path)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stderr[-4000:]
+    seen = json.loads(lines[-1][len("RESULT ") :])
+    status, text = seen["good"]
+    assert status == 0, text
+    assert "verify: OK: 5 shards" in text and "(0 flagged)" in text
+    assert Image.open(tmp_path / "sheet.png").size[0] > 4 * inspect_tool.TILE
+    status, text = seen["damaged"]
+    assert status == 1
+    assert "train-00003-of-00004.tfrecord: record 1 " in text and "data CRC mismatch" in text
