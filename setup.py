@@ -25,6 +25,10 @@ TEST_REQUIRES = [
     "psutil>=5.9",  # tests: no child process of the CLI outlives it
 ]
 
+# Beam's DaskRunner (beam_pipeline/dask_runner.py); Beam 2.77's own "dask" extra
+# asks for the same lower bound. The client and every worker need it.
+DASK_REQUIRES = ["dask[distributed]>=2024.4.2"]
+
 BENCH_REQUIRES = ["matplotlib>=3.8", "scikit-image>=0.22", "py-spy>=0.3"]
 
 setuptools.setup(
@@ -43,7 +47,8 @@ setuptools.setup(
     package_data={"reader": ["native/*.cc"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": TEST_REQUIRES + BENCH_REQUIRES,
+        "test": TEST_REQUIRES + BENCH_REQUIRES + DASK_REQUIRES,
+        "dask": DASK_REQUIRES,
         "bench": BENCH_REQUIRES + ["tensorflow-cpu>=2.16"],
     },
     entry_points={

@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 
-from beam_pipeline import errors, images, keys, metadata
+from beam_pipeline import beam_options, errors, images, keys, metadata
 from beam_pipeline.errors import BooksDoNotBalance, UsageError
 
 EXAMPLE = (
@@ -134,13 +134,31 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgumentError(message)
 
 
+def _runner_name(beam_args: list[str]) -> str | None:
+    """The --runner value among the Beam args (the last one wins, as in Beam)."""
+    found = re.findall(r"--runner(?:=|\s+)(\S+)", " ".join(beam_args))
+    return found[-1] if found else None
+
+
+def _require_dask(beam_args: list[str]) -> None:
+    """Refuses the Dask runner, before any work, where Dask is not installed."""
+    from importlib.util import find_spec
+
+    if _runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES and not (
+        find_spec("dask") and find_spec("distributed")
+    ):
+        raise UsageError(
+            "the Dask runner needs Dask: pip install 'imagerecords[dask]' "
+            "(dask[distributed], here and on every worker)"
+        )
+
+
 def _check_beam_args(beam_args: list[str]) -> None:
     """Every Beam flag and its value, checked without importing Beam (see beam_options)."""
-    from beam_pipeline import beam_options
-
     # The Flex Template launcher may add flags of its own; warn, don't fail.
     lenient = bool(os.environ.get("IMAGERECORDS_LENIENT_OPTIONS"))
     beam_options.check(beam_args, _OWN_FLAGS, lenient=lenient)
+    _require_dask(beam_args)
 
 
 _OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
@@ -406,6 +424,14 @@ def _run_pipeline(args, beam_args, processes, layout, output):
         mode = chosen.get("direct_running_mode")
         workers = processes if mode == "in_memory" else chosen.get("direct_num_workers")
         runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
+    elif runner_name in beam_options.DASK_RUNNER_NAMES:
+        # Beam knows the Dask runner by its dotted path only; all these names
+        # get the fixed one (beam_pipeline/dask_runner.py).
+        from beam_pipeline.dask_runner import DaskOptions, DaskRunner
+
+        runner = DaskRunner()
+        address = options.view_as(DaskOptions).address or "a new local Dask cluster"
+        runner_name = f"DaskRunner ({address})"
     say(f"imagerecords: running on {runner_name}")
     try:
         p = beam.Pipeline(runner=runner, options=options)
@@ -417,7 +443,12 @@ def _run_pipeline(args, beam_args, processes, layout, output):
         job = getattr(result, "job_id", lambda: None)()
         print(f"imagerecords: submitted{f' job {job}' if job else ''}; not waiting (--wait=false)")
         return None
-    result.wait_until_finish()
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)  # DaskRunner's connection to the scheduler
+        if client is not None:
+            client.close()
     return result
 
 
@@ -497,6 +528,8 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 
         return dryrun.run(args, beam_args, check_output)
     started = time.monotonic()
+    if not args.wait and _runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+        raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
     beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
 
     from beam_pipeline import listing, local_pool

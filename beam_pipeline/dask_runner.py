@@ -1,0 +1,241 @@
+"""Apache Beam's DaskRunner with the translation fixes this job needs.
+
+Beam 2.77's DaskRunner (``apache_beam/runners/dask``) turns each Beam primitive
+into a ``dask.bag`` operation. Four things in that translation break or cripple
+this pipeline; this module replaces exactly those and reuses the rest (the
+Create, GroupByKey and Flatten translations, the options, the result):
+
+1. **A multi-output ParDo is one bag.** The visitor keeps one bag per
+   transform, and its bundle function drops the tag of every ``TaggedOutput``,
+   so each consumer of *any* output of ``ParDo(...).with_outputs(...)`` -- as a
+   main input or as a side input -- reads the elements of *all* its outputs,
+   mixed. Conversion's ``rejected`` output reached RecordEntries, and
+   Finalize's ``books`` side input received the shard dicts too ("too many
+   values to unpack (expected 4)"). Here the bundle function emits
+   ``(tag, value)`` pairs and every consumer selects its own tag.
+2. **Side inputs are outside the dask graph.** A consuming task iterates a
+   ``DaskBagWindowedIterator``, which computes the side input's bag inside the
+   task (``list(bag)``, a nested ``compute``). Everything upstream of a side
+   input -- the whole conversion, shard writing -- runs again, with its side
+   effects (a toy pipeline with one side input ran its upstream twice). Here
+   each side input is one dask ``Item`` that the consuming partitions depend
+   on: computed once, in the graph.
+3. **Reshuffle is the identity.** ``Create`` of a handful of class folders is
+   one partition, so every image was listed and converted in one task on one
+   worker. Here Reshuffle spreads the elements over ``--dask_npartitions``
+   partitions (default: 2 per worker thread) with a task shuffle.
+4. **Bundle bookkeeping.** Beam's bundle function collects the outputs before
+   ``finish_bundle`` (whatever a DoFn emits there is lost) and shares one set
+   of receivers and one DoFn object between partitions. Here each partition
+   unpickles its own DoFn (as a Beam worker does) and keeps what
+   ``finish_bundle`` emits. Every leaf of the graph is computed, not only the
+   last transform visited.
+
+Like Beam's DaskRunner this runs batch pipelines in the global window only.
+The graph is the same one every runner gets (``pipeline.build``).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import zlib
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.internal import pickler
+from apache_beam.pipeline import PipelineVisitor
+from apache_beam.runners.common import (
+    DoFnContext,
+    DoFnInvoker,
+    DoFnSignature,
+    Receiver,
+    _OutputHandler,
+)
+from apache_beam.runners.dask import dask_runner as beam_dask
+from apache_beam.runners.dask import transform_evaluator as beam_ops
+from apache_beam.runners.dask.overrides import _Reshuffle
+from apache_beam.transforms.sideinputs import SideInputMap
+from apache_beam.utils.windowed_value import WindowedValue
+
+DaskOptions = beam_dask.DaskOptions  # --dask_client_address and the other --dask_* flags
+
+# Partitions a Reshuffle spreads over, per worker thread, when
+# --dask_npartitions is not given: a little more than one, so a slow partition
+# does not hold up the whole stage.
+PARTITIONS_PER_THREAD = 2
+
+
+class _Receiver(Receiver):
+    """Collects one output tag's elements of a bundle as (tag, value) pairs."""
+
+    def __init__(self, tag, out: list):
+        self._tag, self._out = tag, out
+
+    def receive(self, windowed_value: WindowedValue):
+        self._out.append((self._tag, windowed_value.value))
+
+
+class _Receivers(dict):
+    def __init__(self, out: list):
+        super().__init__()
+        self._out = out
+
+    def __missing__(self, tag):
+        self[tag] = _Receiver(tag, self._out)
+        return self[tag]
+
+
+def _run_bundle(items, label: str, pickled: bytes, side_views: list, *side_values):
+    """One dask partition = one Beam bundle of a ParDo -> [(tag, value)]."""
+    fn, args, kwargs, window_fn = pickler.loads(pickled)
+    side_inputs = [
+        SideInputMap(
+            view_class,
+            options,
+            [WindowedValue(v, 0, (beam.window.GlobalWindow(),)) for v in values],
+        )
+        for (view_class, options), values in zip(side_views, side_values, strict=True)
+    ]
+    out: list = []
+    receivers = _Receivers(out)
+    invoker = DoFnInvoker.create_invoker(
+        DoFnSignature(fn),
+        _OutputHandler(
+            window_fn=window_fn,
+            main_receivers=receivers[None],
+            tagged_receivers=receivers,
+            per_element_output_counter=None,
+            output_batch_converter=None,
+            process_yields_batches=False,
+            process_batch_yields_elements=False,
+        ),
+        context=DoFnContext(label, state=None),
+        side_inputs=side_inputs,
+        input_args=args,
+        input_kwargs=kwargs,
+        user_state_context=None,
+        bundle_finalizer_param=beam.DoFn.BundleFinalizerParam(),
+    )
+    invoker.invoke_setup()
+    invoker.invoke_start_bundle()
+    for item in items:
+        invoker.invoke_process(beam_ops.get_windowed_value(item, window_fn))
+    invoker.invoke_finish_bundle()
+    invoker.invoke_teardown()
+    return out
+
+
+def _concat(parts):
+    return list(itertools.chain.from_iterable(parts))
+
+
+def _select(bag, tag):
+    """The elements of one output of a ParDo's (tag, value) bag."""
+    return bag.map_partitions(_values_of, tag)
+
+
+def _values_of(pairs, tag) -> list:
+    return [value for t, value in pairs if t == tag]
+
+
+def _materialized(bag):
+    """The bag with each partition a list.
+
+    dask.bag's own map, filter and flatten leave a partition as a lazy
+    iterator. A partition that two transforms consume (a PCollection read by
+    two steps) is then one iterator that the first consumer exhausts: the
+    second sees only what is left (elements were lost that way).
+    """
+    return bag.map_partitions(list)
+
+
+def _spread_key(element) -> int:
+    # Deterministic (unlike a random key), so a task the scheduler recomputes
+    # after losing a worker sends every element where it sent it before.
+    return zlib.crc32(repr(element).encode())
+
+
+class DaskRunner(beam_dask.DaskRunner):
+    """Beam's DaskRunner with the fixes in this module's docstring."""
+
+    def run_pipeline(self, pipeline, options):
+        import dask
+        import distributed
+
+        dask_options = options.view_as(beam_dask.DaskOptions).get_all_options(
+            drop_default=True, current_only=True
+        )
+        bag_kwargs = beam_dask.DaskOptions._extract_bag_kwargs(dask_options)
+        client = distributed.Client(**dask_options)
+        try:
+            if not bag_kwargs.get("npartitions"):
+                threads = sum(client.nthreads().values()) or 1
+                bag_kwargs["spread"] = PARTITIONS_PER_THREAD * threads
+            pipeline.replace_all(beam_dask.dask_overrides())
+            visitor = _Visitor(bag_kwargs)
+            pipeline.visit(visitor)
+            futures = client.compute(dask.optimize(*visitor.leaves()))
+        except BaseException:
+            client.close()
+            raise
+        return beam_dask.DaskRunnerResult(client, futures)
+
+
+class _Visitor(PipelineVisitor):
+    """Beam transforms -> dask bags, one bag per leaf transform."""
+
+    def __init__(self, bag_kwargs: dict):
+        self._bag_kwargs = bag_kwargs
+        self.bags = collections.OrderedDict()  # AppliedPTransform -> Bag
+        self._tagged = set()  # transforms whose bag holds (tag, value) pairs
+        self._consumed = set()
+
+    def leaves(self) -> list:
+        return [bag for node, bag in self.bags.items() if node not in self._consumed]
+
+    def _bag_of(self, pcoll):
+        producer = pcoll.producer
+        self._consumed.add(producer)
+        bag = self.bags[producer]
+        return _select(bag, pcoll.tag) if producer in self._tagged else bag
+
+    def visit_transform(self, node) -> None:
+        transform = node.transform
+        inputs = [self._bag_of(i) for i in node.inputs if not isinstance(i, pvalue.PBegin)]
+        if type(transform) is beam.ParDo:
+            self.bags[node] = self._par_do(node, inputs[0])
+            self._tagged.add(node)
+        elif isinstance(transform, _Reshuffle):
+            self.bags[node] = self._reshuffle(inputs[0])
+        else:
+            kwargs = {k: v for k, v in self._bag_kwargs.items() if k != "spread"}
+            op = beam_ops.TRANSLATIONS.get(type(transform), beam_ops.NoOp)(node, bag_kwargs=kwargs)
+            if isinstance(op, beam_ops.Flatten):
+                bag = op.apply(inputs)
+            else:
+                bag = op.apply(inputs[0] if inputs else None)
+            self.bags[node] = bag if isinstance(op, beam_ops.Create) else _materialized(bag)
+
+    def _par_do(self, node, bag):
+        transform = node.transform
+        args, kwargs = transform.raw_side_inputs
+        main = next(iter(node.main_inputs.values()))
+        window_fn = main.windowing.windowfn if hasattr(main, "windowing") else None
+        pickled = pickler.dumps((transform.fn, list(args), kwargs, window_fn))
+        views, values = [], []
+        for side in node.side_inputs:
+            views.append((type(side), side._view_options()))
+            # One Item per side input: computed once, before its consumers.
+            values.append(self._bag_of(side.pvalue).reduction(list, _concat))
+        return bag.map_partitions(_run_bundle, transform.label, pickled, views, *values)
+
+    def _reshuffle(self, bag):
+        partitions = self._bag_kwargs.get("npartitions") or self._bag_kwargs["spread"]
+        if bag.npartitions < partitions:
+            bag = bag.repartition(npartitions=partitions)
+        return bag.groupby(_spread_key, shuffle="tasks").map_partitions(_ungroup)
+
+
+def _ungroup(groups) -> list:
+    return [value for _, values in groups for value in values]

@@ -1,0 +1,149 @@
+"""The converter on a real Dask cluster: a scheduler and two worker processes on localhost.
+
+The job goes through the command line with ``--runner DaskRunner
+--dask_client_address tcp://...`` and must write the same bytes as the
+DirectRunner, file for file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from beam_pipeline.__main__ import main
+from tests import contract
+from tests.gcs_fixtures import _die_with_parent, free_port
+from tests.image_factory import add_bad_files, make_class_folders
+
+distributed = pytest.importorskip("distributed")
+
+START_TIMEOUT_S = 60
+
+
+def _spawn(args: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a process group of its own: teardown kills it whole
+        preexec_fn=_die_with_parent,
+    )
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    """``dask scheduler`` + two ``dask worker`` processes (1 thread each); the address."""
+    log_dir = tmp_path_factory.mktemp("dask")
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    processes = []
+    try:
+        processes.append(
+            _spawn(
+                ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port)]
+                + ["--no-dashboard"],
+                (log_dir / "scheduler.log").open("wb"),
+            )
+        )
+        for n in range(2):
+            processes.append(
+                _spawn(
+                    ["distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny"]
+                    + ["--no-dashboard", "--name", f"worker-{n}"],
+                    (log_dir / f"worker-{n}.log").open("wb"),
+                )
+            )
+        with distributed.Client(address, timeout=START_TIMEOUT_S) as client:
+            client.wait_for_workers(2, timeout=START_TIMEOUT_S)
+        yield address
+    finally:
+        for process in reversed(processes):
+            _kill_group(process)
+        deadline = time.monotonic() + 10
+        while any(_alive(p.pid) for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p.pid for p in processes if _alive(p.pid)]
+        assert not left, f"Dask processes left running: {left}"
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dask-images") / "images"
+    make_class_folders(str(root), per_class=12)
+    add_bad_files(str(root))
+    return root
+
+
+def _convert(images, out, *extra) -> int:
+    return main(
+        ["--input", str(images), "--output", str(out), "--quiet", "--min_shards", "3"]
+        + ["--max_reject_fraction", "0.2", *extra]
+    )
+
+
+def test_dask_cluster_writes_the_directrunner_bytes(dask_cluster, images, tmp_path, capsys):
+    assert _convert(images, tmp_path / "direct", "--direct_running_mode=in_memory") == 0
+    assert (
+        _convert(
+            images,
+            tmp_path / "dask",
+            "--runner",
+            "DaskRunner",
+            "--dask_client_address",
+            dask_cluster,
+        )
+        == 0
+    )
+    summary = capsys.readouterr().out
+    assert "images/s" in summary
+
+    direct, dask = (
+        contract.all_files(str(tmp_path / "direct")),
+        contract.all_files(str(tmp_path / "dask")),
+    )
+    assert sorted(dask) == sorted(direct)
+    assert [name for name in direct if dask[name] != direct[name]] == []
+    # The comparison means something: records in several shards, and rejections.
+    by_split = contract.check_output(str(tmp_path / "dask"), str(images))
+    assert sum(len(rows) for rows in by_split.values()) == 36
+    assert len(contract.read_rejects(str(tmp_path / "dask"))) == 2
+    assert sum(name.endswith(".tfrecord") for name in dask) >= 6
+
+
+def test_dask_wait_false_is_refused_before_work(dask_cluster, images, tmp_path, capsys):
+    status = _convert(
+        images,
+        tmp_path / "out",
+        "--runner=DaskRunner",
+        f"--dask_client_address={dask_cluster}",
+        "--wait=false",
+    )
+    assert status == 2
+    assert "--wait=false" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
