@@ -109,24 +109,12 @@ def _convert(images, out, *extra) -> int:
 
 def test_dask_cluster_writes_the_directrunner_bytes(dask_cluster, images, tmp_path, capsys):
     assert _convert(images, tmp_path / "direct", "--direct_running_mode=in_memory") == 0
-    assert (
-        _convert(
-            images,
-            tmp_path / "dask",
-            "--runner",
-            "DaskRunner",
-            "--dask_client_address",
-            dask_cluster,
-        )
-        == 0
-    )
-    summary = capsys.readouterr().out
-    assert "images/s" in summary
+    on_dask = ["--runner", "DaskRunner", "--dask_client_address", dask_cluster]
+    assert _convert(images, tmp_path / "dask", *on_dask) == 0
+    assert "images/s" in capsys.readouterr().out
 
-    direct, dask = (
-        contract.all_files(str(tmp_path / "direct")),
-        contract.all_files(str(tmp_path / "dask")),
-    )
+    direct = contract.all_files(str(tmp_path / "direct"))
+    dask = contract.all_files(str(tmp_path / "dask"))
     assert sorted(dask) == sorted(direct)
     assert [name for name in direct if dask[name] != direct[name]] == []
     # The comparison means something: records in several shards, and rejections.
