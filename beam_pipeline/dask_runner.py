@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import zlib
 
 import apache_beam as beam
@@ -57,6 +58,10 @@ from apache_beam.runners.dask import transform_evaluator as beam_ops
 from apache_beam.runners.dask.overrides import _Reshuffle
 from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.utils.windowed_value import WindowedValue
+
+# Beam's Create translation warns on every run that its default partition size
+# changed in an earlier Beam release; nothing for a user of this CLI to act on.
+logging.getLogger(beam_ops.__name__).setLevel(logging.ERROR)
 
 DaskOptions = beam_dask.DaskOptions  # --dask_client_address and the other --dask_* flags
 
