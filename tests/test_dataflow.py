@@ -209,7 +209,7 @@ def test_every_pickled_step_loads_with_only_the_workers_packages(template, worke
     assert loaded["ConvertImages/Convert/ParDo(_ConvertFn)"] == ours + "_ConvertFn"
     assert loaded["WriteShards/WriteShard/ParDo(_WriteShardFn)"] == ours + "_WriteShardFn"
     assert loaded["Finalize"] == ours + "_Finalize"
-    assert "ListImages/ListFolder" in loaded
+    assert any(name.startswith("ListImages/ListFolder") for name in loaded)
     # The unpickled conversion DoFn converts an image with the worker's Pillow.
     assert report["converted"] == ["Record", 0]
     proto = _pipeline_proto(staged)
