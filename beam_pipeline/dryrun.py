@@ -531,9 +531,12 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
     say(
         f"Dataflow on {machine.name} ({machine.vcpus} vCPU, {machine.memory_gb:g} GB): "
         f"~{_fmt_hours(cost.vcpu_hours)} vCPU-hours, ~{_fmt_bytes(cost.shuffle_gb * 1e9)} shuffled, "
-        f"{_fmt_usd(cost.usd)} at {PRICES.region} list prices ({PRICES.source}, {PRICES.as_of}: "
+        f"{_fmt_usd(cost.usd)} plus a few minutes of worker start-up"
+    )
+    say(
+        f"  (at {PRICES.region} list prices, {PRICES.source}, {PRICES.as_of}: "
         f"${PRICES.vcpu_hour}/vCPU-h, ${PRICES.gb_hour}/GB-h, ${PRICES.shuffle_gb}/GB "
-        f"shuffled), plus a few minutes of worker start-up"
+        f"shuffled; {DATAFLOW_EFFICIENCY:.0%} of this machine's per-core speed per vCPU)"
     )
     say(f"dry run took {time.perf_counter() - started:.1f} s")
     return {

@@ -662,7 +662,11 @@ def histogram(info: info_lib.DatasetInfo, out_file: str, splits: Sequence[str]) 
     image = Image.new("RGB", (HISTOGRAM_WIDTH, height), (255, 255, 255))
     draw = ImageDraw.Draw(image)
     draw.text(
-        (PAD, 4), f"class counts per split ({info.num_classes} classes)", fill=(0, 0, 0), font=title
+        (PAD, 4),
+        f"class counts per split ({info.num_classes} classes"
+        + (f"; the {len(classes) // 2} largest and smallest)" if skipped else ")"),
+        fill=(0, 0, 0),
+        font=title,
     )
     x = PAD
     for i, split in enumerate(splits):
