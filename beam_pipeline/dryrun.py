@@ -40,9 +40,10 @@ _REMOTE_READERS = 16  # threads reading sampled images from GCS
 # per core plus ~1 s of fixed start-up (docs/performance.md).
 LOCAL_EFFICIENCY = 0.83
 LOCAL_FIXED_S = 1.5
-# Dataflow: deploy/README.md's cost notes count on ~60 % of the codec speed per
-# vCPU once Beam's per-element overhead, listing and shard writing are in.
-DATAFLOW_EFFICIENCY = 0.6
+# Dataflow: the planning factor of docs/scale.md's cost section (an
+# assumption, not a measurement): twice the local CPU per image, for GCS reads
+# over HTTPS, Runner v2's data plane and shuffle serialization.
+DATAFLOW_FACTOR = 2.0
 DEFAULT_MACHINE_TYPE = "n2-standard-4"
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
@@ -50,16 +51,17 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".
 
 @dataclasses.dataclass(frozen=True)
 class Prices:
-    """Dataflow batch list prices in USD (no discounts, no free tier)."""
+    """Dataflow batch list prices in USD, as in docs/scale.md (no discounts, no free tier)."""
 
     region: str = "us-central1"
-    as_of: str = "2025-06"
+    as_of: str = "2024, not re-checked"
     source: str = "cloud.google.com/dataflow/pricing"
     vcpu_hour: float = 0.056
     gb_hour: float = 0.003557
     shuffle_gb: float = 0.011  # Dataflow Shuffle, per GB processed (batch)
     pd_gb_hour: float = 0.000054  # standard persistent disk
     disk_gb: int = 25  # boot disk per worker when Dataflow Shuffle is on (the default)
+    gcs_read_1000: float = 0.0004  # Cloud Storage class B operations (one read per image)
 
 
 PRICES = Prices()
@@ -143,17 +145,20 @@ def dataflow_cost(
     """Worker time and list-price cost of converting ``images`` on Dataflow.
 
     Workers are billed per vCPU-hour and GB-hour; every record passes once
-    through Dataflow Shuffle (the GroupByKey into shards). Start-up and
-    shut-down of the workers (a few minutes per job) are not included.
+    through Dataflow Shuffle (the GroupByKey into shards), billed here as
+    written plus read (an upper bound, as in docs/scale.md); each image is one
+    Cloud Storage read. Start-up and shut-down of the workers (a few minutes
+    per job) are not included.
     """
-    vcpu_hours = images * cpu_s_per_image / DATAFLOW_EFFICIENCY / 3600
+    vcpu_hours = images * cpu_s_per_image * DATAFLOW_FACTOR / 3600
     worker_hours = vcpu_hours / machine.vcpus
-    shuffle_gb = output_bytes / 1e9
+    shuffle_gb = 2 * output_bytes / 1e9
     usd = (
         vcpu_hours * prices.vcpu_hour
         + worker_hours * machine.memory_gb * prices.gb_hour
         + worker_hours * prices.disk_gb * prices.pd_gb_hour
         + shuffle_gb * prices.shuffle_gb
+        + images / 1000 * prices.gcs_read_1000
     )
     return DataflowCost(vcpu_hours, worker_hours, shuffle_gb, usd)
 
@@ -536,7 +541,8 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
     say(
         f"  (at {PRICES.region} list prices, {PRICES.source}, {PRICES.as_of}: "
         f"${PRICES.vcpu_hour}/vCPU-h, ${PRICES.gb_hour}/GB-h, ${PRICES.shuffle_gb}/GB "
-        f"shuffled; {DATAFLOW_EFFICIENCY:.0%} of this machine's per-core speed per vCPU)"
+        f"shuffled, ${PRICES.gcs_read_1000} per 1,000 image reads; {DATAFLOW_FACTOR:g}x this "
+        "machine's CPU per image: see docs/scale.md)"
     )
     say(f"dry run took {time.perf_counter() - started:.1f} s")
     return {

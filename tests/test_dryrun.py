@@ -178,14 +178,20 @@ def test_expected_shards(records, total, target, minimum, shards):
     assert dryrun.expected_shards(records, target, total, minimum) == shards
 
 
-def test_dataflow_cost_adds_up_workers_memory_disk_and_shuffle():
+def test_dataflow_cost_adds_up_workers_memory_disk_shuffle_and_reads():
     machine = dryrun.machine_type("n2-standard-4")
-    prices = dryrun.Prices(vcpu_hour=1.0, gb_hour=0.5, shuffle_gb=2.0, pd_gb_hour=0.01, disk_gb=25)
-    # 3,600 images at 0.6 CPU-s each, at 60 % efficiency: 1 vCPU-hour = 0.25 worker-hours.
-    cost = dryrun.dataflow_cost(3600, 0.6 * dryrun.DATAFLOW_EFFICIENCY, 3e9, machine, prices)
-    assert cost.vcpu_hours == pytest.approx(0.6)
-    assert cost.worker_hours == pytest.approx(0.15)
-    assert cost.usd == pytest.approx(0.6 * 1.0 + 0.15 * 16 * 0.5 + 0.15 * 25 * 0.01 + 3 * 2.0)
+    prices = dryrun.Prices(
+        vcpu_hour=1.0, gb_hour=0.5, shuffle_gb=2.0, pd_gb_hour=0.01, disk_gb=25, gcs_read_1000=0.1
+    )
+    # 3,600 images at 0.3 CPU-s each, times the planning factor: 0.3 * factor vCPU-hours.
+    cost = dryrun.dataflow_cost(3600, 0.3, 3e9, machine, prices)
+    vcpu_h = 0.3 * dryrun.DATAFLOW_FACTOR
+    assert cost.vcpu_hours == pytest.approx(vcpu_h)
+    assert cost.worker_hours == pytest.approx(vcpu_h / 4)
+    assert cost.shuffle_gb == pytest.approx(6)  # written and read
+    assert cost.usd == pytest.approx(
+        vcpu_h * 1.0 + vcpu_h / 4 * (16 * 0.5 + 25 * 0.01) + 6 * 2.0 + 3.6 * 0.1
+    )
 
 
 def test_local_wall_time_scales_with_processes():
