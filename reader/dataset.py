@@ -33,7 +33,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from reader import decode, native
-from reader.info import DatasetInfo, load_info
+from reader.info import DatasetInfo, load_info, too_few_for_a_batch
 
 _LOG = logging.getLogger(__name__)
 
@@ -380,6 +380,8 @@ class InputReader:
         # Per-pipeline seeds: each pipeline shuffles its records and augments its
         # images differently; the *file* shuffle seed is shared (see _read_records).
         self._pipeline_seed = _derive_seed(self._seed, f"pipeline{pipeline_id}")
+        if cfg.drops_remainder:
+            self._check_one_full_batch(num_pipelines, pipeline_id)
 
         ds = self._read_records(num_pipelines, pipeline_id)
         if cfg.caches_decoded:
@@ -405,12 +407,13 @@ class InputReader:
             ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
             ds = self._decode_batches(ds)
         ds = self._maybe_pad(ds)
+        ds = self._maybe_assert_cardinality(ds, num_pipelines, pipeline_id)
+        ds = self._pad_to_common_length(ds, num_pipelines)
         ds = ds.map(
             self._finish_batch,
             num_parallel_calls=cfg.num_parallel_calls,
             deterministic=cfg.is_deterministic,
         )
-        ds = self._maybe_assert_cardinality(ds, num_pipelines, pipeline_id)
         ds = ds.prefetch(cfg.prefetch)
         return ds.with_options(self._options(input_context is not None))
 
@@ -501,6 +504,64 @@ class InputReader:
             return None  # the files a pipeline reads change from epoch to epoch
         counts = [shard.num_examples for shard in split.shards[pipeline_id::num_pipelines]]
         return None if None in counts else sum(counts)
+
+    def _records_bounds(self, num_pipelines: int) -> tuple[int, int] | None:
+        """Fewest and most records any one pipeline can read in a pass, from the shard counts.
+
+        For when the pipelines' files change from epoch to epoch (seeded file
+        shuffle): a pipeline reads ``len(files) // n`` or one more of the shards.
+        """
+        counts = [shard.num_examples for shard in self._info.split(self._config.split).shards]
+        if None in counts:
+            return None
+        counts.sort()
+        fewest, most = len(counts) // num_pipelines, -(-len(counts) // num_pipelines)
+        return sum(counts[:fewest]), sum(counts[len(counts) - most :])
+
+    def _check_one_full_batch(self, num_pipelines: int, pipeline_id: int) -> None:
+        """Refuses to drop the remainder of a split (or share) smaller than one batch."""
+        cfg = self._config
+        records = self._expected_records(num_pipelines, pipeline_id)
+        if records is None:
+            bounds = self._records_bounds(num_pipelines)
+            records = bounds[0] if bounds else None
+        if records is not None and records < cfg.batch_size:
+            where = (
+                f" for input pipeline {pipeline_id} of {num_pipelines}"
+                if num_pipelines > 1
+                else f" in {self._info.path}"
+            )
+            raise ValueError(too_few_for_a_batch(cfg.split, records, cfg.batch_size, where))
+
+    def _pad_to_common_length(self, ds: tf.data.Dataset, num_pipelines: int) -> tf.data.Dataset:
+        """With ``pad_to_batch``, every input pipeline yields the same number of batches.
+
+        Shards differ in size, so pipelines reading different shards would end
+        after different numbers of batches; on a TPU pod, where hosts step
+        together, the host that ends first leaves the others waiting forever.
+        Each pipeline therefore adds all-padding batches (weight 0) up to the
+        largest pipeline's count, computed from dataset_info.json's per-shard
+        counts; real examples are untouched, each still read exactly once.
+        """
+        cfg = self._config
+        if not cfg.pad_to_batch or num_pipelines == 1:
+            return ds
+        counts = [self._expected_records(num_pipelines, i) for i in range(num_pipelines)]
+        if None in counts:
+            bounds = self._records_bounds(num_pipelines)
+            most = bounds[1] if bounds else self._info.num_examples(cfg.split)
+        else:
+            most = max(counts)
+        batches = -(-most // cfg.batch_size)
+
+        def empty(spec: tf.TensorSpec) -> tf.Tensor:
+            shape = [1 if d is None else d for d in spec.shape.as_list()]
+            if spec.dtype == tf.string:
+                return tf.fill(shape, tf.constant("", tf.string))
+            return tf.zeros(shape, spec.dtype)  # weight 0: counts for nothing
+
+        padding = tf.data.Dataset.from_tensors(tf.nest.map_structure(empty, ds.element_spec))
+        return ds.concatenate(padding.repeat()).take(batches)
 
     def _maybe_assert_cardinality(self, ds, num_pipelines: int, pipeline_id: int):
         """Gives a finite dataset its known length, and checks it while reading.

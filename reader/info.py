@@ -193,11 +193,27 @@ class DatasetInfo:
 
         Returns:
             ``floor(n / batch_size)`` or ``ceil(n / batch_size)``.
+
+        Raises:
+            ValueError: ``drop_remainder`` and the split holds fewer examples
+                than one batch: the answer would be 0, which Keras reads as
+                "no limit" on a repeating dataset (training would never end).
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         n = self.num_examples(split)
+        if drop_remainder and n < batch_size:
+            raise ValueError(too_few_for_a_batch(split, n, batch_size))
         return n // batch_size if drop_remainder else math.ceil(n / batch_size)
+
+
+def too_few_for_a_batch(split: str, examples: int, batch_size: int, where: str = "") -> str:
+    """The message for a split (or one input pipeline's share) smaller than one batch."""
+    return (
+        f"split {split!r} holds {examples} examples{where}, fewer than one batch of "
+        f"{batch_size}: with drop_remainder=True not one batch is complete (an epoch of 0 "
+        f"steps). Use a batch size of at most {examples}, or drop_remainder=False"
+    )
 
 
 def _as_int(value, what: str, where: str, optional: bool = False) -> int | None:
