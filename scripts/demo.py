@@ -8,6 +8,7 @@ one deliberately broken file to show the rejects output.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -85,7 +86,12 @@ def main() -> int:
     status = convert(["--input", images, "--output", output, "--image_size", "160"])
     if status:
         return status
-    print(f"demo: rejects are listed in {os.path.join(output, 'rejects.jsonl')}")
+    rejects = os.path.join(output, "rejects.jsonl")
+    with open(rejects, encoding="utf-8") as stream:
+        rows = [json.loads(line) for line in stream]
+    print(f"\ndemo: {len(rows)} file rejected, listed in {rejects}:")
+    for row in rows:
+        print(f"  {row['id']}: {row['reason']}")
 
     import tensorflow as tf
 
@@ -115,6 +121,15 @@ def main() -> int:
     sheet = draw_contact_sheet(info)
     print(f"  contact sheet of each split's images: {sheet}")
     print(f"\ndemo: done. Output kept in {output}")
+    python = os.path.relpath(sys.executable) if "/.venv/" in sys.executable else sys.executable
+    print(
+        "\nNext, on your own images (one folder per class: PHOTOS/<class>/<image>):\n"
+        f"  {python} -m beam_pipeline --input PHOTOS --output RECORDS\n"
+        f"  {python} -m beam_pipeline --input PHOTOS --output RECORDS "
+        "--image_size 224 --resize crop --splits train=0.9,val=0.1\n"
+        f"  {python} -m beam_pipeline --help\n"
+        "then read RECORDS with reader.make_dataset (README.md, section Read)."
+    )
     return 0
 
 

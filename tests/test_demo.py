@@ -1,0 +1,22 @@
+"""`make demo` (scripts/demo.py), smaller: it says why its file was rejected and what to try next."""
+
+import importlib.util
+import os
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_demo_explains_its_rejection_and_the_next_commands(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its work folder goes here
+    spec = importlib.util.spec_from_file_location("demo", os.path.join(ROOT, "scripts", "demo.py"))
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    monkeypatch.setattr(demo, "PER_CLASS", 20)  # 121 files: 1 rejected stays under 1%
+    assert demo.main() == 0
+    out = capsys.readouterr().out
+    assert "demo: 1 file rejected" in out
+    assert "  cat/broken.jpg: corrupt image" in out  # the reason itself, not only the file
+    tail = out[out.index("demo: done") :]
+    assert "-m beam_pipeline --input PHOTOS --output RECORDS" in tail
+    assert tail.rstrip().endswith("(README.md, section Read).")
