@@ -56,10 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add(
         "--input",
-        help="Image root: INPUT/<class>/**/<image>, or INPUT/{train,val,test}/<class>/...",
+        help="Image root: INPUT/<class>/**/<image>, or INPUT/{train,val,test}/<class>/...; "
+        "with --manifest, the folder its relative paths start from",
     )
     add("--output", required=True, help="Output folder (local path or gs://bucket/prefix)")
-    add("--manifest", help="CSV or JSONL with path,label[,split] rows instead of class folders")
+    add(
+        "--manifest",
+        help="CSV or JSONL with path,label[,split] rows instead of class folders; relative "
+        "paths start from --input if given, else from the manifest's own folder",
+    )
     add(
         "--splits",
         default=keys.DEFAULT_SPLITS,

@@ -300,18 +300,16 @@ def _open_text(path: str):
 def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[ManifestRow]:
     """Rows of a ``path,label[,split]`` CSV or JSONL manifest.
 
-    Relative paths are relative to the manifest's folder (and so are IDs);
-    absolute paths get IDs relative to ``input_root`` when they lie under it.
+    Relative paths are relative to ``input_root`` (``--input``) when given,
+    else to the manifest's folder; their IDs are the relative paths as written
+    (normalised). Absolute paths get IDs relative to ``input_root`` when they
+    lie under it, else the path itself.
 
     Raises:
         UsageError: a malformed row, naming its line.
     """
-    base = normalize_root(
-        posixpath.dirname(manifest)
-        if not is_local(manifest)
-        else os.path.dirname(os.path.abspath(manifest))
-    )
     root = normalize_root(input_root) if input_root else None
+    base = root or _manifest_folder(manifest)
     with _open_text(manifest) as stream:
         if manifest.endswith(".jsonl"):
             rows = _jsonl_rows(stream, manifest)
@@ -329,6 +327,12 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
                 full = path
                 image_id = relative_id(root, path) if root and path.startswith(root + "/") else path
             yield ManifestRow(image_id, full, label, split or None)
+
+
+def _manifest_folder(manifest: str) -> str:
+    if is_local(manifest):
+        return normalize_root(os.path.dirname(os.path.abspath(manifest)))
+    return normalize_root(posixpath.dirname(manifest))
 
 
 def _csv_rows(stream, name):
@@ -376,11 +380,19 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         gcs.check_input(manifest)  # one clear line for missing bucket, 403, no credentials
     elif not is_local(manifest) and not _filesystems().exists(manifest):
         raise UsageError(f"--manifest: {manifest} does not exist")
+    if input_path and is_local(input_path) and not os.path.isdir(input_path):
+        raise UsageError(
+            f"--input {input_path} (the folder the manifest's relative paths start from) "
+            "is not a folder"
+        )
+    # The pipeline reads the manifest with this same root (ListImages), so the
+    # IDs checked for duplicates here are the IDs the records get.
+    root = normalize_root(input_path) if input_path else _manifest_folder(manifest)
     labels: set[str] = set()
     seen: set[str] = set()
     duplicates: list[str] = []
     count = 0
-    for row in read_manifest(manifest, input_path):
+    for row in read_manifest(manifest, root):
         if row.label_name not in labels:
             check_class_name(row.label_name, f"--manifest {manifest}: label")
         labels.add(row.label_name)
@@ -393,15 +405,6 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         raise UsageError(f"--manifest: {len(duplicates)} paths appear more than once: {shown}")
     if not count:
         raise UsageError(f"--manifest: {manifest} lists no images")
-    root = (
-        normalize_root(input_path)
-        if input_path
-        else normalize_root(
-            os.path.dirname(os.path.abspath(manifest))
-            if is_local(manifest)
-            else posixpath.dirname(manifest)
-        )
-    )
     return Layout(
         kind="manifest",
         root=root,
