@@ -124,9 +124,13 @@ def main() -> int:
     python = os.path.relpath(sys.executable) if "/.venv/" in sys.executable else sys.executable
     print(
         "\nNext, on your own images (one folder per class: PHOTOS/<class>/<image>):\n"
+        f"  {python} -m beam_pipeline --input PHOTOS --output RECORDS --dry_run"
+        "   # what it would do; writes nothing\n"
         f"  {python} -m beam_pipeline --input PHOTOS --output RECORDS\n"
         f"  {python} -m beam_pipeline --input PHOTOS --output RECORDS "
         "--image_size 224 --resize crop --splits train=0.9,val=0.1\n"
+        f"  {python} -m reader.inspect RECORDS"
+        "   # what it made\n"
         f"  {python} -m beam_pipeline --help\n"
         "then read RECORDS with reader.make_dataset (README.md, section Read)."
     )

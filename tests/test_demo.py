@@ -13,10 +13,12 @@ def test_demo_explains_its_rejection_and_the_next_commands(monkeypatch, capsys, 
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
     monkeypatch.setattr(demo, "PER_CLASS", 20)  # 121 files: 1 rejected stays under 1%
+    monkeypatch.setattr(demo, "CONTACT_SHEET", str(tmp_path / "sheet.png"))  # not the docs' one
     assert demo.main() == 0
     out = capsys.readouterr().out
     assert "demo: 1 file rejected" in out
     assert "  cat/broken.jpg: corrupt image" in out  # the reason itself, not only the file
     tail = out[out.index("demo: done") :]
-    assert "-m beam_pipeline --input PHOTOS --output RECORDS" in tail
+    assert "-m beam_pipeline --input PHOTOS --output RECORDS\n" in tail
+    assert "--dry_run" in tail and "-m reader.inspect RECORDS" in tail
     assert tail.rstrip().endswith("(README.md, section Read).")
