@@ -14,10 +14,11 @@ Pure apart from that fallback: no Beam import on the common path.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pprint
-from importlib import metadata
+import re
 
 from beam_pipeline.errors import UsageError
 
@@ -32,10 +33,21 @@ _CHECKS = {"int": int, "float": float, "json": json.loads}
 
 
 def _beam_version() -> str | None:
-    try:
-        return metadata.version("apache-beam")
-    except metadata.PackageNotFoundError:  # pragma: no cover - Beam is a dependency
+    """The installed Beam's version, read from its version.py without importing Beam.
+
+    (``importlib.metadata`` costs ~0.1-0.8 s of imports and scanning here, on
+    the path before the conversion processes start.)
+    """
+    spec = importlib.util.find_spec("apache_beam")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover
         return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        with open(path, encoding="utf-8") as stream:
+            match = re.search(r"""__version__\s*=\s*['"]([^'"]+)['"]""", stream.read())
+    except OSError:  # pragma: no cover
+        return None
+    return match.group(1) if match else None
 
 
 def snapshot() -> dict:
