@@ -618,6 +618,8 @@ def _print_books_error(message: str, verbose: bool) -> None:
 
 # What Ctrl-C prints after "error: interrupted". Nothing the run wrote looks
 # finished (no dataset_info.json), and a rerun refuses the non-empty --output.
+# Once a rerun resumes an interrupted run by itself, this becomes "rerun the
+# same command to resume" (tests/test_cli_exits.py checks "rerun the same command").
 RESUME_HINT = "rerun the same command with --overwrite to start again"
 
 
