@@ -8,42 +8,30 @@ needs neither Beam nor Pillow. See ``docs/reader.md``.
     ds = reader.make_dataset("gs://bucket/dataset", "train", batch_size=256,
                              image_size=224, training=True)
     model.fit(ds, steps_per_epoch=info.steps_per_epoch("train", 256), epochs=90)
+
+The names below are the public front door. Everything else stays importable
+from its module: ``reader.info`` (``SplitInfo``, ``ShardInfo``,
+``StoredImage``), ``reader.dataset`` (``InputReader``,
+``decoded_cache_bytes``), ``reader.decode`` (``IMAGENET_MEAN``,
+``IMAGENET_STD``), ``reader.native`` (``NativeOpsError``) and
+``reader.inspect`` (``python -m reader.inspect``).
 """
 
-from reader.dataset import (
-    InputReader,
-    ReaderConfig,
-    decoded_cache_bytes,
-    distributed_dataset,
-    make_dataset,
-)
-from reader.decode import IMAGENET_MEAN, IMAGENET_STD
+from reader.dataset import ReaderConfig, distributed_dataset, make_dataset
 from reader.info import (
     DatasetInfo,
     DatasetInfoError,
-    ImageSpec,
     IncompleteDatasetError,
-    ShardInfo,
-    SplitInfo,
     UnknownSplitError,
     load_info,
 )
-from reader.native import NativeOpsError
 
 __all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
     "DatasetInfo",
     "DatasetInfoError",
-    "ImageSpec",
     "IncompleteDatasetError",
-    "InputReader",
-    "NativeOpsError",
     "ReaderConfig",
-    "ShardInfo",
-    "SplitInfo",
     "UnknownSplitError",
-    "decoded_cache_bytes",
     "distributed_dataset",
     "load_info",
     "make_dataset",

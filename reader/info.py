@@ -95,7 +95,7 @@ class SplitInfo:
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageSpec:
+class StoredImage:
     """How the converter stored the images (``"image"`` in the JSON).
 
     Attributes:
@@ -131,7 +131,7 @@ class DatasetInfo:
     path: str
     format_version: int
     classes: tuple[str, ...]
-    image: ImageSpec
+    image: StoredImage
     splits: Mapping[str, SplitInfo]
     seed: int | None = None
     source: str | None = None
@@ -301,7 +301,7 @@ def info_from_dict(raw: Mapping, path: str) -> DatasetInfo:
         path=path,
         format_version=version,
         classes=classes,
-        image=ImageSpec(
+        image=StoredImage(
             resize=image.get("resize"),
             size=_as_int(image.get("size"), "image.size", where, True),
             jpeg_quality=_as_int(image.get("jpeg_quality"), "image.jpeg_quality", where, True),

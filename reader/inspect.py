@@ -336,7 +336,7 @@ class ShardCheck:
     problems: list[str] = dataclasses.field(default_factory=list)
 
 
-def _size_problem(height: int, width: int, image: info_lib.ImageSpec) -> str | None:
+def _size_problem(height: int, width: int, image: info_lib.StoredImage) -> str | None:
     """Whether a stored size contradicts the dataset's resize settings."""
     size, mode = image.size, image.resize
     if not size:

@@ -149,11 +149,11 @@ def test_memory_estimate_and_warning(fixture, monkeypatch, caplog):
     info = reader.load_info(fixture.path)
     n = info.num_examples("train")
     # The fixture stores resize="none": the estimate falls back to the shard bytes.
-    estimate, how = reader.decoded_cache_bytes(info, "train")
+    estimate, how = reader_dataset.decoded_cache_bytes(info, "train")
     assert estimate == int(10 * info.split("train").num_bytes) and "JPEG bytes" in how
     shorter = info.raw | {"image": {"resize": "shorter", "size": 256}}
     shorter_info = reader.load_info(_write_info(fixture, shorter))
-    assert reader.decoded_cache_bytes(shorter_info, "train")[0] == n * 256 * 384 * 3
+    assert reader_dataset.decoded_cache_bytes(shorter_info, "train")[0] == n * 256 * 384 * 3
 
     monkeypatch.setattr(reader_dataset, "_physical_memory_bytes", lambda: 1 << 40)
     with caplog.at_level(logging.WARNING, logger="reader.dataset"):

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import reader
+from reader.decode import IMAGENET_MEAN, IMAGENET_STD
 from tests.shard_fixtures import write_dataset
 
 SIZE = 24
@@ -125,7 +126,7 @@ def test_value_ranges_and_dtypes(fixture, dtype):
     assert unit.min() >= 0 and unit.max() <= 1 and unit.max() > 0.75
     normed, _ = _first_batch(fixture, dtype=dtype, value_range="imagenet")
     normed = tf.cast(normed, tf.float32).numpy()
-    mean, std = np.array(reader.IMAGENET_MEAN), np.array(reader.IMAGENET_STD)
+    mean, std = np.array(IMAGENET_MEAN), np.array(IMAGENET_STD)
     # bfloat16 keeps 8 bits of mantissa: compare with a relative tolerance.
     tolerance = 1e-5 if dtype == tf.float32 else 2e-2
     np.testing.assert_allclose(normed, (raw / 255 - mean) / std, rtol=tolerance, atol=tolerance)

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import reader
+from reader.info import StoredImage
 from tests.shard_fixtures import write_dataset
 
 
@@ -27,7 +28,7 @@ def test_parses_classes_counts_and_shards(fixture):
     assert info.format_version == 1
     assert info.raw["created_by"] == written["created_by"]
     assert info.seed == written["seed"]
-    assert info.image == reader.ImageSpec(
+    assert info.image == StoredImage(
         resize=written["image"]["resize"],
         size=written["image"]["size"],
         jpeg_quality=written["image"]["jpeg_quality"],
@@ -121,3 +122,22 @@ def test_reads_through_tf_gfile(fixture):
     ds = reader.make_dataset(root, "val", 4, 16, training=False, return_dict=True)
     names = [n.decode() for batch in ds for n in batch["filename"].numpy()]
     assert names == fixture.filenames("val")
+
+
+def test_public_names_are_the_front_door():
+    """`import reader` offers the user's names; the rest lives in its module."""
+    assert sorted(reader.__all__) == [
+        "DatasetInfo",
+        "DatasetInfoError",
+        "IncompleteDatasetError",
+        "ReaderConfig",
+        "UnknownSplitError",
+        "distributed_dataset",
+        "load_info",
+        "make_dataset",
+    ]
+    for name in reader.__all__:
+        assert getattr(reader, name).__module__.startswith("reader.")
+    # The beam_pipeline's ImageSpec (converter settings) has no namesake here.
+    assert not hasattr(reader, "ImageSpec")
+    assert not hasattr(reader.info, "ImageSpec")
