@@ -241,8 +241,12 @@ def _with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[l
 
 
 def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
-    """Refuses a non-empty output (unless --overwrite) or one inside the input."""
-    from beam_pipeline import listing
+    """Refuses an output inside the input, one we cannot write to, or one holding
+    a finished dataset or others' files (unless --overwrite). Reads only.
+
+    An unfinished run of this job is resumed; :func:`resume.prepare` decides.
+    """
+    from beam_pipeline import listing, resume
 
     out = listing.normalize_root(output)
     if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
@@ -250,48 +254,32 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
     if listing.is_gcs(out):
         from beam_pipeline import gcs
 
-        nonempty = gcs.check_output(out)
+        gcs.check_output(out)
     elif listing.is_local(out):
         if os.path.exists(out) and not os.path.isdir(out):
             raise UsageError(f"--output {output} is a file, not a folder")
-        nonempty = os.path.isdir(out) and bool(os.listdir(out))
-    else:
-        from apache_beam.io.filesystems import FileSystems
+    resume.check(out, overwrite)
 
-        nonempty = bool(FileSystems.match([out + "/*"])[0].metadata_list)
-    if nonempty and not overwrite:
-        raise UsageError(
-            f"--output {output} is not empty; pass --overwrite to replace an earlier run"
+
+def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
+    """Says what the run does with an earlier run's files; returns the resumable records."""
+    from beam_pipeline import spill
+
+    if found.others and found.kind != "empty":
+        say(
+            f"imagerecords: left {len(found.others)} unrelated files in --output, "
+            f"e.g. {found.others[0]}"
         )
-
-
-_OUR_OUTPUT = re.compile(
-    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|skipped\.jsonl|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)$"
-)
-
-
-def clear_output(output: str) -> list[str]:
-    """Deletes an earlier run's files (dataset_info.json first); returns others left in place."""
-    from apache_beam.io.filesystems import FileSystems
-
-    from beam_pipeline import listing
-    from beam_pipeline.pipeline import TMP_DIR
-
-    out = listing.normalize_root(output)
-    info = listing.join(out, metadata.INFO_FILE)
-    if FileSystems.exists(info):
-        FileSystems.delete([info])  # first: the folder stops claiming to be complete
-    found = listing.files_under(out)
-    ours, others = [], []
-    for meta in found:
-        rel = meta.path[len(out) :].lstrip("/")
-        if _OUR_OUTPUT.match(rel) or rel.startswith(TMP_DIR + "/"):
-            ours.append(meta.path)
+    done = spill.load_index(spill_dir) if spill_dir else {}
+    if found.kind == "unfinished":
+        if done:
+            say(
+                f"imagerecords: resuming the unfinished run in {output}: "
+                f"{len(done)} images already converted"
+            )
         else:
-            others.append(rel)
-    if ours:
-        FileSystems.delete(ours)
-    return others
+            say(f"imagerecords: starting over the unfinished run in {output}")
+    return done
 
 
 def cpu_seconds() -> float:
@@ -406,7 +394,7 @@ def _direct_fn_api_runner(all_options: dict):
     return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(info))
 
 
-def _run_pipeline(args, beam_args, processes, layout, output):
+def _run_pipeline(args, beam_args, processes, layout, output, say):
     """Builds and runs the pipeline; the result, or None when not waiting."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -425,7 +413,6 @@ def _run_pipeline(args, beam_args, processes, layout, output):
         index_files=args.index_files,
         conversion_processes=processes,
     )
-    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     if layout.kind == "manifest":
         say(
             f"imagerecords: {layout.num_manifest_rows} images in manifest, {len(layout.classes)} classes"
@@ -435,10 +422,6 @@ def _run_pipeline(args, beam_args, processes, layout, output):
             f"imagerecords: {len(layout.classes)} classes in {len(layout.folders)} folders "
             f"({layout.kind} layout) under {layout.root}"
         )
-    if args.overwrite:
-        others = clear_output(output)
-        if others:
-            say(f"imagerecords: left {len(others)} unrelated files in --output, e.g. {others[0]}")
     options = PipelineOptions(beam_args)
     chosen = options.get_all_options()
     runner_name = chosen.get("runner") or "DirectRunner"
@@ -561,29 +544,46 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     if not args.wait and _runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
         raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
     beam_args, processes = _with_local_defaults(beam_args, args.local_processes)
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
-    from beam_pipeline import listing, local_pool
+    from beam_pipeline import listing, local_pool, resume, spill
 
     # Local input and output are checked without Beam, so that the conversion
     # processes can start (and start converting) while Beam loads.
     layout = listing.discover(args.input, args.manifest)
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    spill_dir = spill.default_dir(output) if processes > 1 else None
+    found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
     try:
-        if processes > 1:
-            # Fork before Beam's runner and gRPC start threads (see local_pool).
-            local_pool.start(processes)
-            if layout.kind != "manifest" and listing.is_local(layout.root):
-                local_pool.convert_ahead(
-                    listing.local_files(layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES),
-                    args.image_spec,
-                    processes,
-                )
-            _import_beam_for_local_run(uses_gcs=not _all_local(layout, output))
-        result = _run_pipeline(args, beam_args, processes, layout, output)
-    finally:
-        # On every way out (an error, Ctrl-C): no conversion process outlives the run.
-        local_pool.shutdown_all()
+        try:
+            done = _report_leftovers(found, output, spill_dir, say)
+            if processes > 1:
+                # Fork before Beam's runner and gRPC start threads (see local_pool).
+                local_pool.start(processes)
+                if layout.kind != "manifest" and listing.is_local(layout.root):
+                    refs = listing.local_refs(
+                        layout,
+                        CONVERT_AHEAD_LIMIT,
+                        CONVERT_AHEAD_BYTES,
+                        args.seed,
+                        args.split_fractions,
+                    )
+                    local_pool.convert_ahead(
+                        [ref for ref in refs if ref.image_id not in done],
+                        (args.image_spec, args.seed, layout.classes, spill_dir),
+                        processes,
+                    )
+                _import_beam_for_local_run(uses_gcs=not _all_local(layout, output))
+            result = _run_pipeline(args, beam_args, processes, layout, output, say)
+        finally:
+            # On every way out (an error, Ctrl-C): no conversion process outlives the run.
+            local_pool.shutdown_all()
+            spill.forget_indexes()
+    except UsageError:
+        if found.kind == "empty":  # nothing of value was there: leave nothing behind
+            resume.discard(output, spill_dir)
+        raise
     if result is None:
         return {}
     from apache_beam.io.filesystems import FileSystems
@@ -617,10 +617,9 @@ def _print_books_error(message: str, verbose: bool) -> None:
 
 
 # What Ctrl-C prints after "error: interrupted". Nothing the run wrote looks
-# finished (no dataset_info.json), and a rerun refuses the non-empty --output.
-# Once a rerun resumes an interrupted run by itself, this becomes "rerun the
-# same command to resume" (tests/test_cli_exits.py checks "rerun the same command").
-RESUME_HINT = "rerun the same command with --overwrite to start again"
+# finished (no dataset_info.json), and the same command carries on: a local
+# run keeps what it converted (docs/scale.md).
+RESUME_HINT = "rerun the same command to resume"
 
 
 def _error(message: str, verbose: bool) -> None:

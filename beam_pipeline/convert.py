@@ -1,4 +1,4 @@
-"""One listed image -> a Record or a Rejection. No Beam import at module level.
+"""One listed image -> a Converted record or a Rejection. No Beam import at module level.
 
 Kept free of Beam so that the local conversion processes (see
 ``pipeline._PooledConvertFn``) start in a fraction of a second: they import
@@ -10,25 +10,45 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from beam_pipeline import images, keys, records
+from beam_pipeline import images, keys, records, spill
 
 
-class Record(NamedTuple):
-    """A converted image: the element between ConvertImages and WriteShards."""
+class SpillLocation(NamedTuple):
+    """Where a local conversion process appended a framed record (see spill.py)."""
 
-    split: str
+    path: str
+    offset: int
+
+
+class ShardEntry(NamedTuple):
+    """One record on its way to a shard: what WriteShards sorts and writes."""
+
     key: int  # order key, unsigned 64-bit
     image_id: str
     label: int
-    # The serialized tf.train.Example; or, for a record converted by the local
-    # pool, its size in bytes while the bytes stay parked in this process
-    # (local_pool.park; WriteShards takes them back).
-    payload: bytes | int
+    size: int  # bytes of the framed TFRecord
+    # The framed TFRecord itself (records through the runner's shuffle), or
+    # where the local pool spilled it (only a reference crosses the graph).
+    data: bytes | SpillLocation
 
 
-def payload_size(payload: bytes | int) -> int:
-    """A record's payload size, whether it travels with the record or is parked."""
-    return payload if isinstance(payload, int) else len(payload)
+class Converted(NamedTuple):
+    """A converted image: its split and its shard entry."""
+
+    split: str
+    entry: ShardEntry
+
+
+class RecordBatch(NamedTuple):
+    """Records of one split: the element between ConvertImages and WriteShards.
+
+    A batch carries up to a few MB of record bytes, or up to a few thousand
+    spill references, so that the runner handles one element per batch, not
+    per image.
+    """
+
+    split: str
+    entries: tuple[ShardEntry, ...]
 
 
 class Rejection(NamedTuple):
@@ -41,7 +61,7 @@ class Rejection(NamedTuple):
 class Outcome(NamedTuple):
     """What converting one image produced, with the numbers the counters need."""
 
-    result: Record | Rejection
+    result: Converted | Rejection
     bytes_read: int
     passed_through: bool
 
@@ -103,8 +123,9 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
             "image/key/sha256": decoded.sha256,
         }
     )
-    record = Record(split, keys.order_key(seed, image_id), image_id, label, payload)
-    return Outcome(record, decoded.bytes_read, converted.passed_through)
+    framed = records.frame_record(payload)
+    entry = ShardEntry(keys.order_key(seed, image_id), image_id, label, len(framed), framed)
+    return Outcome(Converted(split, entry), decoded.bytes_read, converted.passed_through)
 
 
 def convert_ref(
@@ -119,10 +140,47 @@ def convert_ref(
 
 
 def convert_chunk(refs, *args) -> list[Outcome]:
-    """Runs in a local pool process: a few images per task amortise the IPC (~15% here)."""
+    """Converts a few images in one task (a few per task amortise the IPC, ~15% here)."""
     return [convert_ref(ref, *args) for ref in refs]
 
 
-def decode_chunk(paths: list[str], spec: images.ImageSpec) -> list[Decoded]:
-    """Runs in a local pool process for images converted ahead of the pipeline."""
-    return [decode_path(path, spec) for path in paths]
+def spill_chunk(refs, spec, seed, classes, spill_dir: str) -> list[Outcome]:
+    """Runs in a local pool process: converts a few images, appends their records
+    (and rejections, so that a resumed run need not decode them again) to this
+    process's spill file, and returns references in place of the record bytes."""
+    outcomes = convert_chunk(refs, spec, seed, classes)
+    entries = []
+    for outcome in outcomes:
+        result = outcome.result
+        if isinstance(result, Converted):
+            e = result.entry
+            entries.append(
+                spill.encode(spill.RECORD, result.split, e.image_id, e.key, e.label, e.data)
+            )
+        else:
+            key = keys.order_key(seed, result.image_id)
+            entries.append(
+                spill.encode(
+                    spill.REJECTION, result.split, result.image_id, key, -1, b"", result.reason
+                )
+            )
+    writer = spill.writer(spill_dir)
+    offsets = writer.append(entries)
+    spilled = []
+    for outcome, offset, entry in zip(outcomes, offsets, entries, strict=True):
+        result = outcome.result
+        if isinstance(result, Converted):
+            e = result.entry
+            # The framed record is the entry's tail.
+            where = SpillLocation(writer.path, offset + len(entry) - e.size)
+            outcome = outcome._replace(result=result._replace(entry=e._replace(data=where)))
+        spilled.append(outcome)
+    return spilled
+
+
+def from_spill(item: spill.Spilled, path: str) -> Converted | Rejection:
+    """The element a resumed run uses for an image an earlier run spilled."""
+    if item.reason:
+        return Rejection(item.image_id, path, item.split, item.reason)
+    where = SpillLocation(item.path, item.offset)
+    return Converted(item.split, ShardEntry(item.key, item.image_id, item.label, item.size, where))

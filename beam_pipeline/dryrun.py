@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import math
 import os
 import posixpath
 import random
@@ -169,18 +168,12 @@ def local_wall_s(images: int, cpu_s_per_image: float, processes: int) -> float:
 
 
 def expected_shards(records: float, target_bytes: int, total_bytes: float, min_shards: int) -> int:
-    """Shards a split of ``records`` records and ``total_bytes`` bytes is written in.
-
-    ``keys.num_shards`` hash ranges, of which the empty ones are not written:
-    with ``r`` records in ``n`` ranges, ``n * (1 - (1 - 1/n)^r)`` are non-empty on
-    average (docs/format.md section 3).
-    """
-    n = keys.num_shards(int(total_bytes), target_bytes, min_shards)
+    """Shards a split of ``records`` records and ``total_bytes`` bytes is written in:
+    exactly ``keys.num_shards``, capped by the records (docs/format.md section 3)."""
     if records <= 0:
         return 0
-    if n == 1:
-        return 1
-    return max(1, min(n, round(n * -math.expm1(records * math.log1p(-1 / n)))))
+    count = max(1, round(records))
+    return keys.num_shards(int(total_bytes), target_bytes, min_shards, records=count)
 
 
 def reason_kind(reason: str) -> str:

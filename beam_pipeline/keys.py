@@ -1,4 +1,4 @@
-"""Pure helpers: hashing, split assignment, shard counts and shard of a key.
+"""Pure helpers: hashing, split assignment, shard counts and shard boundaries.
 
 Imports neither Beam nor TensorFlow, so it is cheap to test and to reason
 about (docs/format.md section 3). Every function here is deterministic across
@@ -7,10 +7,11 @@ processes, machines and Python versions: nothing uses Python's ``hash()``.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 KEY_BITS = 64
 KEY_SPACE = 1 << KEY_BITS
@@ -93,32 +94,46 @@ def assign_split(seed: int, image_id: str, fractions: Mapping[str, float]) -> st
     return last_nonempty
 
 
-def num_shards(total_bytes: int, target_bytes: int, min_shards: int = 1) -> int:
-    """``max(min_shards, ceil(total_bytes / target_bytes))``."""
+def num_shards(
+    total_bytes: int, target_bytes: int, min_shards: int = 1, records: int | None = None
+) -> int:
+    """``max(min_shards, ceil(total_bytes / target_bytes))``, capped by ``records``.
+
+    Every shard holds at least one record, so a split never has more shards
+    than records; a split with no records has none.
+    """
     if target_bytes <= 0:
         raise ValueError("target_bytes must be positive")
-    return max(min_shards, -(-total_bytes // target_bytes), 1)
+    wanted = max(min_shards, -(-total_bytes // target_bytes), 1)
+    return wanted if records is None else min(wanted, records)
 
 
-def shard_of_key(key: int, shards: int) -> int:
-    """Shard ``i`` of ``n`` holds keys in ``[i * 2^64 / n, (i + 1) * 2^64 / n)``."""
+def shard_starts(records: int, shards: int) -> list[int]:
+    """Rank of the first record of each shard, plus ``records`` at the end.
+
+    Shard ``i`` of ``n`` holds the records of rank ``[floor(i*N/n), floor((i+1)*N/n))``
+    in increasing order key: every shard gets ``floor(N/n)`` or ``ceil(N/n)``
+    records, and none is empty when ``n <= N``.
+    """
+    if shards < 0 or records < 0 or (shards == 0) != (records == 0) or shards > records:
+        raise ValueError(f"cannot cut {records} records into {shards} non-empty shards")
+    return [i * records // shards for i in range(shards + 1)] if shards else [0]
+
+
+def shard_of_key(key: int, boundaries: Sequence[int]) -> int:
+    """The shard of ``key``, given the first key of shards 1..n-1 (sorted).
+
+    Shard ``i`` holds the keys in ``[boundaries[i-1], boundaries[i])``, with
+    ``boundaries[-1]`` = 0 and ``boundaries[n-1]`` = 2^64 implied.
+    """
     if not 0 <= key < KEY_SPACE:
         raise ValueError(f"key {key} outside [0, 2^64)")
-    return (key * shards) >> KEY_BITS
+    return bisect.bisect_right(boundaries, key)
 
 
 def shard_filename(split: str, index: int, count: int) -> str:
     """``train-00003-of-00012.tfrecord``."""
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
-
-
-def dense_shard_numbers(nonempty: list[int]) -> dict[int, int]:
-    """Renumbers the non-empty hash-range shards 0..k-1, keeping their order.
-
-    Hash ranges can be empty for small splits; empty shards are never written,
-    and renumbering keeps "read shards in order = one permutation" true.
-    """
-    return {shard: rank for rank, shard in enumerate(sorted(set(nonempty)))}
 
 
 def is_valid_split_name(name: str) -> bool:

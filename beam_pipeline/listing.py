@@ -456,7 +456,26 @@ def local_files(layout: Layout, limit: int, max_bytes: int) -> list[str]:
     The byte bound keeps the results waiting for the pipeline small even for
     ``--resize none`` on large photos.
     """
-    found: list[str] = []
+    return [path for path, _ in _local_files(layout, limit, max_bytes)]
+
+
+def local_refs(
+    layout: Layout, limit: int, max_bytes: int, seed: int, splits: dict[str, float]
+) -> list[ImageRef]:
+    """:func:`local_files` as the ImageRefs the pipeline will list for them."""
+    return [
+        ImageRef(
+            relative_id(layout.root, path),
+            path,
+            folder.label,
+            folder.split or keys.assign_split(seed, relative_id(layout.root, path), splits),
+        )
+        for path, folder in _local_files(layout, limit, max_bytes)
+    ]
+
+
+def _local_files(layout: Layout, limit: int, max_bytes: int) -> list[tuple[str, ClassFolder]]:
+    found: list[tuple[str, ClassFolder]] = []
     total = 0
     for folder in layout.folders:
         for path in _visible_local_files(folder.path):
@@ -468,5 +487,5 @@ def local_files(layout: Layout, limit: int, max_bytes: int) -> list[str]:
                 continue  # vanished or unreadable: the pipeline will say so
             if total > max_bytes or len(found) >= limit:
                 return found
-            found.append(path)
+            found.append((path, folder))
     return found

@@ -26,10 +26,9 @@ from beam_pipeline import convert
 
 _started: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
 _all: weakref.WeakSet = weakref.WeakSet()
-# path -> (future of a decode_chunk, index in it): images converted ahead of the pipeline
-_ahead: dict[str, tuple[concurrent.futures.Future, int]] = {}
-# image ID -> serialized record of an image the pool converted (see park)
-_parked: dict[str, bytes] = {}
+# path -> (future of a convert.spill_chunk, index in it, the ref it converts):
+# images converted ahead of the pipeline
+_ahead: dict[str, tuple[concurrent.futures.Future, int, tuple]] = {}
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -93,24 +92,28 @@ def take(processes: int) -> concurrent.futures.ProcessPoolExecutor:
     return _started.pop(processes, None) or new(processes)
 
 
-def convert_ahead(paths: list[str], spec, processes: int, chunk: int = 8) -> None:
-    """Starts converting ``paths`` on the pool :func:`start` made, before the pipeline runs.
+def convert_ahead(refs: list, args: tuple, processes: int, chunk: int = 8) -> None:
+    """Starts converting ``refs`` on the pool :func:`start` made, before the pipeline runs.
 
     Importing Beam, building the graph and starting the runner take ~2 s on
     one core; this puts the other cores to work meanwhile. The conversion step
     :func:`claim`s these results instead of converting the same files again.
+
+    Args:
+        refs: ``(image_id, path, label, split)`` tuples, as the pipeline will list them.
+        args: the rest of :func:`convert.spill_chunk`'s arguments.
     """
     executor = _started.get(processes)
     if executor is None:
         return
-    for start_at in range(0, len(paths), chunk):
-        part = paths[start_at : start_at + chunk]
-        future = executor.submit(convert.decode_chunk, part, spec)
-        for index, path in enumerate(part):
-            _ahead[path] = (future, index)
+    for start_at in range(0, len(refs), chunk):
+        part = refs[start_at : start_at + chunk]
+        future = executor.submit(convert.spill_chunk, part, *args)
+        for index, ref in enumerate(part):
+            _ahead[ref[1]] = (future, index, tuple(ref))
 
 
-def claim(path: str) -> tuple[concurrent.futures.Future, int] | None:
+def claim(path: str) -> tuple[concurrent.futures.Future, int, tuple] | None:
     """The conversion of ``path`` started by :func:`convert_ahead`, if any (once)."""
     return _ahead.pop(path, None)
 
@@ -118,31 +121,6 @@ def claim(path: str) -> tuple[concurrent.futures.Future, int] | None:
 def drop_ahead() -> None:
     """Forgets the conversions started ahead (their pool broke): convert normally."""
     _ahead.clear()
-
-
-def park(image_id: str, payload: bytes) -> int:
-    """Keeps a record's bytes in this process; returns their size, to travel instead.
-
-    The pool serves in-process runners only (DirectRunner ``in_memory``), where
-    the conversion step and the shard writer run in this same process. Beam's
-    runner copies every element's bytes at each stage boundary (~0.6 s of one
-    core for the 48 MB of 2,000 web images), so the records cross the graph as
-    (ID, key, size) and the writer takes the bytes back with :func:`unpark`.
-    """
-    _parked[image_id] = payload
-    return len(payload)
-
-
-def unpark(image_id: str) -> bytes:
-    """The bytes :func:`park` kept for ``image_id`` (once)."""
-    try:
-        return _parked.pop(image_id)
-    except KeyError:
-        raise RuntimeError(
-            f"the record of {image_id} is not parked in this process: the pooled "
-            "conversion step (conversion_processes > 1) needs a runner that runs the "
-            "whole pipeline in one process (DirectRunner in_memory)"
-        ) from None
 
 
 def shutdown_all() -> None:
@@ -155,6 +133,5 @@ def shutdown_all() -> None:
     executors = list(_all) + list(_started.values())
     _started.clear()
     _ahead.clear()
-    _parked.clear()
     for executor in dict.fromkeys(executors):
         executor.shutdown(wait=True, cancel_futures=True)

@@ -14,6 +14,8 @@ INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
 REJECTS_FILE = "rejects.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
+# A job's temporary files live under OUTPUT/TMP_DIR (hidden: readers never list it).
+TMP_DIR = ".imagerecords-tmp"
 
 
 def split_order(configured: Iterable[str], present: Iterable[str]) -> list[str]:

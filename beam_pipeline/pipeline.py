@@ -1,10 +1,16 @@
 """The Beam graph: one composite PTransform per stage (docs/format.md sections 2-7).
 
-ListImages      PBegin -> ImageRef ("refs") + Skipped ("skipped")
-ConvertImages   ImageRef -> Record (main) + Rejection ("rejected")
-WriteShards     {Record, ImageRef, Rejection} -> ShardInfo dict (main)
-                + the books of each key range ("books": split, listed, problems)
+ListImages      PBegin -> ImageRef ("refs") + (split, KeyTally) of listed keys ("listed")
+                + Skipped ("skipped")
+ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected")
+PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
+WriteShards     RecordBatch + plans -> ShardInfo of a temp file
 Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (last)
+
+Two paths share this graph (docs/scale.md). With the local pool
+(``conversion_processes > 1``) records go to spill files on local disk and a
+RecordBatch carries only references; otherwise (Dataflow, multi_processing)
+a RecordBatch carries up to a few MB of record bytes through the shuffle.
 """
 
 from __future__ import annotations
@@ -15,35 +21,39 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
+import shutil
+import sys
 import time
 import uuid
 from collections import Counter
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
-from beam_pipeline import errors, images, keys, listing, local_pool, metadata, records
+from beam_pipeline import books, errors, images, keys, listing, local_pool, metadata, spill
 from beam_pipeline.convert import (
+    Converted,
     Outcome,
-    Record,
+    RecordBatch,
     Rejection,
-    convert_chunk,
+    ShardEntry,
     convert_ref,
-    finish,
-    payload_size,
+    from_spill,
+    spill_chunk,
 )
 from beam_pipeline.errors import BooksDoNotBalance
 
 NAMESPACE = "imagerecords"
-TMP_DIR = ".imagerecords-tmp"
+TMP_DIR = metadata.TMP_DIR
 REJECTED = "rejected"
+LISTED = "listed"
 SKIPPED = "skipped"
-BOOKS = "books"
-_MAX_PROBLEMS_SHOWN = 20
 _LOG_EVERY_S = 15.0  # progress line per converting worker
 
 log = logging.getLogger(__name__)
@@ -63,13 +73,20 @@ class JobConfig:
     max_reject_fraction: float = 0.01
     # Also write <shard>.idx: "offset length" per record (NVIDIA DALI's format).
     index_files: bool = False
-    # >1: convert in that many local processes (for in-process runners only).
+    # >1: convert in that many local processes, which spill the records to
+    # local disk (one machine: in-process or multi_processing DirectRunner).
     conversion_processes: int = 1
+    # Where the local processes spill; default spill.default_dir(output).
+    spill_dir: str | None = None
 
     @property
     def split_names(self) -> list[str]:
         """Splits in dataset_info order: the layout's own, else --splits."""
         return list(self.layout.split_names or self.splits)
+
+    @property
+    def spill_directory(self) -> str:
+        return self.spill_dir or spill.default_dir(self.output)
 
 
 def _output_path(output: str, name: str) -> str:
@@ -87,69 +104,113 @@ def _write_atomically(path: str, data: bytes) -> None:
 # --------------------------------------------------------------------- listing
 
 
-def _refs_or_skipped(entries, to_ref):
-    for entry in entries:
-        if isinstance(entry, listing.Skipped):
-            yield TaggedOutput(SKIPPED, entry)
+class _ListFn(beam.DoFn):
+    """ClassFolder or manifest path -> ImageRef; (split, KeyTally) of listed keys on
+    ``listed``; Skipped (a file that is clearly not an image) on ``skipped``.
+
+    The listed keys go out per folder (at most ``BATCH`` per element), not per
+    image: they are the books' independent count of what must come out.
+    """
+
+    BATCH = 1 << 16
+
+    def __init__(self, config: JobConfig):
+        self._layout, self._seed, self._splits = config.layout, config.seed, config.splits
+        self._listed = Metrics.counter(NAMESPACE, "images_listed")
+
+    def process(self, source):
+        seed, splits = self._seed, self._splits
+        pending: dict[str, list[int]] = {}
+        for row in self._rows(source):
+            if isinstance(row, listing.Skipped):
+                yield TaggedOutput(SKIPPED, row)
+                continue
+            image_id, path, label, split = row
+            split = split or keys.assign_split(seed, image_id, splits)
+            self._listed.inc()
+            yield listing.ImageRef(image_id, path, label, split)
+            listed = pending.setdefault(split, [])
+            listed.append(keys.order_key(seed, image_id))
+            if len(listed) >= self.BATCH:
+                yield TaggedOutput(LISTED, (split, books.KeyTally(listed=tuple(listed))))
+                listed.clear()
+        for split, listed in pending.items():
+            if listed:
+                yield TaggedOutput(LISTED, (split, books.KeyTally(listed=tuple(listed))))
+
+    def _rows(self, source):
+        layout = self._layout
+        if layout.kind == "manifest":
+            label_of = {name: i for i, name in enumerate(layout.classes)}
+            for row in listing.read_manifest(source, layout.root):
+                yield row.image_id, row.path, label_of[row.label_name], row.split
         else:
-            yield to_ref(*entry)
+            yield from listing.list_folder(source, layout.root)
 
 
 class ListImages(beam.PTransform):
-    """PBegin -> {"refs": ImageRef, every image's split assigned; "skipped": Skipped}."""
+    """PBegin -> {"refs": ImageRef with its split, "listed": (split, KeyTally), "skipped"}."""
 
     def __init__(self, config: JobConfig):
         super().__init__()
         self._config = config
 
     def expand(self, pbegin):
-        layout, seed, splits = self._config.layout, self._config.seed, self._config.splits
-        listed = Metrics.counter(NAMESPACE, "images_listed")
-
-        def to_ref(image_id, path, label, split):
-            listed.inc()
-            return listing.ImageRef(
-                image_id, path, label, split or keys.assign_split(seed, image_id, splits)
-            )
-
+        layout = self._config.layout
+        pooled = self._config.conversion_processes > 1
         if layout.kind == "manifest":
-            label_of = {name: i for i, name in enumerate(layout.classes)}
-            refs = (
-                pbegin
-                | "ManifestPath" >> beam.Create([layout.manifest], reshuffle=False)
-                # str -> ImageRef (one worker streams the file; conversion fans out below)
-                | "ReadManifest"
-                >> beam.FlatMap(
-                    lambda path: (
-                        to_ref(row.image_id, row.path, label_of[row.label_name], row.split)
-                        for row in listing.read_manifest(path, layout.root)
-                    )
-                )
-            )
-            skipped = pbegin | "NothingSkipped" >> beam.Create([])  # a manifest names its files
+            # one worker streams the file; conversion fans out below
+            sources = pbegin | "ManifestPath" >> beam.Create([layout.manifest], reshuffle=False)
         else:
             # Create's own Reshuffle would cost a shuffle stage; SpreadFolders
             # below redistributes where there is more than one worker.
-            folders = pbegin | "ClassFolders" >> beam.Create(list(layout.folders), reshuffle=False)
-            if self._config.conversion_processes == 1:
+            sources = pbegin | "ClassFolders" >> beam.Create(list(layout.folders), reshuffle=False)
+            if not pooled:
                 # ClassFolder, one per worker: folders are listed in parallel
-                folders = folders | "SpreadFolders" >> beam.Reshuffle()
-            found = folders | "ListFolder" >> beam.FlatMap(
-                lambda folder: _refs_or_skipped(listing.list_folder(folder, layout.root), to_ref)
-            ).with_outputs(SKIPPED, main="refs")
-            refs, skipped = found.refs, found[SKIPPED]
-        if self._config.conversion_processes == 1:
-            # ImageRef, redistributed so that conversion is not fused to the listing
-            # worker (one local runner process: the conversion pool fans out instead)
+                sources = sources | "SpreadFolders" >> beam.Reshuffle()
+        listed = sources | "ListFolder" >> beam.ParDo(_ListFn(self._config)).with_outputs(
+            LISTED, SKIPPED, main="refs"
+        )
+        refs = listed.refs
+        if not pooled:
+            # ImageRef, redistributed so that conversion is not fused to the listing worker;
+            # (one local runner process: the conversion pool fans out instead)
             refs = refs | "SpreadImages" >> beam.Reshuffle()
-        return {"refs": refs, SKIPPED: skipped}
+        return {"refs": refs, LISTED: listed[LISTED], SKIPPED: listed[SKIPPED]}
 
 
 # ------------------------------------------------------------------ conversion
 
 
+class _Batcher:
+    """Collects converted records per split into RecordBatches of bounded size."""
+
+    MAX_ENTRIES = 2048  # spill references: ~100 KB of element
+    MAX_BYTES = 4 * 2**20  # record bytes that travel with the element
+
+    def __init__(self):
+        self._open: dict[str, tuple[list[ShardEntry], int]] = {}
+
+    def add(self, converted: Converted) -> RecordBatch | None:
+        split, entry = converted
+        entries, size = self._open.get(split) or ([], 0)
+        entries.append(entry)
+        if isinstance(entry.data, bytes):
+            size += entry.size
+        if len(entries) >= self.MAX_ENTRIES or size >= self.MAX_BYTES:
+            self._open.pop(split, None)
+            return RecordBatch(split, tuple(entries))
+        self._open[split] = (entries, size)
+        return None
+
+    def flush(self) -> list[RecordBatch]:
+        batches = [RecordBatch(split, tuple(entries)) for split, (entries, _) in self._open.items()]
+        self._open = {}
+        return batches
+
+
 class _ConvertFn(beam.DoFn):
-    """ImageRef -> Record, or Rejection on the ``rejected`` output; converts inline."""
+    """ImageRef -> RecordBatch, or Rejection on the ``rejected`` output; converts inline."""
 
     def __init__(self, config: JobConfig):
         self._args = (config.image, config.seed, config.layout.classes)
@@ -163,49 +224,64 @@ class _ConvertFn(beam.DoFn):
         self._count = 0
         self._started = self._last_log = time.monotonic()
 
+    def start_bundle(self):
+        self._batcher = _Batcher()
+
     def process(self, ref):
-        yield self._emit(convert_ref(tuple(ref), *self._args))
+        yield from self._emit(convert_ref(tuple(ref), *self._args))
 
-    def _emit(self, outcome: Outcome):
-        self._bytes_in.inc(outcome.bytes_read)
-        if isinstance(outcome.result, Rejection):
+    def _emit(self, outcome: Outcome, converted_now: bool = True):
+        """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
+        result = outcome.result
+        if isinstance(result, Rejection):
             self._rejected.inc()
-            return TaggedOutput(REJECTED, outcome.result)
-        self._converted.inc()
-        self._bytes_out.inc(len(outcome.result.payload))
-        if outcome.passed_through:
-            self._passed.inc()
-        self._count += 1
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_EVERY_S:
-            rate = self._count / (now - self._started)
-            log.info("converted %d images so far (%.1f images/s)", self._count, rate)
-            self._last_log = now
-        return outcome.result
+            yield TaggedOutput(REJECTED, result)
+            return
+        self._bytes_out.inc(result.entry.size)
+        if converted_now:
+            self._bytes_in.inc(outcome.bytes_read)
+            self._converted.inc()
+            if outcome.passed_through:
+                self._passed.inc()
+            self._count += 1
+            now = time.monotonic()
+            if now - self._last_log >= _LOG_EVERY_S:
+                rate = self._count / (now - self._started)
+                log.info("converted %d images so far (%.1f images/s)", self._count, rate)
+                self._last_log = now
+        batch = self._batcher.add(result)
+        if batch is not None:
+            yield batch
+
+    def finish_bundle(self):
+        for batch in self._batcher.flush():
+            yield GlobalWindows.windowed_value(batch)
 
 
-class _Finishing:
-    """Future-like: an image converted ahead, finished into its record on demand."""
+class _Picked:
+    """Future-like: one image's outcome out of a chunk converted ahead of the pipeline."""
 
-    def __init__(self, ahead, ref, seed, classes):
-        (self._future, self._index), self._ref = ahead, ref
-        self._seed, self._classes = seed, classes
+    def __init__(self, future, index):
+        self._future, self._index = future, index
 
     def done(self) -> bool:
         return self._future.done()
 
     def result(self) -> list[Outcome]:
-        decoded = self._future.result()[self._index]
-        return [finish(self._ref, decoded, self._seed, self._classes)]
+        return [self._future.result()[self._index]]
 
 
 class _PooledConvertFn(_ConvertFn):
-    """Like _ConvertFn, but spreads the images over local worker processes.
+    """Like _ConvertFn, but spreads the images over local worker processes that spill.
 
     For runners that execute a bundle in one process (DirectRunner in_memory),
     this is what uses every core: the Beam graph stays in one process with no
-    gRPC hops, and only the codec work moves to the pool. Results may come back
-    in any order; shard contents are sorted later, so output bytes do not change.
+    gRPC hops, and only the codec work moves to the pool. Each worker appends
+    its records to its own spill file and sends back a reference, so record
+    bytes never pass through this process or the runner (docs/scale.md).
+    Images an earlier, interrupted run already spilled are taken from its
+    spill files instead of being converted again. Results may come back in
+    any order; shard contents are sorted later, so output bytes do not change.
     A worker that dies (a decoder crash) costs the one image that killed it,
     which becomes a rejection; the others are converted again.
     """
@@ -215,31 +291,47 @@ class _PooledConvertFn(_ConvertFn):
     def __init__(self, config: JobConfig, processes: int):
         super().__init__(config)
         self._processes = processes
+        self._spill_dir = config.spill_directory
+        self._task_args = (*self._args, self._spill_dir)
         self._ahead = Metrics.counter(NAMESPACE, "images_converted_ahead")
+        self._resumed = Metrics.counter(NAMESPACE, "images_resumed")
 
     def setup(self):
         super().setup()
+        self._done = spill.load_index(self._spill_dir)
         self._executor = local_pool.take(self._processes)
 
     def _new_executor(self):
         return local_pool.new(self._processes)
 
-    def _emit(self, outcome: Outcome):
-        output = super()._emit(outcome)
-        if isinstance(output, Record):  # the bytes stay here; see local_pool.park
-            return output._replace(payload=local_pool.park(output.image_id, output.payload))
-        return output
+    def _emit(self, outcome: Outcome, converted_now: bool = True):
+        result = outcome.result
+        if isinstance(result, Converted):
+            # One string object per spill file: a pickled batch then names each file once.
+            where = result.entry.data
+            where = where._replace(path=sys.intern(where.path))
+            outcome = outcome._replace(
+                result=result._replace(entry=result.entry._replace(data=where))
+            )
+        return super()._emit(outcome, converted_now)
 
     def start_bundle(self):
+        super().start_bundle()
         self._chunk: list[tuple] = []
         self._pending: collections.deque = collections.deque()  # (refs, future)
 
     def process(self, ref):
         ref = tuple(ref)
-        ahead = local_pool.claim(ref[1])
-        if ahead is not None:  # converted while Beam was starting
+        image_id, path, label, split = ref
+        earlier = self._done.get(image_id)
+        if earlier is not None and earlier.split == split and earlier.label in (label, -1):
+            self._resumed.inc()  # converted (or rejected) by an interrupted run
+            yield from self._emit(Outcome(from_spill(earlier, path), 0, False), False)
+            return
+        ahead = local_pool.claim(path)
+        if ahead is not None and ahead[2] == ref:  # converted while Beam was starting
             self._ahead.inc()
-            self._pending.append(([ref], _Finishing(ahead, ref, *self._args[1:])))
+            self._pending.append(([ref], _Picked(*ahead[:2])))
         else:
             self._chunk.append(ref)
             if len(self._chunk) >= self.CHUNK:
@@ -248,11 +340,12 @@ class _PooledConvertFn(_ConvertFn):
         while self._pending and (
             self._pending[0][1].done() or len(self._pending) > 3 * self._processes
         ):
-            yield from map(self._emit, self._next_outcomes())
+            for outcome in self._next_outcomes():
+                yield from self._emit(outcome)
 
     def _submit(self):
         if self._chunk:
-            future = self._executor.submit(convert_chunk, self._chunk, *self._args)
+            future = self._executor.submit(spill_chunk, self._chunk, *self._task_args)
             self._pending.append((self._chunk, future))
             self._chunk = []
 
@@ -274,7 +367,7 @@ class _PooledConvertFn(_ConvertFn):
             for ref in refs:
                 executor = executor or self._new_executor()
                 try:
-                    outcomes += executor.submit(convert_chunk, [ref], *self._args).result()
+                    outcomes += executor.submit(spill_chunk, [ref], *self._task_args).result()
                 except concurrent.futures.process.BrokenProcessPool:
                     image_id, path, _, split = ref
                     reason = "crashed the image decoder (its worker process died)"
@@ -290,11 +383,13 @@ class _PooledConvertFn(_ConvertFn):
     def finish_bundle(self):
         self._submit()
         while self._pending:
-            for output in map(self._emit, self._next_outcomes()):
-                if isinstance(output, TaggedOutput):
-                    yield TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
-                else:
-                    yield GlobalWindows.windowed_value(output)
+            for outcome in self._next_outcomes():
+                for output in self._emit(outcome):
+                    if isinstance(output, TaggedOutput):
+                        yield TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+                    else:
+                        yield GlobalWindows.windowed_value(output)
+        yield from super().finish_bundle()
 
     def teardown(self):
         executor = getattr(self, "_executor", None)
@@ -303,7 +398,7 @@ class _PooledConvertFn(_ConvertFn):
 
 
 class ConvertImages(beam.PTransform):
-    """ImageRef -> Record, with Rejection on the ``rejected`` output."""
+    """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output."""
 
     def __init__(self, config: JobConfig):
         super().__init__()
@@ -314,139 +409,53 @@ class ConvertImages(beam.PTransform):
         fn = (
             _PooledConvertFn(self._config, processes) if processes > 1 else _ConvertFn(self._config)
         )
-        return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, main="records")
+        return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, main="batches")
 
 
-# --------------------------------------------------------------------- shards
+# ------------------------------------------------------------------ shard plan
 
 
-# What goes through the shard GroupByKey: every record, and every listed and
-# rejected image ID, keyed by the hash range of its order key. One group then
-# holds everything needed both to write that shard and to check its books.
-#   (kind, key, image_id, label, payload)     kind: RECORD | LISTED | REJECTED_ID
-RECORD, LISTED, REJECTED_ID = "record", "listed", "rejected"
+class _TallyFn(beam.CombineFn):
+    """KeyTally of one split -> (listed, written, rejected keys, record bytes), all of the split."""
+
+    def create_accumulator(self):
+        return [], [], [], 0
+
+    def add_input(self, accumulator, tally: books.KeyTally):
+        listed, written, rejected, size = accumulator
+        for into, values in ((listed, tally.listed), (written, tally.written)):
+            if values:
+                into.append(books.as_keys(values))
+        if tally.rejected:
+            rejected.append(books.as_keys(tally.rejected))
+        return listed, written, rejected, size + tally.record_bytes
+
+    def merge_accumulators(self, accumulators):
+        listed, written, rejected, size = [], [], [], 0
+        for more in accumulators:
+            listed += more[0]
+            written += more[1]
+            rejected += more[2]
+            size += more[3]
+        return self.compact((listed, written, rejected, size))
+
+    def compact(self, accumulator):
+        # One array per kind: 8 bytes per key, however many batches came in.
+        *parts, size = accumulator
+        return (*([np.concatenate(p)] if len(p) > 1 else p for p in parts), size)
+
+    def extract_output(self, accumulator):
+        *parts, size = accumulator
+        empty = np.zeros(0, dtype=np.uint64)
+        return (*(np.concatenate(p) if p else empty for p in parts), size)
 
 
-def _entry_of_record(record: Record):
-    return record.split, record.key, RECORD, record.image_id, record.label, record.payload
+class PlanShards(beam.PTransform):
+    """{batches, listed, rejected} -> (split, SplitPlan): the books and shard plan per split.
 
-
-def _entry_of_id(item, kind: str, seed: int):
-    """A listed ImageRef or a Rejection: the ID alone, under its order key."""
-    return item.split, keys.order_key(seed, item.image_id), kind, item.image_id, -1, b""
-
-
-def _assign_shard(entry, shard_counts: dict[str, int]):
-    split, key, kind, image_id, label, payload = entry
-    # A split whose images were all rejected has no bytes and so no count: 1 range.
-    shard = keys.shard_of_key(key, shard_counts.get(split, 1))
-    return (split, shard), (kind, key, image_id, label, payload)
-
-
-def balance(entries) -> tuple[int, int, list[str]]:
-    """Books of one key range -> (listed count, problem count, first problems).
-
-    Every listed ID must be exactly once a record or a rejection.
-    """
-    seen: dict[str, Counter] = {}
-    for kind, _, image_id, _, _ in entries:
-        seen.setdefault(image_id, Counter())[kind] += 1
-    listed_total, problems = 0, []
-    for image_id, count in seen.items():
-        listed, written, rejected = count[LISTED], count[RECORD], count[REJECTED_ID]
-        listed_total += listed
-        if listed == 1 and written + rejected == 1:
-            continue
-        if not listed:
-            problems.append(f"not listed but written/rejected: {image_id}")
-        elif listed > 1:
-            problems.append(f"listed {listed} times: {image_id}")
-        elif not written and not rejected:
-            problems.append(f"lost (neither written nor rejected): {image_id}")
-        else:
-            problems.append(f"doubled ({written} records, {rejected} rejections): {image_id}")
-    return listed_total, len(problems), sorted(problems)[:_MAX_PROBLEMS_SHOWN]
-
-
-def _with_payloads(items: list[tuple]) -> list[tuple]:
-    """Record entries with parked payloads (sizes, see local_pool.park) taken back."""
-    parked: dict[str, bytes] = {}
-    out = []
-    for kind, key, image_id, label, payload in items:
-        if isinstance(payload, int):
-            if image_id not in parked:  # a doubled record (the books fail it) parks once
-                parked[image_id] = local_pool.unpark(image_id)
-            payload = parked[image_id]
-        out.append((kind, key, image_id, label, payload))
-    return out
-
-
-class _WriteShardFn(beam.DoFn):
-    """((split, hash range), [entry]) -> ShardInfo dict of a temp file; books on ``books``.
-
-    Holds one shard's records in memory (to sort them), never a whole split.
-    """
-
-    def __init__(self, output: str, index_files: bool = False):
-        self._output = output
-        self._index_files = index_files
-        self._shards = Metrics.counter(NAMESPACE, "shards_written")
-        self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
-
-    def process(self, element):
-        (split, shard), entries = element
-        entries = list(entries)
-        yield TaggedOutput(BOOKS, (split, *balance(entries)))
-        # Sorting by (key, id) makes the shard's bytes independent of bundle order.
-        items = sorted((e for e in entries if e[0] == RECORD), key=lambda e: (e[1], e[2]))
-        items = _with_payloads(items)
-        if items:  # a range with only rejections gets no file
-            yield self._write(split, shard, items)
-
-    def _write(self, split, shard, items) -> dict:
-        # A unique temporary name per attempt: a retried bundle never collides
-        # with, or leaves, a partial file under a final name. Finalize renames
-        # the reported files into place once the books balance (dense numbers:
-        # hash ranges that hold no record get no file).
-        temp = _output_path(self._output, f"{TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
-        digest = hashlib.sha256()
-        size = 0
-        index: list[str] = []
-        class_counts: Counter[int] = Counter()
-        with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-            for _, _, _, label, payload in items:
-                framed = records.frame_record(payload)
-                stream.write(framed)
-                digest.update(framed)
-                index.append(f"{size} {len(framed)}\n")
-                size += len(framed)
-                class_counts[label] += 1
-        info = {}
-        if self._index_files:
-            info["temp_index"] = temp + ".idx"
-            with FileSystems.create(
-                info["temp_index"], compression_type=CompressionTypes.UNCOMPRESSED
-            ) as stream:
-                stream.write("".join(index).encode())
-        self._shards.inc()
-        self._bytes.inc(size)
-        return {
-            **info,
-            "split": split,
-            "range": shard,
-            "temp": temp,
-            "num_examples": len(items),
-            "num_bytes": size,
-            "sha256": digest.hexdigest(),
-            "class_counts": {str(k): v for k, v in sorted(class_counts.items())},
-        }
-
-
-class WriteShards(beam.PTransform):
-    """{records, listed, rejected} -> ShardInfo dicts, plus books per range on ``books``.
-
-    Listed and rejected IDs travel through the same GroupByKey as the records,
-    so the books are checked range by range with no second shuffle of all IDs.
+    Only order keys (8 bytes per image) and sizes come here, batched; the plan
+    cuts each split into exactly ``max(min_shards, ceil(bytes/target))``
+    non-empty shards by rank of the keys (docs/format.md section 3).
     """
 
     def __init__(self, config: JobConfig):
@@ -456,47 +465,192 @@ class WriteShards(beam.PTransform):
     def expand(self, pcolls):
         seed = self._config.seed
         target, minimum = self._config.target_shard_bytes, self._config.min_shards
-        recs = pcolls["records"]
-        shard_counts = (
-            recs
-            # Record -> (split, framed size)
-            | "RecordSizes"
-            >> beam.Map(lambda r: (r.split, payload_size(r.payload) + records.FRAME_OVERHEAD))
-            | "BytesPerSplit" >> beam.CombinePerKey(sum)
-            # (split, bytes) -> (split, shard count)
-            | "ShardsPerSplit"
-            >> beam.MapTuple(lambda split, size: (split, keys.num_shards(size, target, minimum)))
+
+        def written(batch: RecordBatch):
+            entries = batch.entries
+            tally = books.KeyTally(
+                written=tuple(e.key for e in entries), record_bytes=sum(e.size for e in entries)
+            )
+            return batch.split, tally
+
+        def rejected(rejection: Rejection):
+            return rejection.split, books.KeyTally(
+                rejected=(keys.order_key(seed, rejection.image_id),)
+            )
+
+        def plan(split, tallied):
+            return split, books.plan_split(split, *tallied, target, minimum)
+
+        return (
+            (
+                pcolls["listed"],
+                pcolls["batches"] | "WrittenKeys" >> beam.Map(written),
+                pcolls["rejected"] | "RejectedKeys" >> beam.Map(rejected),
+            )
+            | "AllKeys" >> beam.Flatten()
+            # (split, KeyTally) -> (split, (listed, written, rejected keys, bytes))
+            | "TallyPerSplit" >> beam.CombinePerKey(_TallyFn())
+            # -> (split, SplitPlan)
+            | "PlanSplit" >> beam.MapTuple(plan)
         )
-        entries = (
-            recs | "RecordEntries" >> beam.Map(_entry_of_record),
-            pcolls["listed"] | "ListedEntries" >> beam.Map(_entry_of_id, LISTED, seed),
-            pcolls["rejected"] | "RejectedEntries" >> beam.Map(_entry_of_id, REJECTED_ID, seed),
-        ) | "AllEntries" >> beam.Flatten()
-        groups = (
-            entries
-            # (split, key, kind, id, label, payload) -> ((split, range), (kind, key, id, label, payload))
-            | "AssignShard" >> beam.Map(_assign_shard, shard_counts=AsDict(shard_counts))
-            | "GroupByShard" >> beam.GroupByKey()
+
+
+# --------------------------------------------------------------------- shards
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """A shard written to a temp file: what Finalize checks, renames and describes."""
+
+    split: str
+    index: int
+    shards: int  # in the split
+    temp: str
+    num_examples: int
+    num_bytes: int
+    sha256: str
+    key_sum: int  # sum of its keys mod 2^64 (the books check it against the plan)
+    class_counts: tuple[tuple[int, int], ...]  # (label, count), by label
+    temp_index: str | None = None
+
+    @property
+    def file(self) -> str:
+        return keys.shard_filename(self.split, self.index, self.shards)
+
+
+def _by_shard(batch: RecordBatch, plans: dict[str, books.SplitPlan]):
+    """RecordBatch -> ((split, shard), RecordBatch) for each shard its records fall in."""
+    plan = plans[batch.split]
+    parts: dict[int, list[ShardEntry]] = {}
+    for entry in batch.entries:
+        parts.setdefault(plan.shard_of(entry.key), []).append(entry)
+    for shard, entries in parts.items():
+        yield (batch.split, shard), RecordBatch(batch.split, tuple(entries))
+
+
+class _WriteShardFn(beam.DoFn):
+    """((split, shard), [RecordBatch]) -> ShardInfo of a temp file.
+
+    Holds one shard's entries in memory (to sort them): references only on
+    the local path, record bytes (the shard's size) on the shuffle path.
+    """
+
+    def __init__(self, output: str, index_files: bool = False):
+        self._output = output
+        self._index_files = index_files
+        self._shards = Metrics.counter(NAMESPACE, "shards_written")
+        self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
+
+    def process(self, element, plans):
+        (split, shard), batches = element
+        entries = [entry for batch in batches for entry in batch.entries]
+        # Sorting by (key, id) makes the shard's bytes independent of bundle order.
+        entries.sort(key=lambda e: (e.key, e.image_id))
+        yield self._write(split, shard, plans[split].shards, entries)
+
+    def _write(self, split, shard, count, entries) -> ShardInfo:
+        # A unique temporary name per attempt: a retried bundle never collides
+        # with, or leaves, a partial file under a final name. Finalize renames
+        # the reported files into place once the books balance.
+        temp = _output_path(self._output, f"{TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
+        digest = hashlib.sha256()
+        size = 0
+        index: list[str] = []
+        class_counts: Counter[int] = Counter()
+        reader = spill.Reader()
+        try:
+            with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+                for entry in entries:
+                    framed = entry.data
+                    if not isinstance(framed, bytes):
+                        framed = reader.read(framed.path, framed.offset, entry.size)
+                    stream.write(framed)
+                    digest.update(framed)
+                    index.append(f"{size} {len(framed)}\n")
+                    size += len(framed)
+                    class_counts[entry.label] += 1
+        finally:
+            reader.close()
+        temp_index = None
+        if self._index_files:
+            temp_index = temp + ".idx"
+            with FileSystems.create(
+                temp_index, compression_type=CompressionTypes.UNCOMPRESSED
+            ) as stream:
+                stream.write("".join(index).encode())
+        self._shards.inc()
+        self._bytes.inc(size)
+        return ShardInfo(
+            split=split,
+            index=shard,
+            shards=count,
+            temp=temp,
+            num_examples=len(entries),
+            num_bytes=size,
+            sha256=digest.hexdigest(),
+            key_sum=books.key_sum([e.key for e in entries]),
+            class_counts=tuple(sorted(class_counts.items())),
+            temp_index=temp_index,
         )
+
+
+class WriteShards(beam.PTransform):
+    """{batches, plans} -> ShardInfo, one per shard of the plans."""
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, pcolls):
+        plans = AsDict(pcolls["plans"])
         writer = _WriteShardFn(self._config.output, self._config.index_files)
-        return groups | "WriteShard" >> beam.ParDo(writer).with_outputs(BOOKS, main="shards")
+        return (
+            pcolls["batches"]
+            # RecordBatch -> ((split, shard), RecordBatch of that shard's records)
+            | "AssignShards" >> beam.FlatMap(_by_shard, plans=plans)
+            | "GroupByShard" >> beam.GroupByKey()
+            # -> ShardInfo
+            | "WriteShard" >> beam.ParDo(writer, plans=plans)
+        )
 
 
 # ---------------------------------------------------------------- bookkeeping
+
+
+def check_shards(
+    plans: dict[str, books.SplitPlan], shards: list[ShardInfo]
+) -> tuple[list[ShardInfo], list[str]]:
+    """One written shard per planned shard, holding exactly the planned records.
+
+    Returns the shards to keep and the problems. A shard reported twice with
+    the same bytes (a retried write) is kept once.
+    """
+    chosen: dict[tuple[str, int], ShardInfo] = {}
+    problems = []
+    for shard in sorted(shards, key=lambda s: s.temp):
+        seen = chosen.setdefault((shard.split, shard.index), shard)
+        if seen is not shard and seen.sha256 != shard.sha256:
+            problems.append(f"shard {shard.index} of {shard.split} written twice, differently")
+    for split, plan in plans.items():
+        for index in range(plan.shards):
+            shard = chosen.get((split, index))
+            if shard is None:
+                problems.append(f"shard {index} of {split} was not written")
+            elif (shard.num_examples, shard.key_sum) != (plan.counts[index], plan.key_sums[index]):
+                problems.append(
+                    f"shard {index} of {split} holds {shard.num_examples} records, "
+                    f"not the {plan.counts[index]} planned"
+                )
+    return sorted(chosen.values(), key=lambda s: (s.split, s.index)), problems
 
 
 class _Finalize(beam.DoFn):
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def process(self, _, shards, rejects, books, skipped):
+    def process(self, _, shards, rejects, plans, skipped):
         config = self._config
-        listed: Counter[str] = Counter()
-        problem_count, problems = 0, []
-        for split, listed_count, range_problem_count, range_problems in books:
-            listed[split] += listed_count
-            problem_count += range_problem_count
-            problems += range_problems
+        plans = dict(plans)
         output = config.output
         _write_atomically(
             _output_path(output, metadata.REJECTS_FILE),
@@ -515,16 +669,21 @@ class _Finalize(beam.DoFn):
             _output_path(output, metadata.SKIPPED_FILE),
             metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
         )
-        total_listed = sum(listed.values())
-        if problem_count:
+        shards, shard_problems = check_shards(plans, list(shards))
+        key_problems = [p for plan in plans.values() for p in plan.problems]
+        problem_count = sum(plan.problem_count for plan in plans.values())
+        if problem_count or shard_problems:
+            names = _names_of(config, {p.key for p in key_problems})
+            shown = sorted(books.describe(p, names.get(p.key)) for p in key_problems)
             raise BooksDoNotBalance(
                 f"the job's books do not balance: {problem_count} image IDs were lost or "
                 f"doubled; dataset_info.json was not written. First: "
-                + "; ".join(sorted(problems)[:_MAX_PROBLEMS_SHOWN])
+                + "; ".join((shown + shard_problems)[: books.MAX_PROBLEMS_SHOWN])
             )
+        total_listed = sum(plan.listed for plan in plans.values())
         if not total_listed:
             raise BooksDoNotBalance("no images were found in the input; nothing was written")
-        written = sum(s["num_examples"] for s in shards)
+        written = sum(s.num_examples for s in shards)
         if written + len(rejects) != total_listed:
             raise BooksDoNotBalance(
                 f"the job's books do not balance: listed {total_listed}, wrote {written}, "
@@ -537,10 +696,10 @@ class _Finalize(beam.DoFn):
                 config.max_reject_fraction,
                 _output_path(output, metadata.REJECTS_FILE),
             )
-        shards = _move_into_place(shards, output)
+        placed = _move_into_place(shards, output)
         rejected_by_split = Counter(r.split for r in rejects)
         splits = metadata.split_order(
-            config.split_names, [s["split"] for s in shards] + list(rejected_by_split)
+            config.split_names, [s.split for s in shards] + list(rejected_by_split)
         )
         spec = config.image
         info = metadata.build_info(
@@ -556,7 +715,7 @@ class _Finalize(beam.DoFn):
                 "channels": 3,
             },
             splits=splits,
-            shards=shards,
+            shards=placed,
             rejected_by_split=rejected_by_split,
             skipped_reasons=[s.reason for s in skipped],
             config={
@@ -567,28 +726,60 @@ class _Finalize(beam.DoFn):
                 "max_reject_fraction": config.max_reject_fraction,
             },
         )
-        _delete_tree(_output_path(output, TMP_DIR))
+        _delete_temp_files(config)
         # Written last: its presence means the dataset is complete.
         _write_atomically(_output_path(output, metadata.INFO_FILE), metadata.dumps(info))
+        _delete_tree(_output_path(output, TMP_DIR))  # what is left: the job's marker
         yield json.dumps({s: info["splits"][s]["num_examples"] for s in splits})
 
 
-def _move_into_place(shards: list[dict], output: str) -> list[dict]:
-    """Renames the written temp files to their final, densely numbered names.
+def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:
+    """Order key -> image ID for the keys in ``wanted``, by listing the input again.
+
+    Runs only when the books do not balance, to name the images in the message.
+    """
+    if not wanted:
+        return {}
+    layout = config.layout
+    if layout.kind == "manifest":
+        ids = (row.image_id for row in listing.read_manifest(layout.manifest, layout.root))
+    else:
+        ids = (
+            entry[0]
+            for folder in layout.folders
+            for entry in listing.list_folder(folder, layout.root)
+            if not isinstance(entry, listing.Skipped)
+        )
+    found = {}
+    for image_id in ids:
+        key = keys.order_key(config.seed, image_id)
+        if key in wanted:
+            found[key] = image_id
+    return found
+
+
+def _move_into_place(shards: list[ShardInfo], output: str) -> list[dict]:
+    """Renames the written temp files to their final names; returns their info rows.
 
     Idempotent, so a retried Finalize completes the renames the first try began.
     """
     placed = []
-    for split in sorted({s["split"] for s in shards}):
-        of_split = [s for s in shards if s["split"] == split]
-        numbering = keys.dense_shard_numbers([s["range"] for s in of_split])
-        for shard in of_split:
-            name = keys.shard_filename(split, numbering[shard["range"]], len(numbering))
-            placed.append({**shard, "file": name, "final": _output_path(output, name)})
-            if "temp_index" in shard:
-                placed[-1]["index"] = name + ".idx"
-    moves = [(s["temp"], s["final"]) for s in placed]
-    moves += [(s["temp_index"], s["final"] + ".idx") for s in placed if "temp_index" in s]
+    moves = []
+    for shard in shards:
+        final = _output_path(output, shard.file)
+        row = {
+            "split": shard.split,
+            "file": shard.file,
+            "num_examples": shard.num_examples,
+            "num_bytes": shard.num_bytes,
+            "sha256": shard.sha256,
+            "class_counts": {str(label): n for label, n in shard.class_counts},
+        }
+        moves.append((shard.temp, final))
+        if shard.temp_index:
+            row["index"] = shard.file + ".idx"
+            moves.append((shard.temp_index, final + ".idx"))
+        placed.append(row)
     # One listing instead of an existence check per file (thousands on GCS).
     existing = {m.path for m in listing.files_under(_output_path(output, TMP_DIR))}
     pending = [(src, dst) for src, dst in moves if src in existing]
@@ -597,12 +788,24 @@ def _move_into_place(shards: list[dict], output: str) -> list[dict]:
     return placed
 
 
+def _delete_temp_files(config: JobConfig) -> None:
+    """Deletes the spill files and unused temp shards; keeps the job's marker for last."""
+    spill_dir = config.spill_directory
+    if os.path.isdir(spill_dir):
+        shutil.rmtree(spill_dir, ignore_errors=True)
+    marker = _output_path(config.output, f"{TMP_DIR}/{spill.SETTINGS_FILE}")
+    rest = [m.path for m in listing.files_under(_output_path(config.output, TMP_DIR))]
+    rest = [path for path in rest if path != marker]
+    if rest:
+        FileSystems.delete(rest)
+
+
 def _delete_tree(path: str) -> None:
     matches = listing.files_under(path)
     if matches:
         FileSystems.delete([m.path for m in matches])
-    if listing.is_local(path) and FileSystems.exists(path):
-        FileSystems.delete([path])
+    if listing.is_local(path) and os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------- graph
@@ -611,23 +814,23 @@ def _delete_tree(path: str) -> None:
 def build(pipeline: beam.Pipeline, config: JobConfig):
     """Adds the whole conversion to ``pipeline``; returns the final summary PCollection."""
     listed = pipeline | "ListImages" >> ListImages(config)
-    refs = listed["refs"]
-    converted = refs | "ConvertImages" >> ConvertImages(config)
-    rejects = converted[REJECTED]
-    written = {
-        "records": converted.records,
-        "listed": refs,
+    converted = listed["refs"] | "ConvertImages" >> ConvertImages(config)
+    batches, rejects = converted.batches, converted[REJECTED]
+    plans = {
+        "batches": batches,
+        "listed": listed["listed"],
         "rejected": rejects,
-    } | "WriteShards" >> WriteShards(config)
+    } | "PlanShards" >> PlanShards(config)
+    shards = {"batches": batches, "plans": plans} | "WriteShards" >> WriteShards(config)
     return (
         pipeline
         | "Start" >> beam.Create([None], reshuffle=False)
         | "Finalize"
         >> beam.ParDo(
             _Finalize(config),
-            shards=AsList(written.shards),
+            shards=AsList(shards),
             rejects=AsList(rejects),
-            books=AsList(written[BOOKS]),
+            plans=AsList(plans),
             skipped=AsList(listed[SKIPPED]),
         )
     )

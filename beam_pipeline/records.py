@@ -152,3 +152,17 @@ def iter_records(stream) -> Iterator[bytes]:
         if _masked_crc(data) != struct.unpack("<I", footer)[0]:
             raise ValueError("TFRecord data CRC mismatch")
         yield data
+
+
+def is_intact(framed: bytes) -> bool:
+    """Whether ``framed`` is exactly one whole TFRecord with both CRCs right."""
+    if len(framed) < FRAME_OVERHEAD:
+        return False
+    (length,) = struct.unpack_from("<Q", framed)
+    if len(framed) != length + FRAME_OVERHEAD:
+        return False
+    (length_crc,) = struct.unpack_from("<I", framed, 8)
+    (data_crc,) = struct.unpack_from("<I", framed, 12 + length)
+    return (
+        _masked_crc(framed[:8]) == length_crc and _masked_crc(framed[12 : 12 + length]) == data_crc
+    )

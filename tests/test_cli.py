@@ -200,19 +200,22 @@ def test_small_target_shard_size_gives_expected_shard_count(dataset, tmp_path):
     train = info["splits"]["train"]
     expected = math.ceil(train["num_bytes"] / int(0.05 * 2**20))
     assert expected >= 3
-    # Hash ranges that happen to be empty are dropped, never written.
-    assert expected - 1 <= len(train["shards"]) <= expected
-    assert all(s["num_examples"] > 0 for s in train["shards"])
+    assert len(train["shards"]) == expected  # exactly: no hash range left empty
+    sizes = [s["num_examples"] for s in train["shards"]]
+    assert min(sizes) > 0 and max(sizes) - min(sizes) <= 1
     order = [keys.order_key(42, i) for i in contract.ids(by_split["train"])]
-    assert order == sorted(order)  # shard i holds the i-th key range
+    assert order == sorted(order)  # shard i holds the i-th run of keys
 
 
-def test_min_shards(dataset, tmp_path):
+def test_min_shards_is_exact(dataset, tmp_path):
     root, _, _, _ = dataset
-    assert convert(root, tmp_path / "o", "--min_shards", "4", "--max_reject_fraction", "0.1") == 0
+    assert convert(root, tmp_path / "o", "--min_shards", "8", "--max_reject_fraction", "0.1") == 0
     info = contract.load_info(str(tmp_path / "o"))
-    assert 3 <= len(info["splits"]["train"]["shards"]) <= 4
-    contract.check_output(str(tmp_path / "o"), decode=False)
+    for split, entry in contract.check_output(str(tmp_path / "o"), decode=False).items():
+        # max(min_shards, ceil(bytes/target)), capped only by the records of the split
+        assert len(info["splits"][split]["shards"]) == min(8, len(entry)), split
+        order = [keys.order_key(42, i) for i in contract.ids(entry)]
+        assert order == sorted(order)
 
 
 def test_other_seed_other_order(dataset, tmp_path):
@@ -314,28 +317,22 @@ def test_direct_runner_never_tries_prism(dataset, tmp_path, monkeypatch):
 
 
 def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
-    """The pooled step parks record bytes in-process; a doubled record still fails the books."""
+    """The pooled step sends spill references; a doubled one still fails the books."""
     from beam_pipeline import pipeline
-    from beam_pipeline.convert import Record
+    from beam_pipeline.convert import Converted, SpillLocation
 
     root, _, ids, _ = dataset
     victim = sorted(ids)[0]
     original = pipeline._PooledConvertFn._emit
 
-    def doubling(self, outcome):
-        output = original(self, outcome)
-        if isinstance(output, Record) and output.image_id == victim:
-            assert isinstance(output.payload, int)  # parked: only the size travels
-            self._doubled = output
-        return output
+    def doubling(self, outcome, converted_now=True):
+        result = outcome.result
+        yield from original(self, outcome, converted_now)
+        if isinstance(result, Converted) and result.entry.image_id == victim:
+            assert isinstance(result.entry.data, SpillLocation)  # only a reference travels
+            yield from original(self, outcome, converted_now)
 
-    def finish_with_double(self):
-        yield from original_finish(self)
-        yield pipeline.GlobalWindows.windowed_value(self._doubled)
-
-    original_finish = pipeline._PooledConvertFn.finish_bundle
     monkeypatch.setattr(pipeline._PooledConvertFn, "_emit", doubling)
-    monkeypatch.setattr(pipeline._PooledConvertFn, "finish_bundle", finish_with_double)
     argv = ["--max_reject_fraction", "0.1", "--local_processes", "2"]
     assert convert(root, tmp_path / "o", *argv, mode=None) == 1
     err = capsys.readouterr().err

@@ -167,9 +167,10 @@ def test_unknown_machine_types(name):
     "records, total, target, minimum, shards",
     [
         (0, 0, 100, 1, 0),
-        (1, 500, 100, 1, 1),  # 5 hash ranges, one record: one non-empty shard
-        (1000, 500, 100, 1, 5),  # many records: every range is used
-        (10, 1000, 100, 1, 7),  # 10 records in 10 ranges: ~6.5 non-empty
+        (1, 500, 100, 1, 1),  # 5 shards wanted, one record: one shard
+        (1000, 500, 100, 1, 5),
+        (10, 1000, 100, 1, 10),  # exact: ceil(bytes / target), capped by the records
+        (7, 1000, 100, 1, 7),
         (100, 50, 100, 4, 4),  # --min_shards
         (100, 250, 100, 1, 3),
     ],

@@ -13,6 +13,7 @@ from beam_pipeline import keys
 def test_keys_module_imports_neither_beam_nor_tensorflow():
     code = (
         "import sys, beam_pipeline.keys, beam_pipeline.images, beam_pipeline.records, "
+        "beam_pipeline.spill, beam_pipeline.books, beam_pipeline.convert, "
         "beam_pipeline.metadata\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'tensorflow')]\n"
         "print(bad); sys.exit(1 if bad else 0)"
@@ -99,60 +100,84 @@ def test_assign_split_skips_zero_fractions():
 
 
 @pytest.mark.parametrize(
-    "total, target, minimum, expected",
+    "total, target, minimum, records, expected",
     [
-        (0, 100, 1, 1),
-        (1, 100, 1, 1),
-        (100, 100, 1, 1),
-        (101, 100, 1, 2),
-        (1000, 100, 1, 10),
-        (1001, 100, 1, 11),
-        (50, 100, 4, 4),
-        (10_000, 100, 4, 100),
-        (250 * 2**20, 200 * 2**20, 1, 2),
+        (0, 100, 1, None, 1),
+        (1, 100, 1, None, 1),
+        (100, 100, 1, None, 1),
+        (101, 100, 1, None, 2),
+        (1000, 100, 1, None, 10),
+        (1001, 100, 1, None, 11),
+        (50, 100, 4, None, 4),
+        (10_000, 100, 4, None, 100),
+        (250 * 2**20, 200 * 2**20, 1, None, 2),
+        # Capped only by the number of records: no shard is ever empty.
+        (50, 100, 8, 60, 8),
+        (50, 100, 8, 5, 5),
+        (10_000, 100, 1, 7, 7),
+        (0, 100, 8, 0, 0),
+        (116, 100, 1, 1, 1),
     ],
 )
-def test_num_shards(total, target, minimum, expected):
-    assert keys.num_shards(total, target, minimum) == expected
+def test_num_shards(total, target, minimum, records, expected):
+    assert keys.num_shards(total, target, minimum, records) == expected
 
 
 @pytest.mark.parametrize(
-    "key, shards, expected",
+    "records, shards, expected",
     [
-        (0, 1, 0),
-        (2**64 - 1, 1, 0),
-        (0, 4, 0),
-        (2**62 - 1, 4, 0),
-        (2**62, 4, 1),
-        (2**63, 4, 2),
-        (2**64 - 1, 4, 3),
-        (2**64 // 3, 3, 0),  # floor(2^64/3) < 2^64/3
-        (2**64 // 3 + 1, 3, 1),
+        (0, 0, [0]),
+        (1, 1, [0, 1]),
+        (10, 1, [0, 10]),
+        (10, 3, [0, 3, 6, 10]),
+        (5, 5, [0, 1, 2, 3, 4, 5]),
+        (7, 2, [0, 3, 7]),
+        (1_281_167, 4, [0, 320291, 640583, 960875, 1281167]),
     ],
 )
-def test_shard_of_key(key, shards, expected):
-    assert keys.shard_of_key(key, shards) == expected
+def test_shard_starts_cut_by_rank(records, shards, expected):
+    starts = keys.shard_starts(records, shards)
+    assert starts == expected
+    sizes = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert all(size >= 1 for size in sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
+
+
+@pytest.mark.parametrize("records, shards", [(3, 4), (0, 1), (5, 0), (-1, 1)])
+def test_shard_starts_refuses_empty_shards(records, shards):
+    with pytest.raises(ValueError):
+        keys.shard_starts(records, shards)
+
+
+@pytest.mark.parametrize(
+    "key, boundaries, expected",
+    [
+        (0, (), 0),
+        (2**64 - 1, (), 0),
+        (9, (10, 20), 0),
+        (10, (10, 20), 1),  # a boundary is the first key of its shard
+        (19, (10, 20), 1),
+        (20, (10, 20), 2),
+        (2**64 - 1, (10, 20), 2),
+    ],
+)
+def test_shard_of_key(key, boundaries, expected):
+    assert keys.shard_of_key(key, boundaries) == expected
 
 
 def test_shard_of_key_rejects_out_of_range():
     with pytest.raises(ValueError):
-        keys.shard_of_key(2**64, 2)
+        keys.shard_of_key(2**64, (5,))
 
 
-def test_shards_in_order_are_sorted_keys():
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 13])
+def test_rank_boundaries_give_n_nonempty_shards_of_sorted_keys(n):
     """Reading shards 0..n-1, each sorted, yields all keys in increasing order."""
-    all_keys = [keys.order_key(5, f"id{i}") for i in range(2000)]
-    n = 7
-    shards = [sorted(k for k in all_keys if keys.shard_of_key(k, n) == i) for i in range(n)]
-    assert [k for shard in shards for k in shard] == sorted(all_keys)
-
-
-@pytest.mark.parametrize(
-    "nonempty, expected",
-    [([0, 1, 2], {0: 0, 1: 1, 2: 2}), ([3, 0, 5], {0: 0, 3: 1, 5: 2}), ([2, 2], {2: 0})],
-)
-def test_dense_shard_numbers(nonempty, expected):
-    assert keys.dense_shard_numbers(nonempty) == expected
+    all_keys = sorted(keys.order_key(5, f"id{i}") for i in range(13))
+    starts = keys.shard_starts(len(all_keys), n)
+    boundaries = [all_keys[i] for i in starts[1:-1]]
+    shards = [[k for k in all_keys if keys.shard_of_key(k, boundaries) == i] for i in range(n)]
+    assert all(shards)
+    assert [k for shard in shards for k in shard] == all_keys
 
 
 def test_shard_filename():

@@ -1,14 +1,18 @@
 """The Beam transforms under TestPipeline + assert_that (in-process DirectRunner)."""
 
-import json
+import dataclasses
+import io
 import os
+import pickle
+import uuid
 
 import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline import images, keys, listing, pipeline, records
+from beam_pipeline import books, images, keys, listing, pipeline, records, spill
+from beam_pipeline.convert import RecordBatch, ShardEntry
 from tests.image_factory import add_bad_files, make_class_folders
 
 SPLITS = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -40,24 +44,36 @@ def test_list_images_lists_every_visible_file_once_with_its_split(folder):
         for i in ids + list(bad)
     ]
     with BeamTestPipeline() as p:
-        refs = (p | pipeline.ListImages(config))["refs"]
+        listed = p | pipeline.ListImages(config)
+        refs = listed["refs"]
         got = refs | beam.Map(lambda r: (r.image_id, r.label, r.split))
         assert_that(got, equal_to(expected), label="EveryFileOnce")
         paths_ok = refs | beam.Map(lambda r: r.path == os.path.join(root, r.image_id))
         assert_that(paths_ok | beam.Distinct(), equal_to([True]), label="FullPaths")
+        # The books' count: the listed keys per split, a few elements, not one per image.
+        tallies = listed["listed"] | beam.FlatMap(lambda kv: [(kv[0], key) for key in kv[1].listed])
+        want = [(split, keys.order_key(42, i)) for i, _, split in expected]
+        assert_that(tallies, equal_to(want), label="ListedKeys")
 
 
-def test_convert_images_splits_records_and_rejections(folder):
+def _entries(batches):
+    return [entry for batch in batches for entry in batch.entries]
+
+
+def test_convert_images_batches_records_and_tags_rejections(folder):
     root, ids, bad = folder
     config = _config(root)
     refs = [listing.ImageRef(i, os.path.join(root, i), 0, "train") for i in ids[:5] + list(bad)]
     refs.append(listing.ImageRef("gone.jpg", os.path.join(root, "gone.jpg"), 0, "train"))
+
+    def names(batch):
+        for entry in batch.entries:
+            (payload,) = records.iter_records(io.BytesIO(entry.data))
+            yield entry.image_id, records.parse_example(payload)["image/filename"].decode()
+
     with BeamTestPipeline() as p:
         out = p | beam.Create(refs) | pipeline.ConvertImages(config)
-        parsed = out.records | beam.Map(
-            lambda r: (r.image_id, records.parse_example(r.payload)["image/filename"].decode())
-        )
-        assert_that(parsed, equal_to([(i, i) for i in ids[:5]]), label="Records")
+        assert_that(out.batches | beam.FlatMap(names), equal_to([(i, i) for i in ids[:5]]))
         reasons = out[pipeline.REJECTED] | beam.Map(lambda r: (r.image_id, r.reason.split(":")[0]))
         assert_that(
             reasons,
@@ -66,115 +82,180 @@ def test_convert_images_splits_records_and_rejections(folder):
         )
 
 
-def _write(p, config, recs, refs, rejections=()):
-    return {
-        "records": p | "Records" >> beam.Create(recs),
-        "listed": p | "Listed" >> beam.Create(refs),
-        "rejected": p | "Rejected" >> beam.Create(list(rejections)),
-    } | pipeline.WriteShards(config)
+def _entry(image_id, size=100):
+    framed = records.frame_record(b"x" * (size - records.FRAME_OVERHEAD))
+    return ShardEntry(keys.order_key(42, image_id), image_id, 0, len(framed), framed)
 
 
-def _record(split, image_id, size=100):
-    return pipeline.Record(split, keys.order_key(42, image_id), image_id, 0, b"x" * size)
+def _batches(split, ids, per_batch=7):
+    entries = [_entry(i) for i in ids]
+    return [
+        RecordBatch(split, tuple(entries[i : i + per_batch]))
+        for i in range(0, len(entries), per_batch)
+    ]
 
 
-def _run_write_shards(tmp_path, recs, **config_args):
-    """Runs WriteShards, then Finalize's renaming; returns the placed shard infos."""
+def _listed(split, ids):
+    return split, books.KeyTally(listed=tuple(keys.order_key(42, i) for i in ids))
+
+
+def _run_plan_and_write(tmp_path, batches, listed, rejections=(), **config_args):
+    """Runs PlanShards + WriteShards; returns (config, plans, shard infos)."""
     layout = listing.Layout(kind="classes", root="/in", classes=("a",))
     out_dir = tmp_path / "out"
     config = pipeline.JobConfig(layout=layout, output=str(out_dir), splits=SPLITS, **config_args)
-    refs = [listing.ImageRef(r.image_id, "/in/" + r.image_id, 0, r.split) for r in recs]
-    infos_dir = tmp_path / "infos"
-    infos_dir.mkdir()
+    kept = tmp_path / "kept"
+    kept.mkdir()
 
-    def keep(info):
-        (infos_dir / f"{info['split']}-{info['range']}.json").write_text(json.dumps(info))
+    def keep(name, item):
+        (kept / f"{name}-{uuid.uuid4().hex}.pickle").write_bytes(pickle.dumps(item))
 
     with BeamTestPipeline() as p:
-        out = _write(p, config, recs, refs)
-        out.shards | beam.Map(keep)
-        listed = out[pipeline.BOOKS] | beam.Map(lambda b: b[1]) | beam.CombineGlobally(sum)
-        assert_that(listed, equal_to([len(recs)]), label="Listed")
-        problems = out[pipeline.BOOKS] | beam.Map(lambda b: b[2]) | "P" >> beam.CombineGlobally(sum)
-        assert_that(problems, equal_to([0]), label="Balanced")
-    assert not [f for f in os.listdir(out_dir) if f.endswith(".tfrecord")], (
+        batch_pc = p | "Batches" >> beam.Create(batches)
+        plans = {
+            "batches": batch_pc,
+            "listed": p | "Listed" >> beam.Create(listed),
+            "rejected": p | "Rejected" >> beam.Create(list(rejections)),
+        } | pipeline.PlanShards(config)
+        shards = {"batches": batch_pc, "plans": plans} | pipeline.WriteShards(config)
+        plans | "KeepPlans" >> beam.Map(lambda kv: keep("plan", kv))
+        shards | "KeepShards" >> beam.Map(lambda s: keep("shard", s))
+    found = {"plan": [], "shard": []}
+    for path in kept.iterdir():
+        found[path.name.split("-")[0]].append(pickle.loads(path.read_bytes()))
+    return config, dict(found["plan"]), found["shard"]
+
+
+def test_write_shards_cuts_exactly_the_planned_number_of_nonempty_shards(tmp_path):
+    train, val = [f"t{i}" for i in range(50)], [f"v{i}" for i in range(3)]
+    batches = _batches("train", train) + _batches("val", val)
+    # train: 50 * 100 bytes = 5000 -> 5 shards; val: 300 bytes -> 1 shard
+    config, plans, shards = _run_plan_and_write(
+        tmp_path, batches, [_listed("train", train), _listed("val", val)], target_shard_bytes=1000
+    )
+    assert not [f for f in os.listdir(config.output) if f.endswith(".tfrecord")], (
         "final name before Finalize"
     )
-    infos = [json.loads(f.read_text()) for f in infos_dir.iterdir()]
-    placed = pipeline._move_into_place(infos, str(out_dir))
-    assert pipeline._move_into_place(infos, str(out_dir)) == placed  # a retried Finalize
-    return out_dir, placed
-
-
-def test_write_shards_sizes_by_target_and_never_writes_empty_shards(tmp_path):
-    recs = [_record("train", f"t{i}") for i in range(50)] + [
-        _record("val", f"v{i}") for i in range(3)
-    ]
-    # train: 50 * 116 bytes = 5800 -> 6 shards; val: 348 bytes -> 1 shard
-    out_dir, placed = _run_write_shards(tmp_path, recs, target_shard_bytes=1000, min_shards=1)
+    kept, problems = pipeline.check_shards(plans, shards)
+    assert problems == []
+    placed = pipeline._move_into_place(kept, config.output)
+    assert pipeline._move_into_place(kept, config.output) == placed  # a retried Finalize
+    out_dir = tmp_path / "out"
     assert sorted(s["file"] for s in placed) == [
-        keys.shard_filename("train", i, 6) for i in range(6)
+        keys.shard_filename("train", i, 5) for i in range(5)
     ] + ["val-00000-of-00001.tfrecord"]
-    train = sorted(out_dir.glob("train-*.tfrecord"))
-    read = [list(records.iter_records(open(f, "rb"))) for f in train]
-    assert all(read), "an empty shard was written"
-    assert sum(len(r) for r in read) == 50
+    read = [list(records.iter_records(open(out_dir / s["file"], "rb"))) for s in placed]
+    assert [len(r) for r in read] == [10, 10, 10, 10, 10, 3]
+    pipeline._delete_temp_files(config)
     assert not list((out_dir / pipeline.TMP_DIR).glob("*")), "temp files left behind"
 
 
-def test_write_shards_renumbers_around_empty_hash_ranges(tmp_path):
-    recs = [_record("train", f"t{i}") for i in range(5)]  # 5 records, 64 hash ranges
-    out_dir, placed = _run_write_shards(tmp_path, recs, target_shard_bytes=10**9, min_shards=64)
-    shards = sorted(f for f in os.listdir(out_dir) if f.endswith(".tfrecord"))
-    assert shards == [keys.shard_filename("train", i, len(shards)) for i in range(len(shards))]
-    assert 1 <= len(shards) <= 5
-    assert len({s["range"] for s in placed}) == len(shards)
-    sizes = [len(list(records.iter_records(open(out_dir / f, "rb")))) for f in shards]
-    assert sum(sizes) == 5 and min(sizes) > 0
-    # Numbered by hash range: shard i holds smaller keys than shard i + 1.
-    by_file = {s["file"]: s["range"] for s in placed}
-    assert [by_file[f] for f in shards] == sorted(by_file.values())
+def test_min_shards_is_exact_and_capped_by_the_records(tmp_path):
+    ids = [f"t{i}" for i in range(5)]
+    _, plans, shards = _run_plan_and_write(
+        tmp_path, _batches("train", ids, 2), [_listed("train", ids)], min_shards=64
+    )
+    kept, problems = pipeline.check_shards(plans, shards)
+    assert problems == [] and plans["train"].shards == 5
+    assert sorted(s.index for s in kept) == [0, 1, 2, 3, 4]
+    assert all(s.num_examples == 1 for s in kept)
+    order = [k for s in sorted(kept, key=lambda s: s.index) for k in [s.key_sum]]
+    assert order == sorted(keys.order_key(42, i) for i in ids)  # one key per shard, in order
 
 
-@pytest.mark.parametrize(
-    "kinds, expected",
-    [
-        (["listed", "record"], []),
-        (["listed", "rejected"], []),
-        (["listed"], ["lost"]),
-        (["listed", "record", "record"], ["doubled"]),
-        (["listed", "record", "rejected"], ["doubled"]),
-        (["record"], ["not"]),
-        (["listed", "listed", "record"], ["listed"]),
-    ],
-)
-def test_balance_names_lost_and_doubled_ids(kinds, expected):
-    entries = [(kind, 7, "cat/1.jpg", 0, b"") for kind in kinds]
-    entries += [("listed", 9, "dog/2.jpg", 1, b""), ("record", 9, "dog/2.jpg", 1, b"x")]
-    listed, count, problems = pipeline.balance(entries)
-    assert listed == kinds.count("listed") + 1
-    assert count == len(expected)
-    assert [p.split(" ")[0] for p in problems] == expected
-    assert all("cat/1.jpg" in p for p in problems)
-
-
-def test_write_shards_checks_books_per_key_range(tmp_path):
-    """A listed image that is neither written nor rejected is named; rejections balance."""
-    layout = listing.Layout(kind="classes", root="/in", classes=("a",))
-    config = pipeline.JobConfig(layout=layout, output=str(tmp_path), splits=SPLITS)
-    recs = [_record("train", f"t{i}") for i in range(6)]
-    refs = [listing.ImageRef(f"t{i}", f"/in/t{i}", 0, "train") for i in range(8)]
-    refs.append(listing.ImageRef("v0", "/in/v0", 0, "val"))
+def test_books_name_lost_images_and_balance_rejections(tmp_path):
+    """A listed image that is neither written nor rejected is a problem; rejections balance."""
+    written = [f"t{i}" for i in range(6)]
+    listed = [_listed("train", [f"t{i}" for i in range(8)]), _listed("val", ["v0"])]
     rejections = [
         pipeline.Rejection("t6", "/in/t6", "train", "corrupt"),
         pipeline.Rejection("v0", "/in/v0", "val", "x"),
     ]
-    with BeamTestPipeline() as p:
-        out = _write(p, config, recs, refs, rejections)
-        problems = out[pipeline.BOOKS] | beam.FlatMap(lambda b: b[3])
-        assert_that(problems, equal_to(["lost (neither written nor rejected): t7"]), label="Lost")
-        ranges = out.shards | beam.Map(lambda s: (s["split"], s["num_examples"]))
-        assert_that(ranges, equal_to([("train", 6)]), label="NoFileForRejectsOnly")
+    _, plans, shards = _run_plan_and_write(tmp_path, _batches("train", written), listed, rejections)
+    assert [(p.kind, p.key) for p in plans["train"].problems] == [
+        ("lost", keys.order_key(42, "t7"))
+    ]
+    assert (plans["val"].problem_count, plans["val"].shards, plans["val"].rejected) == (0, 0, 1)
+    assert [(s.split, s.num_examples) for s in shards] == [("train", 6)]
+
+
+def test_a_retried_shard_write_is_kept_once(tmp_path):
+    ids = [f"t{i}" for i in range(9)]
+    config, plans, shards = _run_plan_and_write(
+        tmp_path, _batches("train", ids), [_listed("train", ids)], min_shards=3
+    )
+    writer = pipeline._WriteShardFn(config.output)
+    group = (
+        ("train", 1),
+        _batches("train", ids[:0])
+        + [
+            RecordBatch(
+                "train",
+                tuple(
+                    e
+                    for e in _entries(_batches("train", ids))
+                    if plans["train"].shard_of(e.key) == 1
+                ),
+            )
+        ],
+    )
+    (retry,) = writer.process(group, plans)  # a second attempt at shard 1
+    kept, problems = pipeline.check_shards(plans, shards + [retry])
+    assert problems == [] and len(kept) == 3
+    placed = pipeline._move_into_place(kept, config.output)
+    pipeline._delete_temp_files(config)
+    out_dir = tmp_path / "out"
+    assert sorted(os.listdir(out_dir)) == [pipeline.TMP_DIR] + sorted(s["file"] for s in placed)
+    assert not list((out_dir / pipeline.TMP_DIR).iterdir())
+    total = sum(len(list(records.iter_records(open(out_dir / s["file"], "rb")))) for s in placed)
+    assert total == 9
+
+
+def test_a_shard_holding_other_records_than_planned_fails_the_books(tmp_path):
+    ids = [f"t{i}" for i in range(9)]
+    _, plans, shards = _run_plan_and_write(
+        tmp_path, _batches("train", ids), [_listed("train", ids)], min_shards=3
+    )
+    short = dataclasses.replace(shards[0], num_examples=shards[0].num_examples - 1)
+    _, problems = pipeline.check_shards(plans, [short] + shards[1:])
+    assert problems and "not the 3 planned" in problems[0]
+    _, problems = pipeline.check_shards(plans, shards[1:])
+    assert problems == [f"shard {shards[0].index} of train was not written"]
+
+
+def test_a_retried_conversion_bundle_does_not_duplicate_records(folder, tmp_path):
+    """The first attempt spilled records, then failed; its outputs are discarded (as a
+    runner does) and the retry's references are the only ones that reach the shards."""
+    root, ids, bad = folder
+    config = _config(root, output=str(tmp_path / "out"), conversion_processes=2)
+    refs = [listing.ImageRef(i, os.path.join(root, i), 0, "train") for i in ids]
+    fn = pipeline._PooledConvertFn(config, 2)
+    fn.setup()
+    try:
+        fn.start_bundle()
+        for ref in refs[:10]:
+            list(fn.process(ref))  # first attempt: outputs lost with the bundle
+        list(fn.finish_bundle())
+        spilled_first = sum(
+            1 for f in spill.spill_files(config.spill_directory) for _ in spill.scan(f)
+        )
+        fn.start_bundle()
+        outputs = [o for ref in refs for o in fn.process(ref)] + list(fn.finish_bundle())
+    finally:
+        fn.teardown()
+        spill.forget_indexes()
+    assert spilled_first >= 10
+    batches = [getattr(o, "value", o) for o in outputs]
+    entries = _entries(b for b in batches if isinstance(b, RecordBatch))
+    assert sorted(e.image_id for e in entries) == sorted(ids)  # once each
+    on_disk = [s.image_id for f in spill.spill_files(config.spill_directory) for s in spill.scan(f)]
+    assert len(on_disk) == len(ids) + spilled_first  # the first attempt's copies stay unused
+    reader = spill.Reader()
+    for entry in entries:
+        framed = reader.read(entry.data.path, entry.data.offset, entry.size)
+        (payload,) = records.iter_records(io.BytesIO(framed))
+        assert records.parse_example(payload)["image/filename"].decode() == entry.image_id
+    reader.close()
 
 
 def test_image_spec_travels_with_config():

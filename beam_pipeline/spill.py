@@ -1,0 +1,240 @@
+"""Spill files: converted records on local disk, and the resume index over them.
+
+Pure: no Beam, no TensorFlow. The local conversion processes append every
+record they produce to a spill file of their own (one per process, so no
+locks), and only a reference - ``(path, offset)`` - crosses the Beam graph;
+the shard writer copies the bytes from the spill files in key order. Memory
+therefore stays flat however many images there are (docs/scale.md).
+
+A spill file is a sequence of entries, each a header then, for a converted
+image, the framed TFRecord exactly as the shard will hold it::
+
+    header  = TFRecord frame of  struct("<BQqQ": kind, key, label, size)
+                                 + UTF-8 "split\\0image_id\\0reason"
+    record  = `size` bytes: the framed tf.train.Example (kind RECORD only)
+
+Both parts carry CRC32C checks, so a file cut short by a SIGKILL or a reboot
+(a torn last write, zeros after a power cut) is read up to its last whole,
+intact entry. That is what makes a run resumable: :func:`load_index` finds
+every image a killed run already converted - or rejected - and the rerun
+converts only the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import struct
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
+
+from beam_pipeline import metadata, records
+
+RECORD, REJECTION = 1, 2
+SUFFIX = ".spill"
+SETTINGS_FILE = "job.json"
+_HEAD = struct.Struct("<BQqQ")
+_FRAME_HEAD = 12  # length (8) + its masked CRC (4)
+
+
+def default_dir(output: str) -> str:
+    """Where a run that writes to ``output`` spills: always a local folder.
+
+    Under the output's temp folder when the output is local; for a gs://
+    output, under ``$IMAGERECORDS_SPILL_DIR`` (default ``~/.cache/imagerecords``)
+    in a folder named after the output, so that a rerun finds it again.
+    """
+    if "://" not in output:
+        return os.path.join(output, metadata.TMP_DIR, "spill")
+    base = os.environ.get("IMAGERECORDS_SPILL_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "imagerecords"
+    )
+    return os.path.join(base, "spill-" + hashlib.sha256(output.encode()).hexdigest()[:16])
+
+
+class Spilled(NamedTuple):
+    """One entry of a spill file, as :func:`scan` finds it."""
+
+    image_id: str
+    split: str
+    key: int
+    label: int
+    size: int  # bytes of the framed record (0 for a rejection)
+    path: str
+    offset: int  # of the framed record in ``path``
+    reason: str  # why it was rejected; "" for a record
+
+
+def encode(
+    kind: int,
+    split: str,
+    image_id: str,
+    key: int,
+    label: int,
+    framed: bytes = b"",
+    reason: str = "",
+) -> bytes:
+    """One entry's bytes: the framed header, then ``framed`` (a record's TFRecord)."""
+    text = "\0".join((split, image_id, reason)).encode("utf-8")
+    head = _HEAD.pack(kind, key, label, len(framed)) + text
+    return records.frame_record(head) + framed
+
+
+class Writer:
+    """Appends entries to one new spill file; made per process, never shared."""
+
+    def __init__(self, directory: str):
+        os.makedirs(directory, exist_ok=True)
+        self.pid = os.getpid()
+        self.path = os.path.join(directory, f"{self.pid}-{uuid.uuid4().hex[:12]}{SUFFIX}")
+        # O_APPEND + one write per chunk: a kill leaves whole earlier chunks.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._size = 0
+
+    def append(self, entries: list[bytes]) -> list[int]:
+        """Writes the entries; returns each one's offset in the file."""
+        offsets = []
+        for entry in entries:
+            offsets.append(self._size)
+            self._size += len(entry)
+        data = memoryview(b"".join(entries))
+        while data:
+            written = os.write(self._fd, data)
+            data = data[written:]
+        return offsets
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+_writers: dict[str, Writer] = {}
+
+
+def writer(directory: str) -> Writer:
+    """This process's writer for ``directory`` (a forked child gets its own)."""
+    current = _writers.get(directory)
+    if current is None or current.pid != os.getpid():
+        current = _writers[directory] = Writer(directory)
+    return current
+
+
+def scan(path: str) -> Iterator[Spilled]:
+    """The whole, intact entries of a spill file, in order; stops at the first bad one."""
+    with open(path, "rb", buffering=0) as raw:
+        stream = io.BufferedReader(raw, buffer_size=1 << 20)
+        offset = 0
+        while True:
+            head = _read_frame(stream)
+            if head is None:
+                return
+            kind, key, label, size = _HEAD.unpack_from(head)
+            split, image_id, reason = head[_HEAD.size :].decode("utf-8").split("\0", 2)
+            offset += _FRAME_HEAD + len(head) + 4
+            if kind == RECORD:
+                framed = stream.read(size)
+                if len(framed) != size or not records.is_intact(framed):
+                    return
+                yield Spilled(image_id, split, key, label, size, path, offset, "")
+                offset += size
+            elif kind == REJECTION:
+                yield Spilled(image_id, split, key, label, 0, path, offset, reason)
+            else:
+                return
+
+
+def _read_frame(stream) -> bytes | None:
+    """The data of the next TFRecord frame, or None at the end or at a damaged frame."""
+    header = stream.read(_FRAME_HEAD)
+    if len(header) != _FRAME_HEAD:
+        return None
+    (length,) = struct.unpack("<Q", header[:8])
+    if length > 1 << 20:
+        return None  # headers are small: a huge length is damage
+    rest = stream.read(length + 4)
+    framed = header + rest
+    if len(rest) != length + 4 or not records.is_intact(framed) or length < _HEAD.size:
+        return None
+    return rest[:length]
+
+
+def spill_files(directory: str) -> list[str]:
+    """The spill files in ``directory``, sorted (so duplicates resolve the same way)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(directory, n) for n in names]
+
+
+_indexes: dict[str, dict[str, Spilled]] = {}
+
+
+def load_index(directory: str) -> dict[str, Spilled]:
+    """image ID -> its spilled record or rejection, over every spill file found.
+
+    Read once per directory and process: the CLI loads it before it starts
+    converting (the images in it are not converted again) and the conversion
+    step gets the same index; files this run writes are not in it.
+    """
+    if directory not in _indexes:
+        index: dict[str, Spilled] = {}
+        for path in spill_files(directory):
+            for item in scan(path):
+                index.setdefault(item.image_id, item)
+        _indexes[directory] = index
+    return _indexes[directory]
+
+
+def forget_indexes() -> None:
+    """Drops the indexes :func:`load_index` read (the run is over)."""
+    _indexes.clear()
+    for open_writer in _writers.values():
+        if open_writer.pid == os.getpid():
+            open_writer.close()
+    _writers.clear()
+
+
+class Reader:
+    """Reads framed records back from spill files, keeping each file open once."""
+
+    def __init__(self):
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str, offset: int, size: int) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            raise OSError(f"spill file {path} ends before offset {offset + size}")
+        return data
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+# ------------------------------------------------------------- settings
+
+
+def settings_digest(settings: Mapping[str, object]) -> str:
+    """A stable digest of the settings that decide a record's bytes, split and label."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def describe_change(old: Mapping[str, object], new: Mapping[str, object]) -> str:
+    """``"image_size 256 -> 128, seed 42 -> 7"``: what differs between two settings."""
+    changed = []
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            before, after = old.get(name), new.get(name)
+            if isinstance(before, (list, dict)) or isinstance(after, (list, dict)):
+                changed.append(f"{name} changed")
+            else:
+                changed.append(f"{name} {before} -> {after}")
+    return ", ".join(changed)

@@ -1,0 +1,180 @@
+"""Resumable local runs: a killed or failed run is carried on by the same command.
+
+The runs go through the real entry point in a subprocess of its own process
+group, so that a test can SIGKILL the CLI and its conversion processes at once,
+as a crash, the OOM killer or a reboot would.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from beam_pipeline import keys, metadata, spill
+from beam_pipeline.__main__ import main
+from tests import contract
+from tests.image_factory import add_bad_files, make_class_folders
+
+PER_CLASS = 500  # 1,500 tiny images: long enough to kill midway, quick to convert
+COMMON = ["--image_size", "32", "--target_shard_mb", "0.05", "--max_reject_fraction", "0.1"]
+
+
+def _command(root, out, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "beam_pipeline",
+        "--input",
+        str(root),
+        "--output",
+        str(out),
+        "--local_processes",
+        "2",
+        *COMMON,
+        *extra,
+    ]
+
+
+def _run(root, out, *extra):
+    result = subprocess.run(
+        _command(root, out, *extra), capture_output=True, text=True, timeout=600
+    )
+    counters = dict(re.findall(r"(\w+)=(\d+)", result.stdout))
+    return result, {k: int(v) for k, v in counters.items()}
+
+
+def _spilled(out) -> int:
+    directory = spill.default_dir(str(out))
+    count = 0
+    for path in spill.spill_files(directory):
+        try:
+            count += sum(1 for _ in spill.scan(path))
+        except FileNotFoundError:
+            pass
+    return count
+
+
+def _kill_midway(root, out, at_least: int):
+    """Starts the CLI and SIGKILLs its whole process group once records are on disk."""
+    process = subprocess.Popen(
+        _command(root, out),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    try:
+        while _spilled(out) < at_least:
+            assert process.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "nothing was spilled"
+            time.sleep(0.02)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert not (out / metadata.INFO_FILE).exists(), "the run finished before it was killed"
+    spilled = _spilled(out)
+    assert spilled < 3 * PER_CLASS + 2
+    return spilled
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """1,502 tiny images (2 bad) and the output of one uninterrupted run."""
+    base = tmp_path_factory.mktemp("resume")
+    root = base / "images"
+    ids = make_class_folders(str(root), per_class=PER_CLASS, size_range=(20, 48))
+    bad = add_bad_files(str(root))
+    reference = base / "reference"
+    result, counters = _run(root, reference)
+    assert result.returncode == 0, result.stderr
+    assert counters["images_converted"] == len(ids)
+    return root, ids, bad, reference
+
+
+def test_thousands_of_images_over_many_shards_are_exactly_once_and_leave_no_temp_file(images):
+    root, ids, bad, reference = images
+    by_split = contract.check_output(str(reference), str(root), decode=False)
+    written = [i for rows in by_split.values() for i in contract.ids(rows)]
+    assert sorted(written) == sorted(ids)
+    rejected = sorted(r["id"] for r in contract.read_rejects(str(reference)))
+    assert rejected == sorted(bad)
+    info = contract.load_info(str(reference))
+    assert len(info["splits"]["train"]["shards"]) >= 20
+    for rows in by_split.values():
+        order = [keys.order_key(42, i) for i in contract.ids(rows)]
+        assert order == sorted(order)
+    assert sorted(os.listdir(reference)) == sorted(
+        [metadata.INFO_FILE, metadata.LABELS_FILE, metadata.REJECTS_FILE]
+        + [s["file"] for split in info["splits"].values() for s in split["shards"]]
+    ), "a temp or spill file was left behind"
+
+
+def test_a_killed_run_resumes_with_the_same_command_to_the_same_bytes(images, tmp_path):
+    root, ids, bad, reference = images
+    out = tmp_path / "o"
+    spilled = _kill_midway(root, out, at_least=1100)  # past the ~1,024 converted ahead
+    assert (out / metadata.TMP_DIR).is_dir()
+    result, counters = _run(root, out)  # the same command, no --overwrite
+    assert result.returncode == 0, result.stderr
+    assert "resuming the unfinished run" in result.stderr
+    assert counters["images_resumed"] >= min(spilled, 1100)
+    assert counters.get("images_converted", 0) < len(ids) - 1000  # fewer the second time
+    assert contract.all_files(str(out)) == contract.all_files(str(reference))
+
+
+def test_a_changed_image_size_after_a_kill_does_not_reuse_the_records(images, tmp_path):
+    root, ids, bad, reference = images
+    out = tmp_path / "o"
+    _kill_midway(root, out, at_least=300)
+    result, _ = _run(root, out, "--image_size", "24")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --output {out} holds an unfinished run with other settings "
+        "(image_size 32 -> 24); run its command again to resume it, or pass --overwrite "
+        "to start afresh"
+    )
+    result, counters = _run(root, out, "--image_size", "24", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert counters.get("images_resumed", 0) == 0
+    assert counters["images_converted"] == len(ids)
+    rows = contract.check_output(str(out), decode=False)["train"]
+    assert max(max(r["image/height"], r["image/width"]) for r in rows) <= 24 * 48 // 20
+
+
+def test_a_failed_run_reruns_without_overwrite_and_never_looks_finished(images, tmp_path, capsys):
+    root, ids, bad, reference = images
+    out = tmp_path / "o"
+    argv = ["--input", str(root), "--output", str(out), "--local_processes", "2", *COMMON[:4]]
+    assert main([*argv, "--max_reject_fraction", "0"]) == 1
+    assert "too many rejected images: 2 of" in capsys.readouterr().err
+    assert not (out / metadata.INFO_FILE).exists()
+    (out / "my-notes.md").write_text("mine")
+    spilled = spill.spill_files(spill.default_dir(str(out)))
+    assert spilled
+    # The same command runs again (no --overwrite needed) and converts nothing anew.
+    assert main([*argv, "--max_reject_fraction", "0"]) == 1
+    captured = capsys.readouterr()
+    assert "too many rejected images" in captured.err and "not empty" not in captured.err
+    assert spill.spill_files(spill.default_dir(str(out))) == spilled
+    # With the threshold raised it finishes from the records on disk.
+    assert main([*argv, "--max_reject_fraction", "0.1"]) == 0
+    captured = capsys.readouterr()
+    assert f"images_resumed={len(ids) + len(bad)}" in captured.out
+    assert "images_converted=" not in captured.out
+    files = contract.all_files(str(out))
+    assert files.pop("my-notes.md") == b"mine"  # not ours: never deleted
+    assert files == contract.all_files(str(reference))
+
+
+def test_an_output_with_files_the_job_did_not_write_is_refused(images, tmp_path, capsys):
+    root, _, _, _ = images
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "train-00000-of-00001.tfrecord").write_bytes(b"someone else's")
+    assert main(["--input", str(root), "--output", str(out), "--quiet"]) == 2
+    assert "is not empty; pass --overwrite" in capsys.readouterr().err
+    assert (out / "train-00000-of-00001.tfrecord").read_bytes() == b"someone else's"

@@ -1,0 +1,170 @@
+"""Spill files and the resume index (beam_pipeline.spill): pure, no Beam."""
+
+import concurrent.futures
+import multiprocessing
+import os
+
+import pytest
+
+from beam_pipeline import convert, images, keys, listing, metadata, records, spill
+from tests.image_factory import add_bad_files, make_class_folders
+
+
+def _entries():
+    framed = [records.frame_record(f"record {i}".encode() * (i + 1)) for i in range(4)]
+    items = [
+        spill.encode(spill.RECORD, "train", f"cat/{i}.jpg", 1000 + i, i % 2, data)
+        for i, data in enumerate(framed)
+    ]
+    items.insert(2, spill.encode(spill.REJECTION, "val", "dog/x.jpg", 77, -1, b"", "corrupt"))
+    return framed, items
+
+
+def test_entries_read_back_with_their_offsets(tmp_path):
+    framed, items = _entries()
+    writer = spill.Writer(str(tmp_path))
+    offsets = writer.append(items[:3]) + writer.append(items[3:])
+    writer.close()
+    found = list(spill.scan(writer.path))
+    assert [f.image_id for f in found] == [
+        "cat/0.jpg",
+        "cat/1.jpg",
+        "dog/x.jpg",
+        "cat/2.jpg",
+        "cat/3.jpg",
+    ]
+    rejection = found[2]
+    assert (rejection.split, rejection.reason, rejection.size) == ("val", "corrupt", 0)
+    reader = spill.Reader()
+    records_found = [f for f in found if not f.reason]
+    for item, data in zip(records_found, framed, strict=True):
+        assert item.size == len(data)
+        assert reader.read(item.path, item.offset, item.size) == data
+    reader.close()
+    # The offsets the writer returned are where each entry starts.
+    assert offsets[0] == 0 and sorted(offsets) == offsets
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zeros", "flipped"])
+def test_a_damaged_tail_loses_only_the_entries_from_the_damage_on(tmp_path, damage):
+    """A SIGKILL mid-write (truncated) or a power cut (zeros, garbage) is survived."""
+    framed, items = _entries()
+    writer = spill.Writer(str(tmp_path))
+    writer.append(items)
+    writer.close()
+    whole = open(writer.path, "rb").read()
+    last_start = len(whole) - len(items[-1])
+    for cut in range(last_start, len(whole), 7):
+        if damage == "truncated":
+            data = whole[:cut]
+        elif damage == "zeros":
+            data = whole[:cut] + b"\0" * (len(whole) - cut)
+        else:
+            data = whole[:cut] + bytes([whole[cut] ^ 0x40]) + whole[cut + 1 :]
+        with open(writer.path, "wb") as f:
+            f.write(data)
+        assert [f.image_id for f in spill.scan(writer.path)] == [
+            "cat/0.jpg",
+            "cat/1.jpg",
+            "dog/x.jpg",
+            "cat/2.jpg",
+        ], cut
+
+
+def test_a_damaged_record_in_the_middle_stops_the_scan_there(tmp_path):
+    framed, items = _entries()
+    writer = spill.Writer(str(tmp_path))
+    writer.append(items)
+    writer.close()
+    data = bytearray(open(writer.path, "rb").read())
+    data[len(items[0]) + len(items[1]) - 5] ^= 1  # inside cat/1's record bytes
+    open(writer.path, "wb").write(bytes(data))
+    assert [f.image_id for f in spill.scan(writer.path)] == ["cat/0.jpg"]
+
+
+def test_index_over_files_takes_the_first_copy_and_is_read_once(tmp_path):
+    _, items = _entries()
+    for _ in range(2):  # the same images spilled twice (a retried bundle)
+        writer = spill.Writer(str(tmp_path))
+        writer.append(items)
+        writer.close()
+    (tmp_path / "notes.txt").write_text("not a spill file")
+    index = spill.load_index(str(tmp_path))
+    first = sorted(spill.spill_files(str(tmp_path)))[0]
+    assert sorted(index) == ["cat/0.jpg", "cat/1.jpg", "cat/2.jpg", "cat/3.jpg", "dog/x.jpg"]
+    assert {item.path for item in index.values()} == {first}
+    writer = spill.Writer(str(tmp_path))
+    writer.append(
+        [spill.encode(spill.RECORD, "train", "new.jpg", 5, 0, records.frame_record(b"x"))]
+    )
+    assert "new.jpg" not in spill.load_index(str(tmp_path))  # this run's files: not in it
+    spill.forget_indexes()
+    assert "new.jpg" in spill.load_index(str(tmp_path))  # read again once forgotten
+    spill.forget_indexes()
+
+
+def _spill_in_child(spill_dir, refs, spec, classes):
+    return convert.spill_chunk(refs, spec, 42, classes, spill_dir), os.getpid()
+
+
+def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
+    root = tmp_path / "images"
+    ids = make_class_folders(str(root), per_class=4, nested=False)
+    bad = add_bad_files(str(root))
+    layout = listing.discover(str(root))
+    refs = listing.local_refs(layout, 100, 10**9, 42, {"train": 0.5, "val": 0.5})
+    spill_dir = str(tmp_path / "spill")
+    spec = images.ImageSpec(size=32)
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        halves = [refs[::2], refs[1::2]]
+        results = list(
+            pool.map(_spill_in_child, [spill_dir] * 2, halves, [spec] * 2, [layout.classes] * 2)
+        )
+    outcomes = [o for result, _ in results for o in result]
+    converted = [o.result for o in outcomes if isinstance(o.result, convert.Converted)]
+    rejected = [o.result for o in outcomes if isinstance(o.result, convert.Rejection)]
+    assert sorted(c.entry.image_id for c in converted) == sorted(ids)
+    assert sorted(r.image_id for r in rejected) == sorted(bad)
+    files = spill.spill_files(spill_dir)
+    assert 1 <= len(files) <= 2  # one per process that got work
+    reader = spill.Reader()
+    for item in converted:
+        where = item.entry.data
+        assert isinstance(where, convert.SpillLocation) and where.path in files
+        framed = reader.read(where.path, where.offset, item.entry.size)
+        (payload,) = records.iter_records(__import__("io").BytesIO(framed))
+        assert records.parse_example(payload)["image/filename"].decode() == item.entry.image_id
+        assert item.entry.key == keys.order_key(42, item.entry.image_id)
+    reader.close()
+    # The index a resumed run would read has every image, rejections included.
+    index = spill.load_index(spill_dir)
+    spill.forget_indexes()
+    assert sorted(index) == sorted(ids + list(bad))
+    assert {i for i, item in index.items() if item.reason} == set(bad)
+    resumed = convert.from_spill(index[ids[0]], "/x")
+    assert resumed == next(c for c in converted if c.entry.image_id == ids[0])
+
+
+def test_default_spill_dir_is_local(monkeypatch, tmp_path):
+    assert spill.default_dir("/data/out") == f"/data/out/{metadata.TMP_DIR}/spill"
+    monkeypatch.setenv("IMAGERECORDS_SPILL_DIR", str(tmp_path))
+    a, b = spill.default_dir("gs://b/out1"), spill.default_dir("gs://b/out2")
+    assert a.startswith(str(tmp_path)) and a != b and a == spill.default_dir("gs://b/out1")
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 256}, ""),
+        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 128}, "image_size 256 -> 128"),
+        (
+            {"seed": 1, "splits": {"a": 1.0}},
+            {"seed": 7, "splits": {"a": 0.5, "b": 0.5}},
+            "seed 1 -> 7, splits changed",
+        ),
+    ],
+)
+def test_describe_change(old, new, expected):
+    assert spill.describe_change(old, new) == expected
+    assert (spill.settings_digest(old) == spill.settings_digest(new)) == (not expected)
