@@ -6,6 +6,7 @@ Examples::
     python -m bench --quick            # tiny smoke run, results under bench/results/raw/quick
     python -m bench --only converter   # re-measure one half, keep the other half's numbers
     python -m bench --only reader
+    python -m bench --only scale       # memory and speed at 1x, 8x, 64x the web set
     python -m bench --report-only      # redraw table and chart from results.json
 """
 
@@ -20,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import converters, data, machine, readers, report
+from bench import converters, data, machine, readers, report, scale
 from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
 
 
@@ -32,7 +33,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
-    parser.add_argument("--only", choices=("converter", "reader"), help="run one half")
+    parser.add_argument("--only", choices=("converter", "reader", "scale"), help="run one part")
+    parser.add_argument(
+        "--scale-factors",
+        help="sizes of the scale part, as multiples of the web set "
+        f"(default: {','.join(map(str, scale.FULL_FACTORS))}; quick: "
+        f"{','.join(map(str, scale.QUICK_FACTORS))})",
+    )
     parser.add_argument(
         "--sets",
         default="web,phone",
@@ -138,6 +145,38 @@ def _reader_half(
     }
 
 
+def _scale_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
+    """The scale benchmark: writes scale.md and scale.json next to results.md."""
+    factors = scale.QUICK_FACTORS if sizes is QUICK else scale.FULL_FACTORS
+    if args.scale_factors:
+        factors = tuple(int(f) for f in args.scale_factors.split(","))
+    web = data.ensure_image_set("web", sizes.web_images, cache_dir, sizes.name)
+    loadavg = [round(x, 2) for x in os.getloadavg()]
+    rows = scale.run_scale(
+        web,
+        factors,
+        cache_dir,
+        cache_dir / "out" / sizes.name,
+        cache_dir / "logs" / sizes.name,
+        timeout_s=sizes.timeout_s * max(factors),
+    )
+    result = {
+        "sizes": sizes.name,
+        "measured_at": _now(),
+        "code": machine.git_state(),
+        "loadavg": loadavg,
+        "base_images": web.num_images,
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "summary": scale.summarize(rows),
+    }
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "scale.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = scale.markdown(result)
+    (results_dir / "scale.md").write_text(text)
+    print(text)
+    return 0 if all(r.ok for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the process exit status."""
     args = parse_args(argv)
@@ -154,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     cache_dir = args.cache_dir
+    if args.only == "scale":
+        return _scale_part(args, sizes, cache_dir, results_dir)
     out_root = cache_dir / "out" / sizes.name
     log_dir = cache_dir / "logs" / sizes.name
     results = _previous(results_dir, sizes)
@@ -172,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only != "converter":
         results["reader"] = _reader_half(sizes, sets["web"], out_root, log_dir, args.read_rounds)
 
+    if args.only is None:
+        _scale_part(args, sizes, cache_dir, results_dir)
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     results["finished_at"] = _now()
     results["duration_s"] = round(time.perf_counter() - started, 1)

@@ -143,3 +143,30 @@ def test_report_marks_missing_numbers_and_ratios():
     assert ratios["converter_web_vs_floor"] == pytest.approx(0.9)
     text = report.markdown(results)
     assert "0.90x" in text and "n/a" in text and "**met**" in text
+
+
+def test_scale_part_links_distinct_images_and_summarizes(tmp_path):
+    from bench import data, scale
+
+    base = tmp_path / "web"
+    (base / "cat").mkdir(parents=True)
+    for name in ("a.jpg", "b.png"):
+        (base / "cat" / name).write_bytes(b"x" * 10)
+    image_set = data.ImageSet("web", base, 2, 20, 0.1, {})
+    folder, images = scale.scaled_set(image_set, 3, tmp_path)
+    names = sorted(p.name for p in data.list_images(folder))
+    assert images == 6 and names == ["a-000.jpg", "a-001.jpg", "a-002.jpg", "b-000.png",
+                                     "b-001.png", "b-002.png"]  # fmt: skip
+    assert scale.scaled_set(image_set, 3, tmp_path) == (folder, 6)  # cached
+
+    def row(converter, factor, images, work_s, rss):
+        return scale.ScaleRow(converter, factor, images, True, work_s=work_s,
+                              peak_tree_rss_mb=rss)  # fmt: skip
+
+    rows = [row("floor", 1, 100, 1.0, 50), row("imagerecords", 1, 100, 3.0, 200),
+            row("floor", 8, 800, 8.0, 50), row("imagerecords", 8, 800, 10.0, 214)]  # fmt: skip
+    summary = scale.summarize(rows)
+    assert summary["rss_ratio"] == {"x1": 1.0, "x8": 1.07}
+    assert summary["kb_per_extra_image"] == pytest.approx(20.0)
+    assert summary["marginal_images_per_s"]["x1-x8"] == pytest.approx(100.0)
+    assert summary["marginal_vs_floor"]["x1-x8"] == pytest.approx(1.0)
