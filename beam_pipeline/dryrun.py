@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from beam_pipeline import convert, images, keys, listing, records
+from beam_pipeline import convert, images, keys, listing
 from beam_pipeline.errors import UsageError
 
 SAMPLE_SIZE = 300
@@ -342,7 +342,7 @@ def convert_sample(
         if isinstance(result, convert.Rejection):
             sample.rejections.append((result.image_id, result.reason))
         else:
-            size_framed = convert.payload_size(result.payload) + records.FRAME_OVERHEAD
+            size_framed = result.entry.size  # the framed record, as the shard holds it
             sample.record_bytes.append(size_framed)
             sample.by_split[result.split].append(size_framed)
     sample.wall_s = time.perf_counter() - wall_start

@@ -108,7 +108,7 @@ def test_thousands_of_images_over_many_shards_are_exactly_once_and_leave_no_temp
         order = [keys.order_key(42, i) for i in contract.ids(rows)]
         assert order == sorted(order)
     assert sorted(os.listdir(reference)) == sorted(
-        [metadata.INFO_FILE, metadata.LABELS_FILE, metadata.REJECTS_FILE]
+        [metadata.INFO_FILE, metadata.LABELS_FILE, metadata.REJECTS_FILE, metadata.SKIPPED_FILE]
         + [s["file"] for split in info["splits"].values() for s in split["shards"]]
     ), "a temp or spill file was left behind"
 
