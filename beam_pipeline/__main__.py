@@ -554,7 +554,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     spill_dir = spill.default_dir(output) if processes > 1 else None
-    found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
+    if any(arg.startswith("--template_location") for arg in beam_args):
+        found = resume.Leftovers("empty")  # a template build writes nothing to --output
+    else:
+        found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
     try:
         try:
             done = _report_leftovers(found, output, spill_dir, say)

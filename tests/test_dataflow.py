@@ -33,6 +33,8 @@ STEPS = [
     "ListImages/ListFolder",
     "ConvertImages",
     "ConvertImages/Convert",
+    "PlanShards",
+    "PlanShards/TallyPerSplit",
     "WriteShards",
     "WriteShards/GroupByShard",
     "WriteShards/WriteShard",
@@ -170,8 +172,10 @@ for t in proto.components.transforms.values():
     if t.unique_name.endswith("ParDo(_ConvertFn)"):
         fn = pickler.loads(api.ParDoPayload.FromString(t.spec.payload).do_fn.payload)[0]
         fn.setup()
-        (record,) = fn.process(("cat/one.jpg", sys.argv[3], 0, "train"))
-        converted = [type(record).__name__, record.label]
+        fn.start_bundle()
+        list(fn.process(("cat/one.jpg", sys.argv[3], 0, "train")))
+        (batch,) = [out.value for out in fn.finish_bundle()]
+        converted = [type(batch).__name__, [e.label for e in batch.entries]]
 modules = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "dask", "tests"))
 hidden = [n for n in ("tensorflow", "dask", "pytest", "tests.gcs_fixtures")
           if importlib.util.find_spec(n.split(".")[0]) and importlib.util.find_spec(n)]
@@ -207,11 +211,11 @@ def test_every_pickled_step_loads_with_only_the_workers_packages(template, worke
     loaded = report["loaded"]
     ours = "beam_pipeline.pipeline."
     assert loaded["ConvertImages/Convert/ParDo(_ConvertFn)"] == ours + "_ConvertFn"
-    assert loaded["WriteShards/WriteShard/ParDo(_WriteShardFn)"] == ours + "_WriteShardFn"
+    assert loaded["WriteShards/WriteShard"] == ours + "_WriteShardFn"
     assert loaded["Finalize"] == ours + "_Finalize"
     assert any(name.startswith("ListImages/ListFolder") for name in loaded)
     # The unpickled conversion DoFn converts an image with the worker's Pillow.
-    assert report["converted"] == ["Record", 0]
+    assert report["converted"] == ["RecordBatch", [0]]
     proto = _pipeline_proto(staged)
     pickled = [
         t.unique_name
