@@ -18,8 +18,11 @@ Create, GroupByKey and Flatten translations, the options, the result):
    task (``list(bag)``, a nested ``compute``). Everything upstream of a side
    input -- the whole conversion, shard writing -- runs again, with its side
    effects (a toy pipeline with one side input ran its upstream twice). Here
-   each side input is one dask ``Item`` that the consuming partitions depend
-   on: computed once, in the graph.
+   each side input is one dask ``Item`` that the consuming tasks depend on,
+   in the one graph. The tasks are written out by hand: dask.bag's
+   ``map_partitions`` given Items puts a copy of each Item's upstream graph
+   into the job, and each copy runs (dask 2026.8: a step read by four side
+   inputs ran four times).
 3. **Reshuffle is the identity.** ``Create`` of a handful of class folders is
    one partition, so every image was listed and converted in one task on one
    worker. Here Reshuffle spreads the elements over ``--dask_npartitions``
@@ -43,6 +46,7 @@ import logging
 import zlib
 
 import apache_beam as beam
+import dask.bag as dask_bag
 from apache_beam import pvalue
 from apache_beam.internal import pickler
 from apache_beam.pipeline import PipelineVisitor
@@ -58,6 +62,8 @@ from apache_beam.runners.dask import transform_evaluator as beam_ops
 from apache_beam.runners.dask.overrides import _Reshuffle
 from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.utils.windowed_value import WindowedValue
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
 
 # Beam's Create translation warns on every run that its default partition size
 # changed in an earlier Beam release; nothing for a user of this CLI to act on.
@@ -91,9 +97,9 @@ class _Receivers(dict):
         return self[tag]
 
 
-def _run_bundle(items, label: str, pickled: bytes, side_views: list, *side_values):
+def _run_bundle(items, pickled: bytes, *side_values):
     """One dask partition = one Beam bundle of a ParDo -> [(tag, value)]."""
-    fn, args, kwargs, window_fn = pickler.loads(pickled)
+    label, fn, args, kwargs, window_fn, side_views = pickler.loads(pickled)
     side_inputs = [
         SideInputMap(
             view_class,
@@ -165,7 +171,6 @@ class DaskRunner(beam_dask.DaskRunner):
     """Beam's DaskRunner with the fixes in this module's docstring."""
 
     def run_pipeline(self, pipeline, options):
-        import dask
         import distributed
 
         dask_options = options.view_as(beam_dask.DaskOptions).get_all_options(
@@ -180,7 +185,7 @@ class DaskRunner(beam_dask.DaskRunner):
             pipeline.replace_all(beam_dask.dask_overrides())
             visitor = _Visitor(bag_kwargs)
             pipeline.visit(visitor)
-            futures = client.compute(dask.optimize(*visitor.leaves()))
+            futures = client.compute(visitor.leaves())
         except BaseException:
             client.close()
             raise
@@ -227,13 +232,22 @@ class _Visitor(PipelineVisitor):
         args, kwargs = transform.raw_side_inputs
         main = next(iter(node.main_inputs.values()))
         window_fn = main.windowing.windowfn if hasattr(main, "windowing") else None
-        pickled = pickler.dumps((transform.fn, list(args), kwargs, window_fn))
-        views, values = [], []
-        for side in node.side_inputs:
-            views.append((type(side), side._view_options()))
-            # One Item per side input: computed once, before its consumers.
-            values.append(self._bag_of(side.pvalue).reduction(list, _concat))
-        return bag.map_partitions(_run_bundle, transform.label, pickled, views, *values)
+        views = [(type(side), side._view_options()) for side in node.side_inputs]
+        pickled = pickler.dumps(
+            (transform.label, transform.fn, list(args), kwargs, window_fn, views)
+        )
+        # One Item per side input: computed once, before its consumers.
+        items = [self._bag_of(s.pvalue).reduction(list, _concat) for s in node.side_inputs]
+        # A layer of plain tasks, not bag.map_partitions: given Items as
+        # arguments, map_partitions puts a copy of each Item's whole upstream
+        # graph into the job (dask 2026.8), and every copy runs.
+        name = f"beam-{tokenize(bag.name, pickled, *[item.key for item in items])}"
+        tasks = {
+            (name, i): (_run_bundle, (bag.name, i), pickled, *[item.key for item in items])
+            for i in range(bag.npartitions)
+        }
+        graph = HighLevelGraph.from_collections(name, tasks, dependencies=[bag, *items])
+        return dask_bag.Bag(graph, name, bag.npartitions)
 
     def _reshuffle(self, bag):
         partitions = self._bag_kwargs.get("npartitions") or self._bag_kwargs["spread"]

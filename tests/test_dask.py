@@ -7,11 +7,13 @@ DirectRunner, file for file.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +137,91 @@ def test_dask_wait_false_is_refused_before_work(dask_cluster, images, tmp_path, 
     assert status == 2
     assert "--wait=false" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_runner_spreads_work_and_computes_side_inputs_once(dask_cluster, tmp_path):
+    """What beam_pipeline/dask_runner.py fixes, on a small graph of the same shape.
+
+    A Reshuffle of one Create partition feeds a step whose output is read three
+    ways: through a multi-output ParDo's two tags and a count, all as side inputs.
+    """
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.pvalue import AsList, AsSingleton
+
+    from beam_pipeline.dask_runner import DaskRunner
+
+    calls, report = tmp_path / "calls", tmp_path / "report.json"
+    calls.mkdir()
+
+    def work(x, folder):
+        import time
+        import uuid
+
+        import distributed
+
+        time.sleep(0.05)  # long enough that both workers take part
+        (Path(folder) / f"{x}-{uuid.uuid4().hex}").write_text(
+            str(distributed.get_worker().get_current_task())
+        )
+        return x, distributed.get_worker().name
+
+    class Split(beam.DoFn):
+        def process(self, pair):
+            yield pair[0] if pair[0] % 2 == 0 else beam.pvalue.TaggedOutput("odd", pair[0])
+
+        def finish_bundle(self):  # outputs here must not be lost
+            yield beam.transforms.window.GlobalWindows.windowed_value(-1)
+
+    def collect(_, path, worked, total, even, odd):
+        Path(path).write_text(
+            json.dumps(
+                {
+                    "workers": sorted({w for _, w in worked}),
+                    "total": total,
+                    "even": sorted(even),
+                    "odd": sorted(odd),
+                }
+            )
+        )
+
+    options = PipelineOptions([f"--dask_client_address={dask_cluster}"])
+    p = beam.Pipeline(runner=DaskRunner(), options=options)
+    worked = (
+        p
+        | "Numbers" >> beam.Create(list(range(40)))
+        | "Spread" >> beam.Reshuffle()
+        | "Work" >> beam.Map(work, str(calls))
+    )
+    total = worked | "Count" >> beam.combiners.Count.Globally()
+    split = worked | "Split" >> beam.ParDo(Split()).with_outputs("odd", main="even")
+    _ = (
+        p
+        | "Start" >> beam.Create([None])
+        | "Collect"
+        >> beam.Map(
+            collect,
+            str(report),
+            worked=AsList(worked),
+            total=AsSingleton(total),
+            even=AsList(split.even),
+            odd=AsList(split.odd),
+        )
+    )
+    result = p.run()
+    try:
+        result.wait_until_finish()
+    finally:
+        result.client.close()
+    got = json.loads(report.read_text())
+    import collections
+
+    print("GOT", got, collections.Counter(p.read_text() for p in calls.iterdir()))
+    # Once per element, though four side inputs read the step's output.
+    assert len(list(calls.iterdir())) == 40
+    assert got["total"] == 40
+    finished = got["even"].count(-1)
+    assert finished >= 1  # one per bundle of Split
+    assert [x for x in got["even"] if x >= 0] == list(range(0, 40, 2))
+    assert got["odd"] == list(range(1, 40, 2))
+    assert got["workers"] == ["worker-0", "worker-1"]
