@@ -89,9 +89,13 @@ def test_quick_run_writes_a_table_with_every_row(tmp_path):
             str(tmp_path / "cache"),
             "--results-dir",
             str(results_dir),
+            "--scale-factors",
+            "1,2",
         ]
     )
     assert status == 0
+    scale_table = (results_dir / "scale.md").read_text()
+    assert "| imagerecords | x2 | 96 |" in scale_table and "| floor | x1 | 48 |" in scale_table
     table = (results_dir / "results.md").read_text()
     for label in CONVERTER_LABELS.values():
         assert f"| web | {label} |" in table
