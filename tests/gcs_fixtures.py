@@ -1,11 +1,7 @@
 """A real GCS API server for the tests: the ``gcp-storage-emulator`` package.
 
-Import the fixtures explicitly in a test module::
-
-    from tests import gcs_fixtures
-
-    gcs_emulator = gcs_fixtures.gcs_emulator  # an import would read as unused to linters
-    gcs_bucket = gcs_fixtures.gcs_bucket
+``tests/conftest.py`` offers these fixtures to every test module; ask for
+them by name.
 
 * ``gcs_emulator`` (session): starts the emulator as a subprocess on a free
   127.0.0.1 port, points ``STORAGE_EMULATOR_HOST`` at it and sets

@@ -289,12 +289,15 @@ def test_local_run_imports_beam_without_unused_extras(uses_gcs):
     assert "bson" not in result.stderr  # Beam's warning about the hidden package is silenced
 
 
-def test_local_runner_samples_state_often_enough_not_to_idle_bundle_ends():
+def test_local_runner_samples_state_often_enough_not_to_idle_bundle_ends(monkeypatch):
     from apache_beam.runners.worker import statesampler
     from apache_beam.utils.counters import CounterFactory
 
     from beam_pipeline.__main__ import _LOCAL_STATE_SAMPLING_MS, _direct_fn_api_runner
 
+    # The rewrite is process-wide: put Beam's default back for the rest of this worker.
+    init = statesampler.StateSampler.__init__
+    monkeypatch.setattr(init, "__defaults__", (statesampler.DEFAULT_SAMPLING_PERIOD_MS,))
     _direct_fn_api_runner({})
     sampler = statesampler.StateSampler("step", CounterFactory())
     assert sampler.sampling_period_ms == _LOCAL_STATE_SAMPLING_MS < 50

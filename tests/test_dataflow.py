@@ -19,10 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import gcs_fixtures, worker_env
+from tests import worker_env
 from tests.image_factory import make_class_folders
-
-gcs_emulator = gcs_fixtures.gcs_emulator
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "us-central1-docker.pkg.dev/my-project-123/imagerecords/imagerecords:abc123"

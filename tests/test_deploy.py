@@ -1,5 +1,6 @@
 """deploy/: versions agree, the template's parameters are real flags, the entry point runs."""
 
+import ast
 import json
 import os
 import re
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from beam_pipeline.__main__ import parse_args
 from tests import contract
@@ -31,15 +34,61 @@ def test_container_beam_version_matches_setup_py():
     assert "pip install tensorflow" not in dockerfile.lower()
 
 
-def test_constraints_are_installed_versions():
-    """The pins the image installs are the versions this suite ran with."""
-    from importlib.metadata import version
+def _install_requires() -> list[Requirement]:
+    """setup.py's INSTALL_REQUIRES, read from its source (nothing installed is consulted)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["INSTALL_REQUIRES"]:
+            return [Requirement(r) for r in ast.literal_eval(node.value)]
+    raise AssertionError("setup.py has no INSTALL_REQUIRES list")
 
-    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
+
+def _constraint_problems(constraints: str, requires: list[Requirement]) -> list[str]:
+    """What is wrong with a constraints file given the package's requirements.
+
+    Every pin must be ``name==version`` for a package the workers require, the
+    version must satisfy setup.py's specifier, and apache-beam, if pinned at
+    all, must be exactly setup.py's version (the container's SDK is that one).
+    """
+    wanted = {canonicalize_name(r.name): r for r in requires}
+    problems = []
+    for line in constraints.splitlines():
         line = line.split("#", 1)[0].strip()
-        if line:
-            name, pinned = line.split("==")
-            assert version(name) == pinned, f"{name}: installed {version(name)}, pinned {pinned}"
+        if not line:
+            continue
+        pin = Requirement(line)
+        name = canonicalize_name(pin.name)
+        pinned = [s.version for s in pin.specifier if s.operator == "=="]
+        if len(pinned) != 1 or len(pin.specifier) != 1:
+            problems.append(f"{line}: not a single == pin")
+            continue
+        if name not in wanted:
+            problems.append(f"{line}: not in setup.py's install_requires")
+        elif not wanted[name].specifier.contains(pinned[0], prereleases=True):
+            problems.append(f"{line}: outside setup.py's {wanted[name]}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "constraints, problem",
+    [
+        ("pillow==12.3.0\n# comment\n\ngoogle-crc32c==1.9.0", None),
+        ("Pillow==9.5.0", "outside setup.py's pillow>=10.0"),
+        ("apache-beam==2.76.0", "outside setup.py's apache-beam[gcp]==2.77.0"),
+        ("apache-beam==2.77.0", None),
+        ("tensorflow==2.16.1", "not in setup.py's install_requires"),
+        ("pillow>=10", "not a single == pin"),
+    ],
+)
+def test_constraint_checker_table(constraints, problem):
+    got = _constraint_problems(constraints, _install_requires())
+    assert got == ([] if problem is None else [f"{constraints}: {problem}"])
+
+
+def test_constraints_resolve_with_setup_py():
+    """deploy/constraints.txt pins versions setup.py accepts (the image installs both)."""
+    constraints = (DEPLOY / "constraints.txt").read_text()
+    assert _constraint_problems(constraints, _install_requires()) == []
 
 
 def test_template_parameters_are_cli_flags_with_working_regexes():

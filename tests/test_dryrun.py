@@ -10,10 +10,8 @@ import pytest
 
 from beam_pipeline import dryrun
 from beam_pipeline.__main__ import main, run
-from tests import contract, gcs_fixtures
+from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
-
-gcs_emulator = gcs_fixtures.gcs_emulator  # used by name (an import reads as unused)
 
 IN_MEMORY = "--direct_running_mode=in_memory"
 

@@ -20,11 +20,7 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from tests import gcs_fixtures
-
 # Fixtures used by name in this module (an import would read as unused to linters).
-gcs_emulator = gcs_fixtures.gcs_emulator
-gcs_bucket = gcs_fixtures.gcs_bucket
 
 CHUNK = 16 * 1024 * 1024  # BeamBlobWriter's resumable-upload chunk size
 

@@ -19,12 +19,10 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.pipeline import TMP_DIR
-from tests import contract, gcs_fixtures
+from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
 # Fixtures used by name in this module (an import would read as unused to linters).
-gcs_emulator = gcs_fixtures.gcs_emulator
-gcs_account = gcs_fixtures.gcs_account
 
 IN_MEMORY = "--direct_running_mode=in_memory"
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]

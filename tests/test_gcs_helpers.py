@@ -19,9 +19,6 @@ from tests import gcs_fixtures
 from tests.gcs_fixtures import REPO_ROOT
 
 # Fixtures used by name in this module (an import would read as unused to linters).
-gcs_emulator = gcs_fixtures.gcs_emulator
-gcs_bucket = gcs_fixtures.gcs_bucket
-gcs_account = gcs_fixtures.gcs_account
 
 
 @pytest.fixture

@@ -18,14 +18,10 @@ import pytest
 
 from beam_pipeline import records
 from beam_pipeline.__main__ import main
-from tests import gcs_fixtures
 from tests.image_factory import make_class_folders
 from tests.shard_fixtures import write_dataset
 
 # Fixtures used by name in this module (an import would read as unused to linters).
-gcs_emulator = gcs_fixtures.gcs_emulator
-gcs_proxy = gcs_fixtures.gcs_proxy
-tf_gcs_env = gcs_fixtures.tf_gcs_env
 
 # Runs in the subprocess: argv[1] is the fixture dataset's URL, argv[2] an
 # unfinished one, argv[3] the converter's output.

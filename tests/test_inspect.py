@@ -17,13 +17,9 @@ from PIL import Image
 
 from reader import inspect as inspect_tool
 from reader import load_info
-from tests import gcs_fixtures
 from tests.shard_fixtures import write_dataset
 
 # Fixtures used by name in this module (an import would read as unused to linters).
-gcs_emulator = gcs_fixtures.gcs_emulator
-gcs_proxy = gcs_fixtures.gcs_proxy
-tf_gcs_env = gcs_fixtures.tf_gcs_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

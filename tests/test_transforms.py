@@ -258,12 +258,19 @@ def test_a_retried_conversion_bundle_does_not_duplicate_records(folder, tmp_path
     reader.close()
 
 
-def test_image_spec_travels_with_config():
-    spec = images.ImageSpec(resize="crop", size=64)
-    layout = listing.Layout(kind="classes", root="/in", classes=("a",))
-    assert (
-        pipeline.JobConfig(layout=layout, output="/o", splits=SPLITS, image=spec).image.size == 64
-    )
+def test_config_image_spec_decides_the_stored_size(folder):
+    """The JobConfig's image settings reach the conversion step: every record is 40 x 40."""
+    root, ids, _ = folder
+    config = _config(root, image=images.ImageSpec(resize="crop", size=40))
+    refs = [listing.ImageRef(i, os.path.join(root, i), 0, "train") for i in ids[:4]]
+
+    def stored_size(record):
+        example = records.parse_example(record.payload)
+        return example["image/height"], example["image/width"]
+
+    with BeamTestPipeline() as p:
+        out = p | beam.Create(refs) | pipeline.ConvertImages(config)
+        assert_that(out.records | beam.Map(stored_size), equal_to([(40, 40)] * 4))
 
 
 def test_local_files_for_converting_ahead_respect_both_bounds(folder):
