@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from beam_pipeline import __version__
 from beam_pipeline.records import FEATURE_TYPES
 
+# The contract version (docs/format.md section 11): change it only when an old
+# reader could misread the new output, and change that document with it.
 FORMAT_VERSION = 1
 INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"

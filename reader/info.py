@@ -21,6 +21,7 @@ import tensorflow as tf
 
 INFO_FILENAME = "dataset_info.json"
 LABELS_FILENAME = "labels.txt"
+# docs/format.md section 11: a version this reader does not list is refused.
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
