@@ -422,6 +422,9 @@ def _run_pipeline(args, beam_args, processes, layout, output, say):
             f"imagerecords: {len(layout.classes)} classes in {len(layout.folders)} folders "
             f"({layout.kind} layout) under {layout.root}"
         )
+    if _runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+        import beam_pipeline.dask_runner  # noqa: F401  registers Beam's --dask_* options
+
     options = PipelineOptions(beam_args)
     chosen = options.get_all_options()
     runner_name = chosen.get("runner") or "DirectRunner"
