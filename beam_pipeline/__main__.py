@@ -234,8 +234,8 @@ def _with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[l
     extra = ["--direct_running_mode=in_memory"]
     if "pipeline_type_check" not in joined:
         # Beam's construction-time type checks guard user-written pipelines; this
-        # one is fixed and tested, and checking it costs ~0.05 s of CPU per run
-        # while the conversion processes need the cores.
+        # one is fixed and tested, and checking it costs CPU on every run while
+        # the conversion processes need the cores.
         extra.append("--no_pipeline_type_check")
     return beam_args + extra, processes or cores
 
@@ -346,16 +346,16 @@ def _counters(result) -> dict[str, int]:
     return out
 
 
-# Images converted while Beam loads: ~2 s of work for 2 cores on web-size
-# images, and a bound on the results held before the pipeline claims them.
+# Images converted while Beam loads (enough to cover its start-up on web-size
+# images), and a bound on the results held before the pipeline claims them.
 CONVERT_AHEAD_LIMIT = 1024
 CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 
 
 # Beam's state sampler thread sleeps up to this long between samples, and every
 # bundle's end waits for it to wake (Beam's own comment: "may have to wait up to
-# sampling_period_ms"). Its default, 200 ms, idled the end of the long
-# conversion bundle for 0.1-0.2 s of a 3-5 s local run, on the critical path.
+# sampling_period_ms"). With Beam's default (200 ms) the end of the long
+# conversion bundle idled on the critical path of a short local run.
 _LOCAL_STATE_SAMPLING_MS = 20
 
 
@@ -471,7 +471,7 @@ def _run_pipeline(args, beam_args, processes, layout, output, say):
 # Optional packages that ``import apache_beam`` loads whenever they are installed
 # (Beam guards each import with ``except ImportError``): MongoDB IO, Pub/Sub IO,
 # Arrow type conversion, BigQuery IO and the Dataflow API client. A local
-# conversion uses none of them, and loading them is ~0.25 s of CPU while the
+# conversion uses none of them, and loading them costs CPU while the
 # conversion processes need the cores.
 _UNUSED_BEAM_EXTRAS = (
     "pymongo",
@@ -486,9 +486,9 @@ _UNUSED_BEAM_EXTRAS = (
 )
 # What only a run touching Google Cloud needs: Beam's GCS filesystem and GCP
 # auth helpers (the Cloud Storage client and the API client library under them,
-# with their HTTP and crypto stack, ~0.15 s of import CPU), and Beam's BigQuery
-# IO module, which apache_beam.io imports even without the BigQuery client
-# (~0.1 s: google.auth, requests, regex). Hidden only when the input and the
+# with their HTTP and crypto stack), and Beam's BigQuery IO module, which
+# apache_beam.io imports even without the BigQuery client (google.auth,
+# requests, regex). Hidden only when the input and the
 # output are both local, so Beam registers no gs:// filesystem in that process.
 _CLOUD_ONLY_MODULES = ("google.cloud.storage", "apitools", "apache_beam.io.gcp.bigquery")
 
@@ -683,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     status = main()
     # Every output is closed and renamed by now. Skipping the interpreter's
-    # teardown of Beam's runner state saves ~0.4 s of a local run's wall time;
+    # teardown of Beam's runner state shortens a local run's wall time;
     # os._exit also skips multiprocessing's clean-up, so do its part here.
     import multiprocessing
 

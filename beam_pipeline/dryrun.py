@@ -29,14 +29,15 @@ from beam_pipeline.errors import UsageError
 
 SAMPLE_SIZE = 300
 # Stop converting the sample after this much CPU (with SAMPLE_MIN images at
-# least): 300 six-megapixel photos would otherwise take ~6 s on one core.
+# least): a sample of large photos must not make the dry run slow.
 SAMPLE_CPU_BUDGET_S = 8.0
 SAMPLE_MIN = 30
 _REMOTE_READERS = 16  # threads reading sampled images from GCS
 
 # How the estimates turn this machine's per-image CPU time into job times.
-# Local: the pooled DirectRunner converts at ~0.82-0.84x the bare codec speed
-# per core plus ~1 s of fixed start-up (docs/performance.md).
+# Local: the pooled DirectRunner's speed per core as a fraction of the bare
+# codec's, plus a fixed start-up; both from the benchmark (docs/performance.md,
+# "Results"), so they are only as right as its machine is like this one.
 LOCAL_EFFICIENCY = 0.83
 LOCAL_FIXED_S = 1.5
 # Dataflow: the planning factor of docs/scale.md's cost section (an

@@ -41,7 +41,9 @@ _TRANSPOSE = {
 }
 
 # Image.open(formats=...) looks each format up in Pillow's registry and loads
-# *every* plugin (Image.init(), ~0.1 s: AVIF, PDF, EPS, ...) when one is missing.
+# *every* plugin (Image.init(): AVIF, PDF, EPS, ...) when one is missing, a
+# start-up cost paid by every run (docs/performance.md, "Measurements behind
+# code choices").
 # Registering just the plugins of _PIL_FORMATS, plus MPO (multi-picture JPEGs
 # from phones, opened by the JPEG plugin), keeps that off the start of every run.
 from PIL import (  # noqa: E402, F401  (imported to register the formats)
@@ -149,7 +151,7 @@ def _open(data: bytes) -> Image.Image:
 
 
 def _orientation(image: Image.Image) -> int:
-    # getexif() costs ~0.3 ms even when there is nothing to parse (most web
+    # getexif() has a fixed cost even when there is nothing to parse (most web
     # JPEGs): skip it unless the file carries EXIF (TIFF keeps it in its tags).
     if "exif" not in image.info and image.format != "TIFF":
         return 1

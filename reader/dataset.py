@@ -39,18 +39,14 @@ _LOG = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
 
-# How the per-image step runs after batching (see _decode_batch). Measured here on
-# 256..384 px photo JPEGs -> 224 px, batch 32, AUTOTUNE, 2 shared cores, in images
-# per CPU-second (robust to the other load on the box; wall-clock was too noisy):
-#   map_fn over the batch inside a parallel map:  ~950 train, ~990 eval
-#   decode before batching (parse_single_example): ~860 train, ~950 eval
-#   tf.vectorized_map: fails; the JPEG ops have no pfor rule, and its while_loop
-#   fallback cannot stack the variable-size decoded crops.
-# So map_fn is kept. parallel_iterations does not change the CPU cost per image but
-# lets one batch use several cores (wall-clock 1.3-1.7x faster than 1 here), which
-# matters when fewer batches are in flight than there are cores. It is the batch
-# size: bench.profile_reader measured 0.85 (16) -> 0.84 (128) CPU ms/image at batch
-# 128, i.e. no worse, and a batch never waits on a fixed-size window of iterations.
+# How the per-image step runs after batching (see _decode_batch): tf.map_fn over
+# the batch inside a parallel map. It cost less CPU per image than decoding
+# before batching; tf.vectorized_map cannot be used (the JPEG ops have no pfor
+# rule, and its while_loop fallback cannot stack variable-size decoded crops).
+# parallel_iterations does not change the CPU cost per image but lets one batch
+# use several cores, which matters when fewer batches are in flight than there
+# are cores; it is the batch size, so a batch never waits on a fixed-size window
+# of iterations. Numbers: docs/performance.md, "Measurements behind code choices".
 
 # cache="decoded": the memory estimate (see decoded_cache_bytes). Images stored
 # with resize="shorter" are assumed 1.5x as long as they are wide (3:2 photos; 4:3
@@ -663,8 +659,8 @@ class InputReader:
         ``padded_batch`` puts the windows of a batch in the rows of one uint8
         tensor, which the op reads row by row: no float32 image per record and
         no copy into the batch. (``ragged_batch`` would pack them end to end,
-        but its variant encoding cost 0.24 ms per image: 0.51 vs 0.28 CPU ms
-        per image for the whole pipeline.)
+        but its variant encoding costs more CPU per image than the whole rest
+        of this pipeline; docs/performance.md has the numbers.)
         """
         cfg = self._config
 

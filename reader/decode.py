@@ -69,11 +69,11 @@ def parse_single(serialized: tf.Tensor, with_metadata: bool = False) -> dict[str
 
 # Resize methods whose CPU kernels are faster on float32 input than on uint8, so
 # the decoded pixels are cast first. ResizeBilinear's inner loop loads a float
-# pixel with one SSE load but converts uint8 channel by channel: on the reader
-# benchmark's crops (~180x180 -> 224x224) the cast plus the float resize cost
-# ~0.15 ms where the uint8 resize costs ~0.27 ms (bicubic gains ~0.03 ms; area,
-# lanczos and nearest do not gain, so they keep their uint8 input). The values
-# are the same up to float rounding: both kernels compute in float32.
+# pixel with one SSE load but converts uint8 channel by channel, so the cast
+# plus the float resize is cheaper than the uint8 resize (bilinear gains most,
+# bicubic a little; area, lanczos and nearest do not gain, so they keep their
+# uint8 input; numbers in docs/performance.md). The values are the same up to
+# float rounding: both kernels compute in float32.
 _FLOAT_INPUT_METHODS = frozenset({"bilinear", "bicubic"})
 
 

@@ -3,14 +3,14 @@
 ``ImagerecordsResizeCrops`` (``native/resize_crops.cc``) resizes a batch of
 decoded crops straight into the float32 batch: the cast, the flip, the resize
 and the copy into the batch that stock ops do one image at a time become one
-pass per output row (training on the reader benchmark: 0.73 -> 0.52 CPU ms per image).
+pass per output row (its gain on the reader benchmark: docs/performance.md).
 Its results are bit-identical to ``tf.image.resize(..., "bilinear")`` of the
 float32 crop, mirrored first when drawn so: to what the stock path computes.
 
 Shipping a compiled op for every TensorFlow release would tie this package to
 TensorFlow's C++ ABI, so the op is built here instead: once per TensorFlow
 version and source, with the C++ compiler TensorFlow's own flags name
-(``tf.sysconfig``), into a per-user cache directory (~6 s on 2 cores), then
+(``tf.sysconfig``), into a per-user cache directory (a pause of seconds), then
 loaded with ``tf.load_op_library``. Where that is impossible (no compiler, a
 read-only cache, an unusual TensorFlow build) the reader falls back to stock
 TensorFlow ops with one warning, and the output is the same.
