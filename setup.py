@@ -29,7 +29,16 @@ TEST_REQUIRES = [
 # asks for the same lower bound. The client and every worker need it.
 DASK_REQUIRES = ["dask[distributed]>=2024.4.2"]
 
-BENCH_REQUIRES = ["matplotlib>=3.8", "scikit-image>=0.22", "py-spy>=0.3"]
+BENCH_REQUIRES = [
+    "matplotlib>=3.8",
+    "scikit-image>=0.22",
+    "py-spy>=0.3",
+    # The codec study (bench/codecs.py); each wheel bundles its own libraries.
+    "pyvips>=2.2",
+    "pyvips-binary>=8.15",
+    "simplejpeg>=1.7",
+    "opencv-python-headless>=4.8",
+]
 
 setuptools.setup(
     name="imagerecords",

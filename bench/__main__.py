@@ -7,6 +7,7 @@ Examples::
     python -m bench --only converter   # re-measure one half, keep the other half's numbers
     python -m bench --only reader
     python -m bench --only scale       # memory and speed at 1x, 8x, 64x the web set
+    python -m bench --only codecs      # the codec study: Pillow vs libvips vs simplejpeg
     python -m bench --report-only      # redraw table and chart from results.json
 """
 
@@ -21,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import converters, data, machine, readers, report, scale
+from bench import codecs, converters, data, machine, procstats, readers, report, scale, settings
 from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
 
 
@@ -33,7 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
-    parser.add_argument("--only", choices=("converter", "reader", "scale"), help="run one part")
+    parser.add_argument(
+        "--only", choices=("converter", "codecs", "reader", "scale"), help="run one part"
+    )
     parser.add_argument(
         "--scale-factors",
         help="sizes of the scale part, as multiples of the web set "
@@ -59,6 +62,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--read-rounds",
         type=int,
         help="rounds of every reader pipeline, best one reported (default: 2; quick: 1)",
+    )
+    parser.add_argument(
+        "--codec-rounds",
+        type=int,
+        help="interleaved rounds of the codec study, best one kept (default: 2; quick: 1)",
+    )
+    parser.add_argument(
+        "--simd-python",
+        help="an interpreter with Pillow-SIMD installed: adds its Pillow rows to the codec study",
     )
     parser.add_argument("--results-dir", type=Path, help="default bench/results (quick: raw/quick)")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
@@ -103,6 +115,25 @@ def _converter_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Pat
         "code": machine.git_state(),
         "repeats": args.repeats,
         "rows": rows,
+    }
+
+
+def _codec_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Path) -> dict:
+    limits = {"web": sizes.codec_web_images, "phone": sizes.codec_phone_images}
+    rows = codecs.run_codecs(
+        {n: s for n, s in sets.items() if n in limits},
+        limits,
+        out_root / "codecs",
+        log_dir,
+        rounds=args.codec_rounds,
+        simd_python=args.simd_python,
+    )
+    return {
+        "measured_at": _now(),
+        "code": machine.git_state(),
+        "rounds": args.codec_rounds,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "rows": [dataclasses.asdict(r) for r in rows],
     }
 
 
@@ -177,6 +208,25 @@ def _scale_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
+def _gpu_part(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -> dict:
+    """ResNet-50 fed by the reader vs image_dataset_from_directory (skipped without a GPU)."""
+    records = converters.imagerecords_output(out_root, "web")
+    if not (records / "dataset_info.json").exists():
+        return {"skipped": "skipped: no imagerecords output to read", "rows": []}
+    cmd = [sys.executable, "-m", "bench.gpu_step", "--records", str(records)]
+    cmd += ["--files-root", str(web.path), "--batch", str(sizes.read_batch_size)]
+    proc = procstats.run_measured(
+        cmd, cwd=settings.REPO_DIR, timeout_s=sizes.timeout_s, log_path=log_dir / "gpu.log"
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"failed: exit {proc.returncode}: {tail}"[:300], "rows": []}
+    part = json.loads(lines[-1])
+    print(f"[bench] gpu: {part['skipped'] or part['rows']}", flush=True)
+    return {"measured_at": _now(), "code": machine.git_state(), **part}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the process exit status."""
     args = parse_args(argv)
@@ -185,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = 1 if args.quick else 3
     if args.read_rounds is None:
         args.read_rounds = 1 if args.quick else 2
+    if args.codec_rounds is None:
+        args.codec_rounds = 1 if args.quick else 2
     results_dir = args.results_dir or (RESULTS_DIR / "raw" / "quick" if args.quick else RESULTS_DIR)
     if args.report_only:
         report.write(json.loads((results_dir / "results.json").read_text()), results_dir)
@@ -201,17 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     results.update(machine=machine.describe(), sizes=sizes.name)
 
     set_names = [s.strip() for s in args.sets.split(",") if s.strip()]
-    if args.only != "converter" and "web" not in set_names:
+    if args.only in (None, "reader") and "web" not in set_names:
         set_names.append("web")  # the reader benchmark reads the web set
     counts = {"web": sizes.web_images, "phone": sizes.phone_images}
     sets = {n: data.ensure_image_set(n, counts[n], cache_dir, sizes.name) for n in set_names}
     results["data"] = [{**dataclasses.asdict(s), "path": str(s.path)} for s in sets.values()]
 
-    if args.only != "reader":
-        converter_sets = {n: s for n, s in sets.items() if n in args.sets.split(",")}
+    converter_sets = {n: s for n, s in sets.items() if n in args.sets.split(",")}
+    if args.only in (None, "converter"):
         results["converter"] = _converter_half(args, sizes, converter_sets, out_root, log_dir)
-    if args.only != "converter":
+    if args.only in (None, "codecs"):
+        results["codecs"] = _codec_half(args, sizes, converter_sets, out_root, log_dir)
+    if args.only in (None, "reader"):
         results["reader"] = _reader_half(sizes, sets["web"], out_root, log_dir, args.read_rounds)
+        results["gpu"] = _gpu_part(sizes, sets["web"], out_root, log_dir)
 
     if args.only is None:
         _scale_part(args, sizes, cache_dir, results_dir)

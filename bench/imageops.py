@@ -65,24 +65,38 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def convert_bytes(data: bytes) -> int:
-    """Decodes, resizes and re-encodes one image; returns the JPEG's size in bytes."""
+def convert_to_jpeg(
+    data: bytes,
+    resample: Image.Resampling = Image.Resampling.BICUBIC,
+    draft_scale: int = 1,
+) -> bytes:
+    """Decodes, resizes and re-encodes one image; returns the JPEG.
+
+    ``resample`` and ``draft_scale`` (draft to that multiple of the target, so
+    the filter sees more pixels) exist for the codec study
+    (``bench.codec_paths``); the floor uses the defaults.
+    """
     with Image.open(io.BytesIO(data)) as image:
         orientation = image.getexif().get(0x0112, 1)
         target = shorter_side_size(image.width, image.height, TARGET_SHORTER_SIDE)
         if image.format == "JPEG" and target != image.size:
-            image.draft(image.mode, target)
+            image.draft(image.mode, (target[0] * draft_scale, target[1] * draft_scale))
         image.load()
         small = image
         target = shorter_side_size(image.width, image.height, TARGET_SHORTER_SIDE)
         if target != image.size:
-            small = image.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
+            small = image.resize(target, resample, reducing_gap=3.0)
         small = _to_rgb(small)
         if orientation in _ORIENT:
             small = small.transpose(_ORIENT[orientation])
         out = io.BytesIO()
         small.save(out, format="JPEG", quality=JPEG_QUALITY)
-        return out.tell()
+        return out.getvalue()
+
+
+def convert_bytes(data: bytes) -> int:
+    """Decodes, resizes and re-encodes one image; returns the JPEG's size in bytes."""
+    return len(convert_to_jpeg(data))
 
 
 def convert_file(path: str) -> tuple[int, int]:

@@ -22,6 +22,19 @@ drained prefetch buffer at epoch boundaries counts against them.
 * ``imagerecords_train_decoded``: the same training pipeline with
   ``cache="decoded"``: a different mode (the split's decoded pixels are kept in
   RAM after the first epoch, which the warm-up epoch pays for), not the default.
+* ``imagerecords_train_uint8`` / ``imagerecords_eval_uint8``: the same pipelines
+  with ``dtype=tf.uint8`` (what DALI and FFCV hand over: the model normalises on
+  the accelerator), a quarter of the bytes per batch.
+* ``floor_crop_decode``: the training floor (issue 15): the same shards read,
+  batched, ``parse_example``-ed, and each record's random window (the reader's
+  distribution: area 0.08-1, aspect 3/4-4/3) decoded with
+  ``decode_and_crop_jpeg``, the windows laid end to end in one uint8 tensor per
+  batch. No resize, no flip, no float32 batch: the reader minus its own work.
+* ``floor_full_decode``: the evaluation floor: the same, decoding each whole
+  image (``decode_jpeg``), no crop, no resize.
+
+The floors yield ``(shapes [B, 2], pixels [N] uint8, labels [B])``: the first
+element still has one row per image, which is what the worker counts.
 """
 
 from __future__ import annotations
@@ -37,6 +50,10 @@ VARIANTS = (
     "imagerecords_train_stock",
     "imagerecords_train_decoded",
     "imagerecords_eval",
+    "imagerecords_train_uint8",
+    "imagerecords_eval_uint8",
+    "floor_crop_decode",
+    "floor_full_decode",
 )
 LABELS = {
     "keras_dir": "keras image_dataset_from_directory (files)",
@@ -46,6 +63,10 @@ LABELS = {
     "imagerecords_train_stock": "imagerecords reader, training, stock TF ops (no C++ compiler)",
     "imagerecords_train_decoded": "imagerecords reader, training, cache=decoded (RAM)",
     "imagerecords_eval": "imagerecords reader, eval",
+    "imagerecords_train_uint8": "imagerecords reader, training, uint8 batches",
+    "imagerecords_eval_uint8": "imagerecords reader, eval, uint8 batches",
+    "floor_crop_decode": "floor: read + parse + decode_and_crop_jpeg, batched, no resize",
+    "floor_full_decode": "floor: read + parse + decode_jpeg (whole image), batched",
 }
 
 
@@ -166,6 +187,94 @@ def imagerecords_eval(files_root: Path, records_dir: Path, batch: int, size: int
     return _imagerecords(records_dir, batch, size, training=False)
 
 
+def imagerecords_train_uint8(
+    files_root: Path, records_dir: Path, batch: int, size: int
+) -> Pipeline:
+    """The training pipeline with uint8 batches (normalised by the model)."""
+    import tensorflow as tf
+
+    return _imagerecords(records_dir, batch, size, training=True, dtype=tf.uint8)
+
+
+def imagerecords_eval_uint8(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
+    """The evaluation pipeline with uint8 batches."""
+    import tensorflow as tf
+
+    return _imagerecords(records_dir, batch, size, training=False, dtype=tf.uint8)
+
+
+def _decode_floor(records_dir: Path, batch: int, crop: bool) -> Pipeline:
+    """Shards -> batch -> parse_example -> decode each record's window (uint8) -> one tensor."""
+    import tensorflow as tf
+
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    whole = tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4])
+
+    def decode(encoded, seed):
+        if not crop:
+            return tf.io.decode_jpeg(encoded, channels=3)
+        begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
+            tf.io.extract_jpeg_shape(encoded),
+            whole,
+            seed=seed,
+            min_object_covered=0.1,
+            aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0),
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
+        window = tf.stack([begin[0], begin[1], extent[0], extent[1]])
+        return tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+
+    def decode_batch(serialized, index):
+        features = tf.io.parse_example(serialized, spec)
+        encoded = features["image/encoded"]
+        count = tf.shape(encoded)[0]
+        seeds = tf.random.stateless_uniform(
+            [count, 2], seed=tf.stack([tf.constant(7, tf.int64), index]), minval=None,
+            maxval=None, dtype=tf.int64,
+        )  # fmt: skip
+
+        def step(i, pixels, shapes):
+            image = decode(encoded[i], seeds[i])
+            return (
+                i + 1,
+                pixels.write(i, tf.reshape(image, [-1])),
+                shapes.write(i, tf.shape(image)[:2]),
+            )
+
+        _, pixels, shapes = tf.while_loop(
+            lambda i, *_: i < count,
+            step,
+            (
+                tf.constant(0),
+                tf.TensorArray(tf.uint8, size=count, infer_shape=False, element_shape=[None]),
+                tf.TensorArray(tf.int32, size=count, element_shape=[2]),
+            ),
+            parallel_iterations=batch,
+        )
+        return shapes.stack(), pixels.concat(), features["image/class/label"]
+
+    auto = tf.data.AUTOTUNE
+    ds = tf.data.TFRecordDataset(_train_shards(records_dir), buffer_size=8 << 20).repeat()
+    ds = tf.data.Dataset.zip((ds.batch(batch, drop_remainder=True), tf.data.Dataset.counter()))
+    ds = ds.map(decode_batch, num_parallel_calls=auto, deterministic=False).prefetch(auto)
+    return Pipeline(ds, _num_examples(records_dir, "train"), True)
+
+
+def floor_crop_decode(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
+    """The training floor: decode each record's random window, batched, no resize."""
+    return _decode_floor(records_dir, batch, crop=True)
+
+
+def floor_full_decode(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
+    """The evaluation floor: decode each whole image, batched, no resize."""
+    return _decode_floor(records_dir, batch, crop=False)
+
+
 BUILDERS = {
     "keras_dir": keras_dir,
     "tfdata_files": tfdata_files,
@@ -174,4 +283,8 @@ BUILDERS = {
     "imagerecords_train_stock": imagerecords_train_stock,
     "imagerecords_train_decoded": imagerecords_train_decoded,
     "imagerecords_eval": imagerecords_eval,
+    "imagerecords_train_uint8": imagerecords_train_uint8,
+    "imagerecords_eval_uint8": imagerecords_eval_uint8,
+    "floor_crop_decode": floor_crop_decode,
+    "floor_full_decode": floor_full_decode,
 }

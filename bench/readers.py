@@ -21,8 +21,10 @@ _NEEDS_READER = {
     "imagerecords_train_stock",
     "imagerecords_train_decoded",
     "imagerecords_eval",
+    "imagerecords_train_uint8",
+    "imagerecords_eval_uint8",
 }
-_NEEDS_RECORDS = {"tfrecord_per_example", *_NEEDS_READER}
+_NEEDS_RECORDS = {"tfrecord_per_example", "floor_crop_decode", "floor_full_decode", *_NEEDS_READER}
 
 
 @dataclasses.dataclass

@@ -79,6 +79,20 @@ def ratios(results: dict) -> dict:
         read.get("tfrecord_per_example", {}).get("cpu_ms_per_image"),
         decoded.get("cpu_ms_per_image"),
     )
+
+    # Issue 15: each reader path against the floor of its own work, and uint8 batches.
+    def ips(variant):
+        return read.get(variant, {}).get("images_per_s")
+
+    out["reader_train_vs_crop_floor"] = _ratio(ips("imagerecords_train"), ips("floor_crop_decode"))
+    out["reader_eval_vs_full_floor"] = _ratio(ips("imagerecords_eval"), ips("floor_full_decode"))
+    out["reader_train_uint8_vs_crop_floor"] = _ratio(
+        ips("imagerecords_train_uint8"), ips("floor_crop_decode")
+    )
+    out["reader_train_uint8_vs_keras"] = _ratio(ips("imagerecords_train_uint8"), ips("keras_dir"))
+    out["reader_eval_uint8_vs_full_floor"] = _ratio(
+        ips("imagerecords_eval_uint8"), ips("floor_full_decode")
+    )
     out["reader_eval_vs_keras"] = _ratio(
         read.get("imagerecords_eval", {}).get("images_per_s"),
         read.get("keras_dir", {}).get("images_per_s"),
@@ -186,6 +200,7 @@ def markdown(results: dict) -> str:
             f"| {_x(r['converter_phone_cpu_floor_over_ir'])} "
             "| (load-robust view: 1.0x = no framework CPU at all) |",
         ]
+    lines += _codec_lines(results.get("codecs"))
     read = results.get("reader")
     if read:
         lines += [
@@ -220,7 +235,20 @@ def markdown(results: dict) -> str:
             "|---|---:|---|",
             f"| imagerecords (train) / image_dataset_from_directory "
             f"| {_x(r['reader_train_vs_keras'])} "
-            f"| >= 1.5x: {_verdict(r['reader_train_vs_keras'], 1.5)} |",
+            f"| >= 1.5x (issue 5): {_verdict(r['reader_train_vs_keras'], 1.5)}; "
+            f">= 3x (issue 15): {_verdict(r['reader_train_vs_keras'], 3.0)} |",
+            f"| imagerecords (train) / crop-decode floor "
+            f"| {_x(r.get('reader_train_vs_crop_floor'))} "
+            f"| >= 0.9x: {_verdict(r.get('reader_train_vs_crop_floor', _NAN), 0.9)} |",
+            f"| imagerecords (eval) / full-decode floor "
+            f"| {_x(r.get('reader_eval_vs_full_floor'))} "
+            f"| >= 0.9x: {_verdict(r.get('reader_eval_vs_full_floor', _NAN), 0.9)} |",
+            f"| *uint8 batches:* imagerecords (train, uint8) / crop-decode floor "
+            f"| {_x(r.get('reader_train_uint8_vs_crop_floor'))} | (its own row) |",
+            f"| *uint8 batches:* imagerecords (train, uint8) / image_dataset_from_directory "
+            f"| {_x(r.get('reader_train_uint8_vs_keras'))} | (its own row) |",
+            f"| *uint8 batches:* imagerecords (eval, uint8) / full-decode floor "
+            f"| {_x(r.get('reader_eval_uint8_vs_full_floor'))} | (its own row) |",
             f"| imagerecords (train) / per-example TFRecord "
             f"| {_x(r['reader_train_vs_tfrecord'])} "
             f"| >= 1.3x: {_verdict(r['reader_train_vs_tfrecord'], 1.3)} |",
@@ -251,8 +279,63 @@ def markdown(results: dict) -> str:
             "see docs/reader.md) and suits data sets that fit in memory trained for many "
             "epochs; the pipelines it is compared with decode every epoch.",
         ]
+    lines += _gpu_lines(results.get("gpu"))
     lines += ["", "![chart](chart.png)", ""]
     return "\n".join(lines)
+
+
+def _gpu_lines(gpu: dict | None) -> list[str]:
+    """The ResNet-50 training step (bench.gpu_step): a table, or why it was skipped."""
+    if not gpu:
+        return []
+    lines = ["", "## ResNet-50 training step fed by each reader (GPU only)", ""]
+    if gpu.get("skipped"):
+        return lines + [gpu["skipped"]]
+    lines += [
+        f"Measured {gpu.get('measured_at', '')}{_at_commit(gpu)}. Input wait: the share of "
+        "the wall clock spent waiting for the next batch, each step synchronised (the "
+        "accelerator is idle meanwhile).",
+        "",
+        "| pipeline | images/s | input wait (accelerator idle) |",
+        "|---|---:|---:|",
+    ]
+    for row in gpu["rows"]:
+        lines.append(
+            f"| {READER_LABELS.get(row['variant'], row['variant'])} "
+            f"| {_fmt(row['images_per_s'])} | {_fmt(100 * row['input_wait_fraction'], 1)}% |"
+        )
+    return lines
+
+
+def _codec_lines(study: dict | None) -> list[str]:
+    """The codec study's table (bench.codecs): speed on one core next to quality."""
+    if not study:
+        return []
+    lines = [
+        "",
+        f"## Codec study (measured {study['measured_at']}{_at_commit(study)}, "
+        f"load {study.get('loadavg', 'n/a')})",
+        "",
+        "Each path converts the first images of the set to the stored JPEG (shorter side "
+        "256, q90, 4:2:0) on one thread, in its own process; best of "
+        f"{study.get('rounds', 1)} interleaved round(s) (every round in the last column). "
+        "`x floor`: CPU per image of Pillow draft + bicubic (the codec floor) over this "
+        "path's (> 1 is faster). PSNR / SSIM: medians over the JPEG inputs of the output "
+        "against Pillow's best of the same source (full decode, Lanczos to the same size).",
+        "",
+        "| set | path | CPU ms/image | images/s per core | x floor | PSNR dB | SSIM "
+        "| KB/image | rounds (CPU ms) | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for row in study["rows"]:
+        rounds = " / ".join(f"{x:.2f}" for x in row.get("round_cpu_ms") or [])
+        lines.append(
+            f"| {row['image_set']} | {row['label']} | {_fmt(row['cpu_ms_per_image'], 2)} "
+            f"| {_fmt(row['images_per_core_s'], 0)} | {_x(row['speed_vs_floor'])} "
+            f"| {_fmt(row['psnr_db'], 2)} | {_fmt(row['ssim'], 4)} "
+            f"| {_fmt(row['out_kb_per_image'], 1)} | {rounds} | {row['note']} |"
+        )
+    return lines
 
 
 def chart(results: dict, path: Path) -> None:

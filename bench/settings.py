@@ -37,6 +37,8 @@ class Sizes:
         read_epochs: timed reader epochs.
         timeout_s: limit for any one subprocess (a hung Beam job must not hang
             ``make bench``).
+        codec_web_images, codec_phone_images: images of each set the codec
+            study (``bench.codecs``) converts per pass (the first ones, sorted).
     """
 
     name: str
@@ -46,6 +48,8 @@ class Sizes:
     read_warmup_epochs: int
     read_epochs: int
     timeout_s: int
+    codec_web_images: int = 400
+    codec_phone_images: int = 60
 
 
 FULL = Sizes(
@@ -65,4 +69,6 @@ QUICK = Sizes(
     read_warmup_epochs=1,
     read_epochs=1,
     timeout_s=300,
+    codec_web_images=12,
+    codec_phone_images=3,
 )

@@ -75,7 +75,10 @@ class ReaderConfig:
         image_size: Output ``(height, width)``; an int means a square.
         training: Training (shuffle, repeat, augment) or evaluation (every record
             once, in shard order).
-        dtype: Image dtype: ``tf.float32`` or ``tf.bfloat16`` (TPU).
+        dtype: Image dtype: ``tf.float32``, ``tf.bfloat16`` (TPU), or ``tf.uint8``:
+            the float32 values rounded (half to even), a quarter of the bytes for
+            the host to write and move; the model normalises on the accelerator.
+            Needs ``value_range="0_255"``.
         seed: Seed for the file shuffle, the record shuffle and augmentation.
             ``None``: fresh randomness each run.
         deterministic: Produce elements in a fixed order (``tf.data``'s
@@ -190,8 +193,16 @@ class ReaderConfig:
             raise ValueError(f"image_size must be a positive int or (height, width), got {size}")
         object.__setattr__(self, "image_size", size)
         object.__setattr__(self, "dtype", tf.as_dtype(self.dtype))
-        if not self.dtype.is_floating:
-            raise ValueError(f"dtype must be a float type (float32, bfloat16), got {self.dtype}")
+        if self.dtype == tf.uint8:
+            if self.value_range != "0_255":
+                raise ValueError(
+                    "dtype=tf.uint8 gives raw 0..255 pixels (the model normalises them): "
+                    f"value_range must be '0_255', got {self.value_range!r}"
+                )
+        elif not self.dtype.is_floating:
+            raise ValueError(
+                f"dtype must be a float type (float32, bfloat16) or uint8, got {self.dtype}"
+            )
         if self.batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         if self.value_range not in decode.VALUE_RANGES:
@@ -364,6 +375,8 @@ class InputReader:
         if not self._files:
             raise ValueError(f"split {config.split!r} of {info.path} has no shards")
         self._native = _use_native_ops(config)
+        # uint8 batches come out of the op rounded; float ones are normalised after it.
+        self._native_dtype = tf.uint8 if config.dtype == tf.uint8 else tf.float32
         # One base seed per build. Without a user seed it is fresh each run, so
         # unseeded training differs run to run as users expect.
         self._seed = config.seed if config.seed is not None else random.getrandbits(62)
@@ -689,7 +702,11 @@ class InputReader:
             features = dict(features)
             pixels = features.pop("pixels")
             images = native.resize_crops(
-                pixels, features.pop("window"), features.pop("flip"), cfg.image_size
+                pixels,
+                features.pop("window"),
+                features.pop("flip"),
+                cfg.image_size,
+                self._native_dtype,
             )
             images.set_shape(pixels.shape[:1].concatenate([*cfg.image_size, 3]))
             features["image"] = images
@@ -868,7 +885,9 @@ class InputReader:
         )
         # concat() of an empty array has no element shape to go by.
         flat = tf.cond(count > 0, lambda: pixels.concat(), lambda: tf.zeros([0], tf.uint8))
-        images = native.resize_crops(flat, shapes.stack(), flips.stack(), cfg.image_size)
+        images = native.resize_crops(
+            flat, shapes.stack(), flips.stack(), cfg.image_size, self._native_dtype
+        )
         # The batch dimension is static when the remainder is dropped; the loop hides it.
         images.set_shape(encoded.shape[:1].concatenate([*cfg.image_size, 3]))
         return images
@@ -991,7 +1010,8 @@ def make_dataset(
             once in shard order (``False``).
         input_context: A ``tf.distribute.InputContext``: read only this input
             pipeline's share of the split.
-        dtype: ``tf.float32`` or ``tf.bfloat16``.
+        dtype: ``tf.float32``, ``tf.bfloat16``, or ``tf.uint8`` (raw 0..255 pixels
+            for a model that normalises on the accelerator; ``value_range="0_255"``).
         seed: Seed for shuffles and augmentation; with ``deterministic=True`` the
             batches are the same run after run.
         **options: Any other :class:`ReaderConfig` field (``deterministic``,

@@ -377,12 +377,19 @@ def normalize(
     so bfloat16 output loses precision only once.
 
     Args:
-        images: float32, values in 0..255.
+        images: float32 (uint8 from the native op when ``dtype`` is uint8), values in 0..255.
         value_range: ``"0_255"`` (raw; Keras EfficientNet/ConvNeXt expect this),
             ``"0_1"``, or ``"imagenet"`` (``(x/255 - mean) / std``).
-        dtype: ``tf.float32`` or ``tf.bfloat16`` (any float dtype works).
+        dtype: ``tf.float32`` or ``tf.bfloat16`` (any float dtype works), or
+            ``tf.uint8`` (with ``"0_255"``): rounded half to even and saturated.
         mean, std: Per-channel statistics for ``"imagenet"``, on the 0..1 scale.
     """
+    if dtype == tf.uint8:
+        # Raw pixels (ReaderConfig allows uint8 only with "0_255"); the native op
+        # already rounded them, the stock path's float32 values are rounded here.
+        if images.dtype == tf.uint8:
+            return images
+        return tf.saturate_cast(tf.round(images), tf.uint8)
     if value_range == "0_255":
         pass
     elif value_range == "0_1":

@@ -194,7 +194,9 @@ def unavailable_reason() -> str | None:
     return _load()[1]
 
 
-def resize_crops(pixels: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size) -> tf.Tensor:
+def resize_crops(
+    pixels: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size, dtype: tf.DType = tf.float32
+) -> tf.Tensor:
     """Bilinear resize of a batch of crops into one batch (see the module docstring).
 
     Args:
@@ -204,9 +206,11 @@ def resize_crops(pixels: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size) -
         shapes: int32 ``[B, 2]``, each crop's ``(h, w)``.
         flips: bool ``[B]``, mirror that image left-right.
         size: ``(height, width)`` of the output.
+        dtype: ``tf.float32``, or ``tf.uint8`` for the same values rounded (half to
+            even) and saturated: ``tf.saturate_cast(tf.round(float32 result), tf.uint8)``.
 
     Returns:
-        float32 ``[B, height, width, 3]`` in 0..255.
+        ``dtype`` ``[B, height, width, 3]`` in 0..255.
 
     Raises:
         NativeOpsError: the op is not available here.
@@ -214,7 +218,7 @@ def resize_crops(pixels: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size) -
     module = ops()
     if module is None:
         raise NativeOpsError(unavailable_reason())
-    return module.imagerecords_resize_crops(pixels, shapes, flips, size=list(size))
+    return module.imagerecords_resize_crops(pixels, shapes, flips, size=list(size), T=dtype)
 
 
 def main() -> int:

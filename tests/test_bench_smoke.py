@@ -8,18 +8,23 @@ together and the table has a row for every tool. A tool that has not landed
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("skimage")
 
 from bench import __main__ as bench_main  # noqa: E402
-from bench import procstats, report  # noqa: E402
+from bench import codec_paths, codecs, procstats, report  # noqa: E402
+from bench.codec_paths import CODECS  # noqa: E402
+from bench.codec_paths import LABELS as CODEC_LABELS  # noqa: E402
 from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
 from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
 
@@ -111,9 +116,59 @@ def test_quick_run_writes_a_table_with_every_row(tmp_path):
     assert rows["naive"]["ok"] and rows["naive"]["images_per_s"] > 0
     readers = {r["variant"]: r for r in raw["reader"]["rows"]}
     assert readers["keras_dir"]["ok"] and readers["tfdata_files"]["ok"]
+    # The floors of issue 15 are plain tf.data and must always run.
+    assert readers["floor_crop_decode"]["ok"] and readers["floor_full_decode"]["ok"]
+    codec_rows = {r["codec"]: r for r in raw["codecs"]["rows"]}
+    assert set(codec_rows) == set(CODECS)
+    assert codec_rows["pillow_bicubic"]["ok"] and codec_rows["pillow_bicubic"]["psnr_db"] > 25
+    assert codec_rows["pillow_bicubic"]["speed_vs_floor"] == 1.0
+    for label in CODEC_LABELS.values():
+        assert f"| web | {label} |" in table
     # Every row is either measured or says why not.
-    for row in [*rows.values(), *readers.values()]:
+    for row in [*rows.values(), *readers.values(), *codec_rows.values()]:
         assert row["ok"] or row["note"]
+    # The GPU part: measured where there is one, else it says it was skipped.
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        assert raw["gpu"]["rows"]
+    else:
+        assert (
+            raw["gpu"]["skipped"].startswith("skipped: no GPU") and raw["gpu"]["skipped"] in table
+        )
+
+
+def test_psnr():
+    a = np.zeros((4, 4, 3))
+    assert codecs.psnr(a, a) == float("inf")
+    # MSE 255^2 / 100 -> 20 dB.
+    assert codecs.psnr(a, a + 25.5) == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_codec_path_stores_the_floors_image(codec):
+    """Same size, upright (EXIF orientation applied) and close to the floor's pixels.
+
+    A path that ignored the orientation, mixed up the target's axes or lost
+    colour would fail: the study compares like with like only if this holds.
+    """
+    why = codec_paths.unavailable(codec)
+    if why:
+        pytest.skip(why)
+    rng = np.random.default_rng(3)
+    yy, xx = np.mgrid[0:600, 0:900]
+    pixels = np.stack([xx % 256, yy % 256, (xx + yy) % 256], axis=2).astype(np.uint8)
+    pixels[:300, :450] = rng.integers(0, 256, 3)  # an asymmetric block shows any rotation
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=95, exif=exif.tobytes())
+    data = buffer.getvalue()
+    want = np.asarray(Image.open(io.BytesIO(codec_paths.PATHS["pillow_bicubic"](data))))
+    got_image = Image.open(io.BytesIO(codec_paths.PATHS[codec](data)))
+    got = np.asarray(got_image.convert("RGB"))
+    assert got_image.format == "JPEG" and got.shape == want.shape == (384, 256, 3)
+    assert codecs.psnr(want, got) > 25
 
 
 def test_report_marks_missing_numbers_and_ratios():

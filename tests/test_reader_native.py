@@ -77,6 +77,28 @@ def test_op_equals_tf_image_resize_bit_for_bit(op, size, max_side):
         np.testing.assert_array_equal(image, want)
 
 
+@pytest.mark.parametrize("size, max_side", [((224, 224), 400), ((33, 17), 33)], ids=["224", "odd"])
+def test_uint8_op_is_the_rounded_float_op(op, size, max_side):
+    """T=uint8: tf.saturate_cast(tf.round(float result)), half to even included."""
+    rng = np.random.default_rng(5 + sum(size))
+    crops = _crops(rng, 10, max_side)
+    flips = rng.integers(0, 2, len(crops)).astype(bool)
+    flat = np.concatenate([c.reshape(-1) for c in crops])
+    shapes = np.array([c.shape[:2] for c in crops], np.int32)
+    got = op.imagerecords_resize_crops(flat, shapes, flips, size=list(size), T=tf.uint8).numpy()
+    floats = _run_op(op, crops, flips, size)
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, tf.saturate_cast(tf.round(floats), tf.uint8).numpy())
+    # Exact halves: a 1x2 crop widened to 3 columns samples its middle at lerp 0.5.
+    halves = np.array([10, 10, 10, 11, 11, 11, 11, 11, 11, 12, 12, 12], np.uint8)
+    args = (halves, [[1, 2], [1, 2]], [False, False])
+    middle_f = op.imagerecords_resize_crops(*args, size=[1, 3]).numpy()[:, 0, 1, 0]
+    middle_u = op.imagerecords_resize_crops(*args, size=[1, 3], T=tf.uint8).numpy()[:, 0, 1, 0]
+    np.testing.assert_array_equal(middle_u, np.round(middle_f))  # numpy rounds half to even too
+    if middle_f[0] == 10.5:
+        assert list(middle_u) == [10, 12]
+
+
 def test_op_reads_one_row_per_crop_as_packed(op):
     """2-D pixels (a padded batch: crop i at the start of row i) give the packed result."""
     rng = np.random.default_rng(7)
@@ -174,6 +196,29 @@ def test_decoded_cache_pipeline_is_bit_identical_to_stock_ops(op, fixture, train
     assert list(fused["filename"]) == list(stock["filename"])
     np.testing.assert_array_equal(fused["label"], stock["label"])
     np.testing.assert_array_equal(fused["image"], stock["image"])
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("cache", [None, "decoded"], ids=["records", "decoded"])
+def test_uint8_batches_are_the_rounded_float32_batches(op, fixture, training, cache):
+    """dtype=tf.uint8: native and stock agree, and both are the float32 batch rounded."""
+    floats = _read(fixture, training, cache=cache, native_ops=True)
+    native_u8 = _read(fixture, training, cache=cache, native_ops=True, dtype=tf.uint8)
+    stock_u8 = _read(fixture, training, cache=cache, native_ops=False, dtype=tf.uint8)
+    assert native_u8["image"].dtype == np.uint8 and stock_u8["image"].dtype == np.uint8
+    assert list(native_u8["filename"]) == list(floats["filename"])
+    want = tf.saturate_cast(tf.round(floats["image"]), tf.uint8).numpy()
+    np.testing.assert_array_equal(native_u8["image"], want)
+    np.testing.assert_array_equal(stock_u8["image"], want)
+
+
+def test_uint8_batches_need_the_raw_value_range(fixture):
+    with pytest.raises(ValueError, match="value_range must be '0_255'"):
+        reader.make_dataset(
+            fixture.path, "train", 8, 32, training=True, dtype=tf.uint8, value_range="0_1"
+        )
+    with pytest.raises(ValueError, match="or uint8"):
+        reader.make_dataset(fixture.path, "train", 8, 32, training=True, dtype=tf.int32)
 
 
 def test_native_ops_true_refuses_settings_it_cannot_serve(op, fixture):
