@@ -17,8 +17,13 @@ from its module: ``reader.info`` (``SplitInfo``, ``ShardInfo``,
 ``reader.inspect`` (``python -m reader.inspect``).
 """
 
-from reader.dataset import ReaderConfig, distributed_dataset, make_dataset
-from reader.info import (
+from reader.allocator import prefer_bfc_cpu_allocator
+
+# Before any TensorFlow op creates the CPU allocator (see reader/allocator.py).
+prefer_bfc_cpu_allocator()
+
+from reader.dataset import ReaderConfig, distributed_dataset, make_dataset  # noqa: E402
+from reader.info import (  # noqa: E402
     DatasetInfo,
     DatasetInfoError,
     IncompleteDatasetError,
