@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--jpeg_quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
     add(
+        "--resample",
+        default="bicubic",
+        help="Downscaling filter: bicubic|bilinear (faster, softer)|lanczos (sharper, slower); "
+        "default bicubic",
+    )
+    add(
         "--target_shard_mb", type=float, default=200.0, help="Target shard size in MB (default 200)"
     )
     add("--min_shards", type=int, default=1, help="Minimum shards per split (default 1)")
@@ -191,6 +197,7 @@ def parse_args(argv: list[str]):
             size=args.image_size,
             upscale=args.upscale,
             jpeg_quality=args.jpeg_quality,
+            resample=args.resample,
         )
     except ValueError as error:
         raise UsageError(str(error)) from None

@@ -13,6 +13,13 @@ import io
 from PIL import Image, UnidentifiedImageError
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
+# --resample: the downscaling filter. Bicubic is the default; bilinear is faster
+# and softer, Lanczos sharper and slower (docs/performance.md, "Codec study").
+RESAMPLE_FILTERS = {
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "lanczos": Image.Resampling.LANCZOS,
+}
 
 # Formats recognised by content (docs/format.md section 2). Camera MPO files open
 # through the JPEG plugin and are read as their first frame.
@@ -72,6 +79,7 @@ class ImageSpec:
     size: int = 256
     upscale: bool = False
     jpeg_quality: int = 90
+    resample: str = "bicubic"
 
     def __post_init__(self):
         if self.resize not in RESIZE_MODES:
@@ -82,6 +90,10 @@ class ImageSpec:
             raise ValueError(f"--image_size must be in 1..65500, got {self.size}")
         if not 1 <= self.jpeg_quality <= 100:
             raise ValueError(f"--jpeg_quality must be in 1..100, got {self.jpeg_quality}")
+        if self.resample not in RESAMPLE_FILTERS:
+            raise ValueError(
+                f"--resample must be one of {', '.join(RESAMPLE_FILTERS)}; got {self.resample!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +201,7 @@ def _resize(image: Image.Image, spec: ImageSpec) -> Image.Image:
     if new_size != (width, height):
         # reducing_gap lets Pillow box-reduce by an integer factor first: same
         # quality for large downscales at a fraction of the cost.
-        image = image.resize(new_size, Image.Resampling.BICUBIC, reducing_gap=3.0)
+        image = image.resize(new_size, RESAMPLE_FILTERS[spec.resample], reducing_gap=3.0)
     if spec.resize == "crop":
         width, height = image.size  # both >= spec.size (target_size)
         left, top = (width - spec.size) // 2, (height - spec.size) // 2

@@ -9,7 +9,8 @@ are interleaved (every path once, then again) and each path's best round
 steady number on a shared machine) and its ratio to ``pillow_bicubic``, the
 codec floor, measured in the same run.
 
-Quality, for JPEG inputs (the others take Pillow in every path): the output,
+Quality, for the first ``QUALITY_IMAGES`` inputs that are JPEGs (the others
+take Pillow in every path): the output,
 decoded, against a reference made from the same source by Pillow at its best
 (full decode, no draft, EXIF orientation, Lanczos straight to the output's
 size): median PSNR (dB) and median SSIM, and the mean output size.
@@ -33,6 +34,9 @@ from bench.procstats import run_measured
 from bench.settings import REPO_DIR
 
 SIMD_CODECS = ("pillow_bicubic", "pillow_bilinear")
+# Quality is measured on the first images only: SSIM of every output of every
+# path (4,000 on the web set) took longer than the speed runs themselves.
+QUALITY_IMAGES = 100
 SIMD_PREFIX = "simd:"
 FLOOR = "pillow_bicubic"
 
@@ -175,7 +179,9 @@ def run_codecs(
             )
             result.images_per_core_s = 1000 / result.cpu_ms_per_image
             out_dir = out_root / name / row.replace(":", "_")
-            result.psnr_db, result.ssim = _quality(image_set, out_dir, files, quality_cache)
+            result.psnr_db, result.ssim = _quality(
+                image_set, out_dir, files[:QUALITY_IMAGES], quality_cache
+            )
             set_rows.append(result)
         floor = next((r for r in set_rows if r.codec == FLOOR and r.ok), None)
         for r in set_rows:

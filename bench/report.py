@@ -320,7 +320,7 @@ def _codec_lines(study: dict | None) -> list[str]:
         "256, q90, 4:2:0) on one thread, in its own process; best of "
         f"{study.get('rounds', 1)} interleaved round(s) (every round in the last column). "
         "`x floor`: CPU per image of Pillow draft + bicubic (the codec floor) over this "
-        "path's (> 1 is faster). PSNR / SSIM: medians over the JPEG inputs of the output "
+        "path's (> 1 is faster). PSNR / SSIM: medians over the first 100 inputs' JPEGs, output "
         "against Pillow's best of the same source (full decode, Lanczos to the same size).",
         "",
         "| set | path | CPU ms/image | images/s per core | x floor | PSNR dB | SSIM "

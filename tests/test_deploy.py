@@ -103,6 +103,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
         "resize": "crop",
         "upscale": "true",
         "jpeg_quality": "95",
+        "resample": "lanczos",
         "target_shard_mb": "150.5",
         "min_shards": "8",
         "max_reject_fraction": "0.05",
@@ -119,7 +120,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
     assert beam_args == []
     assert args.image_size == 224 and args.resize == "crop" and args.upscale is True
     assert args.overwrite is False and args.wait is False and args.min_shards == 8
-    assert args.index_files is True
+    assert args.index_files is True and args.image_spec.resample == "lanczos"
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in DEPLOY.glob("*.sh")))
