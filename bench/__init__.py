@@ -13,7 +13,11 @@ Modules, one job each:
 * ``machine``   - the machine description (CPU, RAM, versions, load).
 * ``convert_floor``, ``convert_naive`` - the two converter baselines (runnable).
 * ``converters`` - runs the three converters on each set.
-* ``read_pipelines``, ``read_worker``, ``readers`` - the reader benchmark.
+* ``codecs``, ``codec_paths``, ``codec_worker`` - the codec study (issue 15):
+  Pillow filters, libvips, simplejpeg (+ OpenCV), optional Pillow-SIMD.
+* ``read_pipelines``, ``read_worker``, ``readers`` - the reader benchmark
+  (with the crop-decode and full-decode floors and uint8 rows).
+* ``gpu_step`` - ResNet-50 fed by each reader; says "skipped" without a GPU.
 * ``report``    - Markdown table, JSON and PNG chart.
 * ``profiling`` - cProfile / py-spy / stage ablations (``python -m bench.profiling``).
 """
