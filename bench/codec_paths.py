@@ -129,8 +129,8 @@ def _decode_scaled(data: bytes):
     tw, th = target[::-1] if orientation >= 5 else target  # as stored in the file
     # Only 1/2, 1/4, 1/8, as Pillow's draft: libjpeg-turbo also scales by M/8
     # (e.g. 6/8 for 500x375 -> 341x256), but those sample positions are shifted
-    # by a fraction of a pixel: 35.8 dB instead of 51.3 dB against the reference
-    # on a web image, before the JPEG encode.
+    # by a fraction of a pixel, which costs far more sharpness than it saves
+    # time (docs/performance.md, "Codec study").
     scale = next((s for s in (8, 4, 2) if -(-width // s) >= tw and -(-height // s) >= th), 1)
     pixels = _simplejpeg.decode_jpeg(
         data, colorspace="RGB", min_height=-(-height // scale), min_width=-(-width // scale)

@@ -35,7 +35,7 @@ from bench.settings import REPO_DIR
 
 SIMD_CODECS = ("pillow_bicubic", "pillow_bilinear")
 # Quality is measured on the first images only: SSIM of every output of every
-# path (4,000 on the web set) took longer than the speed runs themselves.
+# path took longer than the speed runs themselves.
 QUALITY_IMAGES = 100
 SIMD_PREFIX = "simd:"
 FLOOR = "pillow_bicubic"
