@@ -9,6 +9,8 @@ import setuptools
 INSTALL_REQUIRES = [
     "apache-beam[gcp]==2.77.0",  # deploy/Dockerfile pins the same version.
     "pillow>=10.0",
+    # libjpeg-turbo with stop-on-warning: sees corrupt JPEG data (beam_pipeline/jpeg.py).
+    "simplejpeg>=1.8",
     "google-cloud-storage>=2.10",
     "google-crc32c>=1.5",
     "protobuf>=4.21",

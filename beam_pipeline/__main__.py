@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default bicubic",
     )
     add(
+        "--image_timeout_s",
+        type=float,
+        default=60.0,
+        help="Reject an image whose conversion takes longer than this (default 60; 0: no limit)",
+    )
+    add(
         "--target_shard_mb", type=float, default=200.0, help="Target shard size in MB (default 200)"
     )
     add("--min_shards", type=int, default=1, help="Minimum shards per split (default 1)")
@@ -198,6 +204,7 @@ def parse_args(argv: list[str]):
             upscale=args.upscale,
             jpeg_quality=args.jpeg_quality,
             resample=args.resample,
+            timeout_s=args.image_timeout_s,
         )
     except ValueError as error:
         raise UsageError(str(error)) from None

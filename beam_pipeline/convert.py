@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from beam_pipeline import images, keys, records, spill
+from beam_pipeline import deadline, images, keys, records, spill
 
 
 class SpillLocation(NamedTuple):
@@ -64,6 +64,8 @@ class Outcome(NamedTuple):
     result: Converted | Rejection
     bytes_read: int
     passed_through: bool
+    repaired: bool = False  # extra bytes dropped, re-encoded clean
+    bad_profile: bool = False  # unusable colour profile, pixels kept
 
 
 def read_bytes(path: str) -> bytes:
@@ -92,16 +94,26 @@ def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
         data = read_bytes(path)
     except Exception as error:  # an unreadable file is a rejection, not a crash
         return Decoded(0, "", None, f"cannot read: {type(error).__name__}: {error}")
-    return decode_data(data, spec)
+    return decode_data(data, spec, path)
 
 
-def decode_data(data: bytes, spec: images.ImageSpec) -> Decoded:
-    """Converts one file's bytes, already read; never raises for a bad image."""
+def decode_data(data: bytes, spec: images.ImageSpec, what: str = "an image") -> Decoded:
+    """Converts one file's bytes, already read; never raises for a bad image.
+
+    ``what`` names the file in the time limit's log line.
+    """
     try:
-        converted = images.convert(data, spec)
+        with deadline.limit(spec.timeout_s, what):
+            converted = images.convert(data, spec)
     except images.Rejected as rejection:
         return Decoded(len(data), "", None, str(rejection))
+    except deadline.ImageTimeout:
+        return Decoded(len(data), "", None, timeout_reason(spec.timeout_s))
     return Decoded(len(data), hashlib.sha256(data).hexdigest(), converted, None)
+
+
+def timeout_reason(seconds: float) -> str:
+    return f"timed out: converting took longer than --image_timeout_s {seconds:g}"
 
 
 def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes) -> Outcome:
@@ -125,7 +137,13 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
     )
     framed = records.frame_record(payload)
     entry = ShardEntry(keys.order_key(seed, image_id), image_id, label, len(framed), framed)
-    return Outcome(Converted(split, entry), decoded.bytes_read, converted.passed_through)
+    return Outcome(
+        Converted(split, entry),
+        decoded.bytes_read,
+        converted.passed_through,
+        converted.repaired,
+        converted.bad_profile,
+    )
 
 
 def convert_ref(

@@ -12,6 +12,8 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
+from beam_pipeline import colour, jpeg
+
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 # --resample: the downscaling filter. Bicubic is the default; bilinear is faster
 # and softer, Lanczos sharper and slower (docs/performance.md, "Codec study").
@@ -80,6 +82,9 @@ class ImageSpec:
     upscale: bool = False
     jpeg_quality: int = 90
     resample: str = "bicubic"
+    # Not part of how images are stored, but it travels with them to every
+    # converting process: the per-image time limit (--image_timeout_s; 0: none).
+    timeout_s: float = 60.0
 
     def __post_init__(self):
         if self.resize not in RESIZE_MODES:
@@ -94,6 +99,8 @@ class ImageSpec:
             raise ValueError(
                 f"--resample must be one of {', '.join(RESAMPLE_FILTERS)}; got {self.resample!r}"
             )
+        if not 0 <= self.timeout_s <= 86400:  # also refuses NaN
+            raise ValueError(f"--image_timeout_s must be in 0..86400, got {self.timeout_s:g}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +109,10 @@ class Converted:
     height: int
     width: int
     passed_through: bool = False
+    # A JPEG whose only problem was extra bytes the decoder skips, re-encoded clean.
+    repaired: bool = False
+    # The embedded colour profile was unusable; the pixels were kept as they are.
+    bad_profile: bool = False
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -230,8 +241,63 @@ def _can_pass_through(image: Image.Image, spec: ImageSpec, orientation: int) -> 
     return True
 
 
+def _decode(image: Image.Image, data: bytes, spec: ImageSpec, orientation: int, passthrough: bool):
+    """Loads the pixels; a JPEG strictly (see jpeg.py). Returns (image, repaired)."""
+    if image.format != "JPEG":
+        image.load()  # decodes, so a truncated file is rejected
+        return image, False
+    request = None
+    if passthrough:
+        # Only the verdict matters: the 1/8-scale decode still reads every
+        # entropy-coded bit, so it sees every warning, for a fraction of the IDCT.
+        request = (1, 1)
+    elif spec.resize != "none":
+        # DCT-domain downscale while decoding: the cheapest large-JPEG speed-up.
+        # The scale keeps both sides >= the request, so the final resize still
+        # only downscales.
+        width, height = image.size
+        if orientation >= 5:  # 90-degree rotations swap the axes
+            width, height = height, width
+        request = target_size(width, height, spec)
+        if orientation >= 5:
+            request = request[::-1]
+        if request == image.size:
+            request = None
+    try:
+        decoded = jpeg.decode(data, image, request)
+    except jpeg.CorruptData as error:
+        raise Rejected(f"corrupt image data: {error}") from None
+    except ValueError as error:  # libjpeg refused the stream outright
+        raise Rejected(f"corrupt image: {error}") from None
+    decoded.image.info.update(image.info)
+    return decoded.image, decoded.repaired
+
+
+def _to_srgb(image: Image.Image) -> tuple[Image.Image, bool]:
+    """The image in sRGB per its embedded profile; (image, profile_was_bad).
+
+    Runs before resizing, as the issue's contract says (docs/images.md).
+    """
+    icc = image.info.get("icc_profile")
+    if not icc:
+        return image, False
+    if image.mode not in ("RGB", "L", "CMYK"):
+        image = _to_rgb(image)  # alpha composited, 16-bit reduced, palette expanded
+    try:
+        return colour.to_srgb(image, icc), False
+    except colour.BadProfile:
+        return image, True
+
+
+def _pass_through_profile_ok(image: Image.Image) -> bool:
+    try:
+        return colour.is_srgb(image.info.get("icc_profile"))
+    except colour.BadProfile:
+        return False  # re-encode: the stored JPEG then carries no broken profile
+
+
 def convert(data: bytes, spec: ImageSpec) -> Converted:
-    """Turns source file bytes into a stored baseline RGB JPEG.
+    """Turns source file bytes into a stored baseline sRGB JPEG.
 
     Raises:
         Rejected: the bytes are not a usable image; ``str(error)`` says why.
@@ -239,29 +305,17 @@ def convert(data: bytes, spec: ImageSpec) -> Converted:
     image = _open(data)
     try:
         orientation = _orientation(image)
-        passthrough = _can_pass_through(image, spec, orientation)
-        if (
-            not passthrough
-            and image.format == "JPEG"
-            and spec.resize != "none"
-            and image.mode in ("RGB", "L")
-        ):
-            # DCT-domain downscale while decoding: the cheapest large-JPEG speed-up.
-            # draft() picks the largest 1/2^k scale that keeps both sides >= the
-            # request, so the final resize still only downscales.
-            width, height = image.size
-            if orientation >= 5:  # 90-degree rotations swap the axes
-                width, height = height, width
-            request = target_size(width, height, spec)
-            if orientation >= 5:
-                request = request[::-1]
-            if request != image.size:
-                image.draft(image.mode, request)
-        image.load()  # decodes, so a truncated file is rejected even when passed through
-        if passthrough:
+        passthrough = _can_pass_through(image, spec, orientation) and _pass_through_profile_ok(
+            image
+        )
+        loaded, repaired = _decode(image, data, spec, orientation, passthrough)
+        if passthrough and not repaired:
             return Converted(data, image.height, image.width, passed_through=True)
+        if passthrough:  # the pixels came from a 1/8-scale check: decode them properly
+            loaded, _ = _decode(image, data, spec, orientation, False)
         if image.format == "TIFF":
-            orientation = _orientation(image)  # Pillow's TIFF decoder turns it on load
+            orientation = _orientation(loaded)  # Pillow's TIFF decoder turns it on load
+        image, bad_profile = _to_srgb(loaded)
         # Resize first, then convert and rotate the (much smaller) result: every
         # resize mode is symmetric under 90-degree turns, so the order does not
         # change the output size, and grey images are resized on one channel.
@@ -273,7 +327,13 @@ def convert(data: bytes, spec: ImageSpec) -> Converted:
             image = image.transpose(_TRANSPOSE[orientation])
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=spec.jpeg_quality)
-        return Converted(buffer.getvalue(), image.height, image.width)
+        return Converted(
+            buffer.getvalue(),
+            image.height,
+            image.width,
+            repaired=repaired,
+            bad_profile=bad_profile,
+        )
     except Rejected:
         raise
     except Image.DecompressionBombError as error:

@@ -22,7 +22,7 @@ import sys
 import threading
 import weakref
 
-from beam_pipeline import convert
+from beam_pipeline import convert, deadline
 
 _started: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
 _all: weakref.WeakSet = weakref.WeakSet()
@@ -40,6 +40,9 @@ def _ready() -> bool:
 
 def _init_worker(parent: int, die_with_parent: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker is disposable: one stuck in native code past the image time
+    # limit ends itself, and the pool rejects that image (deadline.py).
+    deadline.allow_hard_exit()
     if die_with_parent and sys.platform == "linux":
         # Even a SIGKILLed CLI leaves no worker behind: the kernel kills the
         # child when the forking thread (here the main thread) ends.

@@ -46,6 +46,7 @@ from beam_pipeline.convert import (
     convert_ref,
     from_spill,
     spill_chunk,
+    timeout_reason,
 )
 from beam_pipeline.errors import BooksDoNotBalance
 
@@ -217,6 +218,8 @@ class _ConvertFn(beam.DoFn):
         self._converted = Metrics.counter(NAMESPACE, "images_converted")
         self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
         self._passed = Metrics.counter(NAMESPACE, "images_passed_through")
+        self._repaired = Metrics.counter(NAMESPACE, "images_repaired")
+        self._bad_profile = Metrics.counter(NAMESPACE, "images_bad_profile")
         self._bytes_in = Metrics.counter(NAMESPACE, "bytes_read")
         self._bytes_out = Metrics.counter(NAMESPACE, "record_bytes")
 
@@ -243,6 +246,10 @@ class _ConvertFn(beam.DoFn):
             self._converted.inc()
             if outcome.passed_through:
                 self._passed.inc()
+            if outcome.repaired:
+                self._repaired.inc()
+            if outcome.bad_profile:
+                self._bad_profile.inc()
             self._count += 1
             now = time.monotonic()
             if now - self._last_log >= _LOG_EVERY_S:
@@ -366,11 +373,15 @@ class _PooledConvertFn(_ConvertFn):
             outcomes = []
             for ref in refs:
                 executor = executor or self._new_executor()
+                started = time.monotonic()
                 try:
                     outcomes += executor.submit(spill_chunk, [ref], *self._task_args).result()
                 except concurrent.futures.process.BrokenProcessPool:
                     image_id, path, _, split = ref
                     reason = "crashed the image decoder (its worker process died)"
+                    limit = self._args[0].timeout_s
+                    if limit and time.monotonic() - started >= limit:
+                        reason = timeout_reason(limit)  # the worker ended itself: deadline.py
                     outcomes.append(Outcome(Rejection(image_id, path, split, reason), 0, False))
                     executor.shutdown(wait=False)
                     executor = None
@@ -713,6 +724,8 @@ class _Finalize(beam.DoFn):
                 "jpeg_quality": spec.jpeg_quality,
                 "format": "jpeg",
                 "channels": 3,
+                # Embedded colour profiles are applied (docs/images.md).
+                "color_space": "sRGB",
             },
             splits=splits,
             shards=placed,

@@ -68,6 +68,6 @@ def add_bad_files(root: str, class_name: str = "cat") -> dict[str, str]:
     with open(os.path.join(folder, "notes.dat"), "w") as f:
         f.write("not an image\n")
     return {
-        f"{class_name}/truncated.jpg": "corrupt image",
+        f"{class_name}/truncated.jpg": "corrupt image data",
         f"{class_name}/notes.dat": "not an image",
     }

@@ -112,7 +112,7 @@ def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
     reasons = lines[lines.index("most common reasons for rejection:") + 1 : -1]
     assert len(reasons) == 2
     assert sorted(r.split(None, 1)[1].split(":")[0] for r in reasons) == [
-        "corrupt image",
+        "corrupt image data",
         "not an image",
     ]
     assert all(r.split()[0] == "1" for r in reasons)

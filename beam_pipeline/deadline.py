@@ -1,0 +1,134 @@
+"""A per-image time limit that works in any thread (``--image_timeout_s``).
+
+Signals reach only a process's main thread, and Beam converts images in
+worker threads (several per Dataflow worker process), so the limit is kept by
+one watchdog thread per process instead:
+
+* soft: when an image passes its limit, the watchdog raises
+  :class:`ImageTimeout` in the converting thread
+  (``PyThreadState_SetAsyncExc``). Python delivers it as soon as that thread
+  runs Python code again, which every decoder here does often: Pillow feeds
+  its decoders 64 KB at a time, and the JPEG decode (jpeg.py) releases the
+  GIL and returns within seconds for any image under the pixel limit.
+* hard: a thread stuck inside one native call cannot be interrupted. In a
+  local conversion process (local_pool), which exists to be disposable, the
+  watchdog ends the process after a grace period equal to the limit; the pool
+  then converts the other in-flight images again and rejects the stalling one.
+  In a Beam worker thread the watchdog can only log the file once.
+
+The normal path costs a dict insert and delete under a lock per image; the
+watchdog wakes a few times a second while images are being converted.
+Pure helpers: imports neither Beam nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.25
+HARD_EXIT_STATUS = 75  # what a conversion process exits with when an image stalls it
+
+_lock = threading.Lock()
+# thread id -> [deadline, limit, what, fired_at or None]
+_active: dict[int, list] = {}
+_watchdog: threading.Thread | None = None
+_watchdog_pid = 0
+_hard_exit = False
+
+
+class ImageTimeout(BaseException):
+    """Raised in a thread whose image passed its limit.
+
+    A BaseException, so that the converter's broad ``except Exception`` (which
+    turns decoder errors into "corrupt image" rejections) lets it through.
+    """
+
+
+def allow_hard_exit() -> None:
+    """Lets the watchdog end this process when a native call ignores the limit.
+
+    Only for disposable conversion processes (local_pool's initializer).
+    """
+    global _hard_exit
+    _hard_exit = True
+
+
+def _raise_in(ident: int, exception) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(exception) if exception else None
+    )
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(_POLL_S)
+        now = time.monotonic()
+        with _lock:
+            for ident, entry in list(_active.items()):
+                deadline, limit, what, fired = entry
+                if fired is None and now >= deadline:
+                    entry[3] = now
+                    _raise_in(ident, ImageTimeout)
+                elif fired is not None and now >= fired + limit and entry[2] is not None:
+                    if _hard_exit:
+                        log.error("%s: stuck in native code past the time limit; ending", what)
+                        os._exit(HARD_EXIT_STATUS)
+                    log.error(
+                        "%s: still converting %.0f s after its %g s limit, inside native "
+                        "code that cannot be interrupted",
+                        what,
+                        now - deadline + limit,
+                        limit,
+                    )
+                    entry[2] = None  # log once
+
+
+def _ensure_watchdog() -> None:
+    global _watchdog, _watchdog_pid
+    if _watchdog is None or _watchdog_pid != os.getpid():  # a forked child has no threads
+        _watchdog = threading.Thread(target=_watch, name="image-timeout-watchdog", daemon=True)
+        _watchdog_pid = os.getpid()
+        _watchdog.start()
+
+
+class limit:  # noqa: N801  (used as a context manager, like contextlib's)
+    """``with limit(seconds, what):`` raises :class:`ImageTimeout` in the block past ``seconds``.
+
+    ``seconds`` of 0 or None means no limit (nothing is registered).
+    """
+
+    __slots__ = ("_seconds", "_what", "_ident")
+
+    def __init__(self, seconds: float | None, what: str = "an image"):
+        self._seconds = seconds
+        self._what = what
+
+    def __enter__(self):
+        if self._seconds:
+            self._ident = threading.get_ident()
+            entry = [time.monotonic() + self._seconds, self._seconds, self._what, None]
+            with _lock:
+                _ensure_watchdog()
+                _active[self._ident] = entry
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if not self._seconds:
+            return False
+        try:
+            with _lock:
+                entry = _active.pop(self._ident, None)
+        finally:  # an exception delivered inside __exit__ must not leave the entry behind
+            _active.pop(self._ident, None)
+        if entry is not None and entry[3] is not None and kind is None:
+            # The watchdog fired just as the block ended: drop the pending
+            # exception so that it cannot surface in unrelated code.
+            _raise_in(self._ident, None)
+            raise ImageTimeout()
+        return False

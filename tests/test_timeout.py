@@ -1,0 +1,94 @@
+"""--image_timeout_s: a stalling image becomes a rejection and the job goes on."""
+
+import sys
+import threading
+import time
+
+import pytest
+
+from beam_pipeline import deadline, images
+from beam_pipeline.__main__ import main
+from tests import contract
+from tests.image_factory import make_class_folders
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # Python code: the soft limit interrupts it
+        pass
+
+
+@pytest.mark.parametrize("where", ["main thread", "worker thread"])
+def test_the_limit_interrupts_python_code_in_any_thread(where):
+    outcome = {}
+
+    def work():
+        started = time.monotonic()
+        try:
+            with deadline.limit(0.5, "test image"):
+                _spin(10)
+            outcome["result"] = "finished"
+        except deadline.ImageTimeout:
+            outcome["result"] = "timed out"
+        outcome["seconds"] = time.monotonic() - started
+
+    if where == "main thread":
+        work()
+    else:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join(10)
+    assert outcome["result"] == "timed out"
+    assert 0.5 <= outcome["seconds"] < 2
+
+
+def test_no_exception_leaks_after_a_block_that_finished_in_time():
+    for _ in range(200):
+        with deadline.limit(5):
+            pass
+    _spin(0.6)  # the watchdog polls every 0.25 s: nothing may fire now
+    assert not deadline._active
+
+
+_REAL_CONVERT = images.convert
+_STALL_ON = b""
+_HOW = "spin"
+
+
+def _stalling_convert(data, spec):
+    if data == _STALL_ON:
+        if _HOW == "spin":
+            _spin(60)
+        else:
+            time.sleep(60)  # one native call: only the hard limit ends it
+    return _REAL_CONVERT(data, spec)
+
+
+@pytest.mark.parametrize(
+    "processes, how",
+    [("1", "spin"), ("2", "spin"), ("2", "native")],
+    ids=["inline-python", "pool-python", "pool-native-call"],
+)
+def test_a_stalling_image_is_rejected_and_the_job_finishes(tmp_path, monkeypatch, processes, how):
+    root = tmp_path / "images"
+    ids = make_class_folders(str(root), classes=("a", "b"), per_class=6, nested=False)
+    victim = sorted(ids)[2]
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "_STALL_ON", (root / victim).read_bytes())
+    monkeypatch.setattr(module, "_HOW", how)
+    monkeypatch.setattr(images, "convert", _stalling_convert)
+    started = time.monotonic()
+    argv = ["--input", str(root), "--output", str(tmp_path / "out"), "--quiet"]
+    argv += ["--image_timeout_s", "1", "--max_reject_fraction", "0.5"]
+    argv += ["--local_processes", processes, "--direct_running_mode=in_memory"]
+    assert main(argv) == 0
+    assert time.monotonic() - started < 40
+    rejects = {r["id"]: r["reason"] for r in contract.read_rejects(str(tmp_path / "out"))}
+    assert list(rejects) == [victim]
+    assert rejects[victim] == "timed out: converting took longer than --image_timeout_s 1"
+    written = [
+        i
+        for rows in contract.check_output(str(tmp_path / "out")).values()
+        for i in contract.ids(rows)
+    ]
+    assert sorted(written) == sorted(set(ids) - {victim})
