@@ -264,13 +264,15 @@ def test_config_image_spec_decides_the_stored_size(folder):
     config = _config(root, image=images.ImageSpec(resize="crop", size=40))
     refs = [listing.ImageRef(i, os.path.join(root, i), 0, "train") for i in ids[:4]]
 
-    def stored_size(record):
-        example = records.parse_example(record.payload)
-        return example["image/height"], example["image/width"]
+    def stored_sizes(batch):
+        for entry in batch.entries:  # inline conversion: the framed record travels
+            (payload,) = records.iter_records(io.BytesIO(entry.data))
+            example = records.parse_example(payload)
+            yield example["image/height"], example["image/width"]
 
     with BeamTestPipeline() as p:
         out = p | beam.Create(refs) | pipeline.ConvertImages(config)
-        assert_that(out.records | beam.Map(stored_size), equal_to([(40, 40)] * 4))
+        assert_that(out.batches | beam.FlatMap(stored_sizes), equal_to([(40, 40)] * 4))
 
 
 def test_local_files_for_converting_ahead_respect_both_bounds(folder):
