@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -153,3 +154,42 @@ def describe(problem: Problem, name: str | None) -> str:
     if problem.kind == "unlisted":
         return f"not listed but written/rejected: {who}"
     return f"doubled ({problem.written} records, {problem.rejected} rejections): {who}"
+
+
+def check_books(
+    plans: Sequence[SplitPlan],
+    *,
+    written: int,
+    rejected: int,
+    shard_problems: Sequence[str] = (),
+    names_of: Callable[[set[int]], Mapping[int, str]] = lambda wanted: {},
+) -> str | None:
+    """Whether the job may write dataset_info.json: ``None``, or why not.
+
+    Args:
+        plans: every split's books and shard plan.
+        written: records in the shards kept (after ``check_shards``).
+        rejected: rejections.
+        shard_problems: what ``check_shards`` found wrong with the shards.
+        names_of: order keys -> image IDs, called only when keys must be
+            named in the message (the job lists its input again for it).
+    """
+    key_problems = [p for plan in plans for p in plan.problems]
+    problem_count = sum(plan.problem_count for plan in plans)
+    if problem_count or shard_problems:
+        names = names_of({p.key for p in key_problems}) if key_problems else {}
+        shown = sorted(describe(p, names.get(p.key)) for p in key_problems)
+        return (
+            f"the job's books do not balance: {problem_count} image IDs were lost or "
+            f"doubled; dataset_info.json was not written. First: "
+            + "; ".join((shown + list(shard_problems))[:MAX_PROBLEMS_SHOWN])
+        )
+    listed = sum(plan.listed for plan in plans)
+    if not listed:
+        return "no images were found in the input; nothing was written"
+    if written + rejected != listed:
+        return (
+            f"the job's books do not balance: listed {listed}, wrote {written}, "
+            f"rejected {rejected}; dataset_info.json was not written"
+        )
+    return None

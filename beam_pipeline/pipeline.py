@@ -681,25 +681,16 @@ class _Finalize(beam.DoFn):
             metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
         )
         shards, shard_problems = check_shards(plans, list(shards))
-        key_problems = [p for plan in plans.values() for p in plan.problems]
-        problem_count = sum(plan.problem_count for plan in plans.values())
-        if problem_count or shard_problems:
-            names = _names_of(config, {p.key for p in key_problems})
-            shown = sorted(books.describe(p, names.get(p.key)) for p in key_problems)
-            raise BooksDoNotBalance(
-                f"the job's books do not balance: {problem_count} image IDs were lost or "
-                f"doubled; dataset_info.json was not written. First: "
-                + "; ".join((shown + shard_problems)[: books.MAX_PROBLEMS_SHOWN])
-            )
+        failure = books.check_books(
+            list(plans.values()),
+            written=sum(s.num_examples for s in shards),
+            rejected=len(rejects),
+            shard_problems=shard_problems,
+            names_of=lambda wanted: _names_of(config, wanted),
+        )
+        if failure:
+            raise BooksDoNotBalance(failure)
         total_listed = sum(plan.listed for plan in plans.values())
-        if not total_listed:
-            raise BooksDoNotBalance("no images were found in the input; nothing was written")
-        written = sum(s.num_examples for s in shards)
-        if written + len(rejects) != total_listed:
-            raise BooksDoNotBalance(
-                f"the job's books do not balance: listed {total_listed}, wrote {written}, "
-                f"rejected {len(rejects)}; dataset_info.json was not written"
-            )
         if len(rejects) / total_listed > config.max_reject_fraction:
             raise errors.too_many_rejects(
                 (r.reason for r in rejects),

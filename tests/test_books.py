@@ -89,3 +89,61 @@ def test_key_sum_wraps_at_64_bits():
 def test_describe(kind, name, expected):
     problem = books.Problem(kind, 255, 1, 2 if kind == "doubled" else 0, 0)
     assert books.describe(problem, name) == expected
+
+
+def _plan(listed, counts=(), problems=()):
+    return books.SplitPlan(
+        "train", listed, 0, 0, (), tuple(counts), (0,) * len(counts), len(problems), tuple(problems)
+    )
+
+
+_LOST = books.Problem("lost", 255, 1, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "plans, written, rejected, shard_problems, expected",
+    [
+        ([_plan(10, [6, 3])], 9, 1, [], None),
+        ([_plan(10, [6]), _plan(0)], 6, 4, [], None),
+        ([], 0, 0, [], "no images were found in the input; nothing was written"),
+        ([_plan(0)], 0, 0, [], "no images were found in the input; nothing was written"),
+        (
+            [_plan(10, [9])],
+            9,
+            0,
+            [],
+            "the job's books do not balance: listed 10, wrote 9, rejected 0; "
+            "dataset_info.json was not written",
+        ),
+        (
+            [_plan(10, [10], [_LOST])],
+            10,
+            0,
+            [],
+            "the job's books do not balance: 1 image IDs were lost or doubled; "
+            "dataset_info.json was not written. First: "
+            "lost (neither written nor rejected): cat/1.jpg",
+        ),
+        (
+            [_plan(10, [10])],
+            10,
+            0,
+            ["shard 0 of train was not written"],
+            "the job's books do not balance: 0 image IDs were lost or doubled; "
+            "dataset_info.json was not written. First: shard 0 of train was not written",
+        ),
+    ],
+)
+def test_check_books_table(plans, written, rejected, shard_problems, expected):
+    asked = []
+
+    def names_of(wanted):
+        asked.append(wanted)
+        return {255: "cat/1.jpg"}
+
+    got = books.check_books(
+        plans, written=written, rejected=rejected, shard_problems=shard_problems, names_of=names_of
+    )
+    assert got == expected
+    # The input is listed again only when there are keys to name.
+    assert asked == ([{255}] if any(p.problems for p in plans) else [])
