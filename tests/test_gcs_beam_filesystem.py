@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 
 import apache_beam as beam
 import pytest
@@ -115,6 +114,7 @@ class _RoundTrip(beam.DoFn):
             "index": index,
             "pid": os.getpid(),
             "emulator": os.environ.get("STORAGE_EMULATOR_HOST"),
+            "credentials": os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"),
             "read_back_ok": _read(final) == data,
         }
         _write(f"{self._base}/reports/{index:03d}.json", json.dumps(report).encode())
@@ -124,10 +124,8 @@ class _RoundTrip(beam.DoFn):
 def test_multi_processing_workers_use_the_emulator(gcs_emulator, gcs_bucket):
     base = f"gs://{gcs_bucket}/workers"
     options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
-    started = time.monotonic()
     with beam.Pipeline(options=options) as pipeline:
         _ = pipeline | beam.Create(range(12)) | beam.Reshuffle() | beam.ParDo(_RoundTrip(base))
-    elapsed = time.monotonic() - started
 
     names = gcs_emulator.list_names(base)
     reports = [json.loads(gcs_emulator.read_bytes(f"{base}/{n}")) for n in names if "reports/" in n]
@@ -137,5 +135,8 @@ def test_multi_processing_workers_use_the_emulator(gcs_emulator, gcs_bucket):
     assert os.getpid() not in {r["pid"] for r in reports}  # really ran in worker processes
     assert not [n for n in names if n.startswith("tmp/")], "temp objects left behind"
     # Without the fake credentials file each worker would first spend ~30 s
-    # looking for credentials; the whole pipeline takes a few seconds with it.
-    assert elapsed < 25, f"pipeline took {elapsed:.0f} s: credential lookup in the workers?"
+    # looking for credentials (a wait, not an error): check that every worker
+    # saw the file, rather than timing the run (slow on a loaded machine).
+    credentials = os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
+    assert os.path.isfile(credentials)
+    assert {r["credentials"] for r in reports} == {credentials}
