@@ -48,7 +48,7 @@ from beam_pipeline.convert import (
     spill_chunk,
     timeout_reason,
 )
-from beam_pipeline.errors import BooksDoNotBalance
+from beam_pipeline.errors import BooksDoNotBalance, UsageError
 
 NAMESPACE = "imagerecords"
 TMP_DIR = metadata.TMP_DIR
@@ -79,6 +79,28 @@ class JobConfig:
     conversion_processes: int = 1
     # Where the local processes spill; default spill.default_dir(output).
     spill_dir: str | None = None
+
+    def __post_init__(self):
+        """The CLI's value checks, so that code building a JobConfig gets the same errors."""
+        if not self.output:
+            raise UsageError("--output is required")
+        fractions = list(self.splits.values())
+        if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
+            raise UsageError(f"--splits: fractions must be in [0, 1], got {self.splits}")
+        if abs(sum(fractions) - 1.0) > keys._FRACTION_TOLERANCE:
+            raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
+        if not self.target_shard_bytes > 0:
+            raise UsageError("--target_shard_mb must be positive")
+        if self.min_shards < 1:
+            raise UsageError(f"--min_shards must be at least 1, got {self.min_shards}")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise UsageError(
+                f"--max_reject_fraction must be in [0, 1], got {self.max_reject_fraction:g}"
+            )
+        if self.conversion_processes < 1:
+            raise UsageError(
+                f"--local_processes must be at least 1, got {self.conversion_processes}"
+            )
 
     @property
     def split_names(self) -> list[str]:

@@ -284,3 +284,28 @@ def test_local_files_for_converting_ahead_respect_both_bounds(folder):
     sizes = [os.path.getsize(p) for p in everything]
     budget = sum(sizes[:3])
     assert listing.local_files(layout, 10**6, budget) == everything[:3]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"output": ""}, "--output is required"),
+        ({"splits": {"train": 0.8, "val": 0.1}}, "--splits: fractions must sum to 1, got 0.9"),
+        ({"splits": {"train": 1.5, "val": -0.5}}, "--splits: fractions must be in [0, 1]"),
+        ({"splits": {}}, "--splits: fractions must be in [0, 1]"),
+        ({"target_shard_bytes": 0}, "--target_shard_mb must be positive"),
+        ({"min_shards": 0}, "--min_shards must be at least 1, got 0"),
+        ({"max_reject_fraction": 1.5}, "--max_reject_fraction must be in [0, 1], got 1.5"),
+        ({"conversion_processes": 0}, "--local_processes must be at least 1, got 0"),
+    ],
+)
+def test_job_config_checks_its_own_values(kwargs, message):
+    """Code that builds a JobConfig directly gets the CLI's errors."""
+    from beam_pipeline.errors import UsageError
+
+    layout = listing.Layout(kind="classes", root="/in", classes=("a",))
+    fields = {"layout": layout, "output": "/o", "splits": SPLITS, **kwargs}
+    with pytest.raises(UsageError) as caught:
+        pipeline.JobConfig(**fields)
+    assert str(caught.value).startswith(message)
+    pipeline.JobConfig(layout=layout, output="/o", splits=SPLITS)  # the defaults are valid
