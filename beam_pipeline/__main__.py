@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 
-from beam_pipeline import beam_options, errors, images, keys, metadata
+from beam_pipeline import beam_options, duplicates, errors, images, keys, metadata
 from beam_pipeline.errors import BooksDoNotBalance, UsageError
 
 EXAMPLE = (
@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Fail (and write no dataset_info.json) if more images are rejected (default 0.01)",
     )
     add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
+    add(
+        "--dedupe",
+        **_FLAG,
+        help="Keep one image of each group of identical source files (the smallest ID); "
+        "reject the others as 'duplicate of <id>' (they do not count towards "
+        "--max_reject_fraction). Groups are always reported in duplicates.jsonl",
+    )
     add(
         "--index_files",
         **_FLAG,
@@ -339,6 +346,10 @@ def _summary(info: dict, seconds: float, counters: dict[str, int], cpu: float | 
             f"skipped {skipped['count']} files that are not images to convert ({reasons}): "
             f"listed in {skipped['file']} in the output folder"
         )
+    splits = list(info["splits"])
+    first = "train" if "train" in splits else (splits[0] if splits else "train")
+    deduped = bool(info.get("config", {}).get("dedupe"))
+    lines += duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
     if counters:
         lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
     return "\n".join(lines)
@@ -426,6 +437,7 @@ def _run_pipeline(args, beam_args, processes, layout, output, say):
         max_reject_fraction=args.max_reject_fraction,
         index_files=args.index_files,
         conversion_processes=processes,
+        dedupe=args.dedupe,
     )
     if layout.kind == "manifest":
         say(

@@ -30,6 +30,9 @@ class ShardEntry(NamedTuple):
     # The framed TFRecord itself (records through the runner's shuffle), or
     # where the local pool spilled it (only a reference crosses the graph).
     data: bytes | SpillLocation
+    # The source file, for a rejection --dedupe makes of this record.
+    path: str = ""
+    sha256: str = ""  # of the source file: duplicates are grouped by it
 
 
 class Converted(NamedTuple):
@@ -136,7 +139,8 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
         }
     )
     framed = records.frame_record(payload)
-    entry = ShardEntry(keys.order_key(seed, image_id), image_id, label, len(framed), framed)
+    key = keys.order_key(seed, image_id)
+    entry = ShardEntry(key, image_id, label, len(framed), framed, path, decoded.sha256)
     return Outcome(
         Converted(split, entry),
         decoded.bytes_read,
@@ -173,7 +177,9 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str) -> list[Outcome]:
         if isinstance(result, Converted):
             e = result.entry
             entries.append(
-                spill.encode(spill.RECORD, result.split, e.image_id, e.key, e.label, e.data)
+                spill.encode(
+                    spill.RECORD, result.split, e.image_id, e.key, e.label, e.data, "", e.sha256
+                )
             )
         else:
             key = keys.order_key(seed, result.image_id)
@@ -201,4 +207,5 @@ def from_spill(item: spill.Spilled, path: str) -> Converted | Rejection:
     if item.reason:
         return Rejection(item.image_id, path, item.split, item.reason)
     where = SpillLocation(item.path, item.offset)
-    return Converted(item.split, ShardEntry(item.key, item.image_id, item.label, item.size, where))
+    entry = ShardEntry(item.key, item.image_id, item.label, item.size, where, path, item.sha256)
+    return Converted(item.split, entry)

@@ -3,6 +3,8 @@
 ListImages      PBegin -> ImageRef ("refs") + (split, KeyTally) of listed keys ("listed")
                 + Skipped ("skipped")
 ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected")
+FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; with
+                --dedupe also the batches without the copies + a Rejection per copy
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
 WriteShards     RecordBatch + plans -> ShardInfo of a temp file
 Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (last)
@@ -36,7 +38,17 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
-from beam_pipeline import books, errors, images, keys, listing, local_pool, metadata, spill
+from beam_pipeline import (
+    books,
+    duplicates,
+    errors,
+    images,
+    keys,
+    listing,
+    local_pool,
+    metadata,
+    spill,
+)
 from beam_pipeline.convert import (
     Converted,
     Outcome,
@@ -79,6 +91,8 @@ class JobConfig:
     conversion_processes: int = 1
     # Where the local processes spill; default spill.default_dir(output).
     spill_dir: str | None = None
+    # Keep one image of each group of identical source files (--dedupe).
+    dedupe: bool = False
 
     def __post_init__(self):
         """The CLI's value checks, so that code building a JobConfig gets the same errors."""
@@ -445,6 +459,68 @@ class ConvertImages(beam.PTransform):
         return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, main="batches")
 
 
+# ------------------------------------------------------------------ duplicates
+
+
+def _members(batch: RecordBatch):
+    """RecordBatch -> (sha256, Member) per record: ~150 bytes per image, not the image."""
+    for e in batch.entries:
+        if e.sha256:  # every converted record has one; hand-made test entries may not
+            yield e.sha256, duplicates.Member(e.image_id, batch.split, e.label)
+
+
+class _DropDuplicates(beam.DoFn):
+    """RecordBatch -> RecordBatch without the copies --dedupe drops + a Rejection per copy."""
+
+    def __init__(self):
+        self._dropped = Metrics.counter(NAMESPACE, "images_dropped_as_duplicates")
+
+    def process(self, batch: RecordBatch, drops: dict[str, str]):
+        kept = []
+        for entry in batch.entries:
+            reason = drops.get(entry.image_id)
+            if reason is None:
+                kept.append(entry)
+                continue
+            self._dropped.inc()
+            yield TaggedOutput(REJECTED, Rejection(entry.image_id, entry.path, batch.split, reason))
+        if kept:
+            yield RecordBatch(batch.split, tuple(kept))
+
+
+class FindDuplicates(beam.PTransform):
+    """RecordBatch -> groups of identical sources (``groups``); with dedupe, the records kept.
+
+    Outputs ``groups``: (sha256, [Member]) for every hash held by two or more
+    images; ``batches``: the records to plan and write (all of them without
+    dedupe); ``rejected``: the dropped copies (empty without dedupe).
+    """
+
+    def __init__(self, dedupe: bool):
+        super().__init__()
+        self._dedupe = dedupe
+
+    def expand(self, batches):
+        groups = (
+            batches
+            # RecordBatch -> (sha256, Member)
+            | "HashAndMember" >> beam.FlatMap(_members)
+            | "MembersPerHash" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
+            # (sha256, [Member]) with at least two members
+            | "OnlyDuplicates" >> beam.Filter(lambda group: len(group[1]) > 1)
+        )
+        if not self._dedupe:
+            empty = batches.pipeline | "NoDrops" >> beam.Create([], reshuffle=False)
+            return {"groups": groups, "batches": batches, "rejected": empty}
+        drops = groups | "CopiesToDrop" >> beam.FlatMap(
+            lambda group: [(m.image_id, reason) for m, reason in duplicates.dropped(group[1])]
+        )
+        kept = batches | "DropCopies" >> beam.ParDo(
+            _DropDuplicates(), drops=AsDict(drops)
+        ).with_outputs(REJECTED, main="batches")
+        return {"groups": groups, "batches": kept.batches, "rejected": kept[REJECTED]}
+
+
 # ------------------------------------------------------------------ shard plan
 
 
@@ -681,7 +757,7 @@ class _Finalize(beam.DoFn):
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def process(self, _, shards, rejects, plans, skipped):
+    def process(self, _, shards, rejects, plans, skipped, groups):
         config = self._config
         plans = dict(plans)
         output = config.output
@@ -694,6 +770,10 @@ class _Finalize(beam.DoFn):
         )
         _write_atomically(
             _output_path(output, metadata.LABELS_FILE), metadata.labels_text(config.layout.classes)
+        )
+        _write_atomically(
+            _output_path(output, duplicates.DUPLICATES_FILE),
+            duplicates.jsonl(groups, config.layout.classes),
         )
         skipped = list(skipped) + [
             listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER) for path in config.layout.loose_files
@@ -713,9 +793,11 @@ class _Finalize(beam.DoFn):
         if failure:
             raise BooksDoNotBalance(failure)
         total_listed = sum(plan.listed for plan in plans.values())
-        if len(rejects) / total_listed > config.max_reject_fraction:
+        # Copies dropped by --dedupe were asked for: they are not bad images.
+        bad = [r.reason for r in rejects if not r.reason.startswith(duplicates.DUPLICATE_PREFIX)]
+        if len(bad) / total_listed > config.max_reject_fraction:
             raise errors.too_many_rejects(
-                (r.reason for r in rejects),
+                bad,
                 total_listed,
                 config.max_reject_fraction,
                 _output_path(output, metadata.REJECTS_FILE),
@@ -750,13 +832,22 @@ class _Finalize(beam.DoFn):
                 "target_shard_mb": config.target_shard_bytes / 2**20,
                 "min_shards": config.min_shards,
                 "max_reject_fraction": config.max_reject_fraction,
+                "dedupe": config.dedupe,
             },
+        )
+        info["duplicates"] = duplicates.info_block(
+            [members for _, members in groups], _first_split(splits)
         )
         _delete_temp_files(config)
         # Written last: its presence means the dataset is complete.
         _write_atomically(_output_path(output, metadata.INFO_FILE), metadata.dumps(info))
         _delete_tree(_output_path(output, TMP_DIR))  # what is left: the job's marker
         yield json.dumps({s: info["splits"][s]["num_examples"] for s in splits})
+
+
+def _first_split(splits: list[str]) -> str:
+    """The split a model trains on: "train" when there is one, else the first."""
+    return "train" if "train" in splits else (splits[0] if splits else "train")
 
 
 def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:
@@ -841,7 +932,10 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
     """Adds the whole conversion to ``pipeline``; returns the final summary PCollection."""
     listed = pipeline | "ListImages" >> ListImages(config)
     converted = listed["refs"] | "ConvertImages" >> ConvertImages(config)
-    batches, rejects = converted.batches, converted[REJECTED]
+    found = converted.batches | "FindDuplicates" >> FindDuplicates(config.dedupe)
+    batches = found["batches"]
+    # Rejection: bad images, then the copies --dedupe dropped
+    rejects = (converted[REJECTED], found["rejected"]) | "AllRejections" >> beam.Flatten()
     plans = {
         "batches": batches,
         "listed": listed["listed"],
@@ -858,5 +952,6 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
             rejects=AsList(rejects),
             plans=AsList(plans),
             skipped=AsList(listed[SKIPPED]),
+            groups=AsList(found["groups"]),
         )
     )

@@ -32,10 +32,10 @@ from beam_pipeline import listing, metadata, spill
 from beam_pipeline.errors import UsageError
 
 MARKER = f"{metadata.TMP_DIR}/{spill.SETTINGS_FILE}"
-SPILL_FORMAT = 1
+SPILL_FORMAT = 2  # 2: records carry their source's sha256 (duplicates)
 # What a run writes directly under OUTPUT; everything under TMP_DIR is the job's too.
 OUR_OUTPUT = re.compile(
-    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|skipped\.jsonl"
+    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|skipped\.jsonl|duplicates\.jsonl"
     r"|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)(\.tmp-[0-9a-f]{32})?$"
 )
 

@@ -10,7 +10,7 @@ A spill file is a sequence of entries, each a header then, for a converted
 image, the framed TFRecord exactly as the shard will hold it::
 
     header  = TFRecord frame of  struct("<BQqQ": kind, key, label, size)
-                                 + UTF-8 "split\\0image_id\\0reason"
+                                 + UTF-8 "split\\0image_id\\0reason\\0sha256"
     record  = `size` bytes: the framed tf.train.Example (kind RECORD only)
 
 Both parts carry CRC32C checks, so a file cut short by a SIGKILL or a reboot
@@ -66,6 +66,7 @@ class Spilled(NamedTuple):
     path: str
     offset: int  # of the framed record in ``path``
     reason: str  # why it was rejected; "" for a record
+    sha256: str = ""  # of a record's source file (duplicates are grouped by it)
 
 
 def encode(
@@ -76,9 +77,10 @@ def encode(
     label: int,
     framed: bytes = b"",
     reason: str = "",
+    sha256: str = "",
 ) -> bytes:
     """One entry's bytes: the framed header, then ``framed`` (a record's TFRecord)."""
-    text = "\0".join((split, image_id, reason)).encode("utf-8")
+    text = "\0".join((split, image_id, reason, sha256)).encode("utf-8")
     head = _HEAD.pack(kind, key, label, len(framed)) + text
     return records.frame_record(head) + framed
 
@@ -131,13 +133,13 @@ def scan(path: str) -> Iterator[Spilled]:
             if head is None:
                 return
             kind, key, label, size = _HEAD.unpack_from(head)
-            split, image_id, reason = head[_HEAD.size :].decode("utf-8").split("\0", 2)
+            split, image_id, reason, sha256 = head[_HEAD.size :].decode("utf-8").split("\0", 3)
             offset += _FRAME_HEAD + len(head) + 4
             if kind == RECORD:
                 framed = stream.read(size)
                 if len(framed) != size or not records.is_intact(framed):
                     return
-                yield Spilled(image_id, split, key, label, size, path, offset, "")
+                yield Spilled(image_id, split, key, label, size, path, offset, "", sha256)
                 offset += size
             elif kind == REJECTION:
                 yield Spilled(image_id, split, key, label, 0, path, offset, reason)

@@ -26,7 +26,13 @@ from tests.image_factory import add_bad_files, make_class_folders
 
 IN_MEMORY = "--direct_running_mode=in_memory"
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-OUR_FILES = {"dataset_info.json", "labels.txt", "rejects.jsonl", "skipped.jsonl"}
+OUR_FILES = {
+    "dataset_info.json",
+    "labels.txt",
+    "rejects.jsonl",
+    "skipped.jsonl",
+    "duplicates.jsonl",
+}
 
 
 @dataclasses.dataclass

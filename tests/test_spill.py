@@ -1,6 +1,7 @@
 """Spill files and the resume index (beam_pipeline.spill): pure, no Beam."""
 
 import concurrent.futures
+import hashlib
 import multiprocessing
 import os
 
@@ -142,8 +143,11 @@ def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
     spill.forget_indexes()
     assert sorted(index) == sorted(ids + list(bad))
     assert {i for i, item in index.items() if item.reason} == set(bad)
-    resumed = convert.from_spill(index[ids[0]], "/x")
-    assert resumed == next(c for c in converted if c.entry.image_id == ids[0])
+    original = next(c for c in converted if c.entry.image_id == ids[0])
+    # The source's sha256 survives the spill file (a resumed run still finds duplicates).
+    with open(original.entry.path, "rb") as source:
+        assert original.entry.sha256 == hashlib.sha256(source.read()).hexdigest()
+    assert convert.from_spill(index[ids[0]], original.entry.path) == original
 
 
 def test_default_spill_dir_is_local(monkeypatch, tmp_path):

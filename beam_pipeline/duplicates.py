@@ -1,0 +1,112 @@
+"""Identical source files: groups, the dataset_info block, duplicates.jsonl, --dedupe.
+
+A group is every converted image whose source bytes have the same SHA-256
+(the ``image/key/sha256`` every record already carries). Identical bytes
+only: resized or re-encoded copies are near-duplicates, which need perceptual
+hashes or embeddings (docs/images.md says how to look for them).
+
+Pure helpers, table-tested: imports neither Beam nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+DUPLICATES_FILE = "duplicates.jsonl"
+
+
+class Member(NamedTuple):
+    """One image of a group (what the grouping step carries per image)."""
+
+    image_id: str
+    split: str
+    label: int
+
+
+def keeper(members: Sequence[Member]) -> Member:
+    """The member ``--dedupe`` keeps: the smallest ID, so its split is deterministic."""
+    return min(members)
+
+
+DUPLICATE_PREFIX = "duplicate of "
+
+
+def duplicate_reason(kept: Member) -> str:
+    return f"{DUPLICATE_PREFIX}{kept.image_id}"
+
+
+def dropped(members: Sequence[Member]) -> list[tuple[Member, str]]:
+    """Every member but the keeper, with its rejection reason."""
+    kept = keeper(members)
+    return [(m, duplicate_reason(kept)) for m in sorted(members) if m != kept]
+
+
+def leaks(groups: Iterable[Sequence[Member]], first_split: str) -> dict[str, int]:
+    """Per split other than ``first_split``: images whose bytes are also in ``first_split``.
+
+    With ``first_split`` the training split, these are the evaluation images
+    the model will have trained on.
+    """
+    out: dict[str, int] = {}
+    for members in groups:
+        if any(m.split == first_split for m in members):
+            for m in members:
+                if m.split != first_split:
+                    out[m.split] = out.get(m.split, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def info_block(groups: Sequence[Sequence[Member]], first_split: str) -> dict:
+    """The ``duplicates`` block of dataset_info.json (docs/format.md section 7)."""
+    return {
+        "groups": len(groups),
+        "images": sum(len(g) for g in groups),
+        "cross_split": sum(len({m.split for m in g}) > 1 for g in groups),
+        "cross_class": sum(len({m.label for m in g}) > 1 for g in groups),
+        "file": DUPLICATES_FILE,
+        # Not in the issue's list, but what the end-of-run summary shouts about.
+        "also_in_" + first_split: leaks(groups, first_split),
+    }
+
+
+def jsonl(groups: Iterable[tuple[str, Sequence[Member]]], classes: Sequence[str]) -> bytes:
+    """``duplicates.jsonl``: one group per line, sorted by its smallest member ID."""
+    lines = []
+    for sha256, members in sorted(groups, key=lambda g: keeper(g[1])):
+        row = {
+            "sha256": sha256,
+            "members": [
+                {"id": m.image_id, "split": m.split, "label": classes[m.label]}
+                for m in sorted(members)
+            ],
+        }
+        lines.append(json.dumps(row, sort_keys=True) + "\n")
+    return "".join(lines).encode()
+
+
+def summary_lines(block: dict, first_split: str, deduped: bool = False) -> list[str]:
+    """The end-of-run lines; a leak left in the output is shouted (it ruins an evaluation)."""
+    if not block or not block.get("groups"):
+        return []
+    groups = block["groups"]
+    plural = "groups of identical files hold" if groups != 1 else "group of identical files holds"
+    lines = [
+        f"duplicates: {groups} {plural} {block['images']} images "
+        f"(across splits: {block['cross_split']}, across classes: {block['cross_class']}; "
+        f"see {block['file']})"
+    ]
+    leaked = block.get("also_in_" + first_split) or {}
+    if leaked and deduped:
+        lines.append(
+            f"{sum(leaked.values())} images in {'/'.join(leaked)} were copies of "
+            f"{first_split} images; --dedupe kept one of each"
+        )
+    elif leaked:
+        names = "/".join(leaked)
+        lines.append(
+            f"WARNING: {sum(leaked.values())} images in {names} also appear in {first_split}: "
+            "the model will be evaluated on images it trained on (--dedupe keeps one of each)"
+        )
+    return lines
