@@ -67,7 +67,8 @@ def _result(child: subprocess.Popen) -> dict:
 
 @pytest.mark.slow
 def test_importing_the_reader_makes_batches_reuse_memory(tmp_path):
-    fixture = write_dataset(tmp_path / "ds", per_class=12, max_side=64)
+    # ~96 training images: at least one full batch of 64 (a smaller split is refused).
+    fixture = write_dataset(tmp_path / "ds", per_class=40, max_side=64)
     # Both at once (two processes, two cores): TensorFlow's start-up dominates.
     children = [_start(fixture.path, None), _start(fixture.path, "false")]
     reused, default = (_result(c) for c in children)  # "false": the user's choice is kept
