@@ -135,11 +135,17 @@ def summarize(rows: list[ScaleRow]) -> dict:
         extra = last.images - first.images
         out["kb_per_extra_image"] = 1000 * (last.peak_tree_rss_mb - first.peak_tree_rss_mb) / extra
         for low, high in zip(ours, ours[1:], strict=False):
+            if high.work_s <= low.work_s:
+                # A tiny (quick) run can take no longer at the larger size: no
+                # marginal rate is measurable, so none is reported.
+                continue
             marginal = (high.images - low.images) / (high.work_s - low.work_s)
             key = f"x{low.factor}-x{high.factor}"
             out.setdefault("marginal_images_per_s", {})[key] = marginal
             if low.factor in floor and high.factor in floor:
                 f_low, f_high = floor[low.factor], floor[high.factor]
+                if f_high.work_s <= f_low.work_s:
+                    continue
                 floor_rate = (f_high.images - f_low.images) / (f_high.work_s - f_low.work_s)
                 out.setdefault("marginal_vs_floor", {})[key] = marginal / floor_rate
     return out
