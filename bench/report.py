@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from bench.converters import LABELS as CONVERTER_LABELS
+from bench.gpu_step import LABELS as GPU_LABELS
 from bench.read_pipelines import LABELS as READER_LABELS
 
 _NAN = float("nan")
@@ -292,17 +293,27 @@ def _gpu_lines(gpu: dict | None) -> list[str]:
     if gpu.get("skipped"):
         return lines + [gpu["skipped"]]
     lines += [
-        f"Measured {gpu.get('measured_at', '')}{_at_commit(gpu)}. Input wait: the share of "
-        "the wall clock spent waiting for the next batch, each step synchronised (the "
-        "accelerator is idle meanwhile).",
+        f"Measured {gpu.get('measured_at', '')}{_at_commit(gpu)} on {gpu.get('device', '?')} "
+        f"(Keras on {gpu.get('backend', '?')}), batch {gpu.get('batch', '?')}, "
+        f"{gpu.get('steps', '?')} timed steps after {gpu.get('warmup', '?')}, each pipeline "
+        "alone in its own process pinned to `host CPUs` cores. `synthetic` reuses one batch "
+        "already on the accelerator: the model-only rate. Accelerator idle: "
+        "1 - steps x synthetic step time / wall, the share of the time the accelerator "
+        "waited for input. Host wait: host time per step in `next(iterator)`.",
         "",
-        "| pipeline | images/s | input wait (accelerator idle) |",
-        "|---|---:|---:|",
+        "| host CPUs | pipeline | images/s | step ms | accelerator idle | host wait ms | note |",
+        "|---:|---|---:|---:|---:|---:|---|",
     ]
     for row in gpu["rows"]:
+        label = GPU_LABELS.get(row["variant"], row["variant"])
+        if row.get("error"):
+            lines.append(f"| {row['host_cpus']} | {label} | - | - | - | - | {row['error']} |")
+            continue
+        idle = row.get("accelerator_idle_fraction")
+        idle_text = "-" if idle is None else f"{_fmt(100 * idle, 1)}%"
         lines.append(
-            f"| {READER_LABELS.get(row['variant'], row['variant'])} "
-            f"| {_fmt(row['images_per_s'])} | {_fmt(100 * row['input_wait_fraction'], 1)}% |"
+            f"| {row['host_cpus']} | {label} | {_fmt(row['images_per_s'])} "
+            f"| {_fmt(row['step_ms'], 1)} | {idle_text} | {_fmt(row['host_wait_ms'], 1)} | |"
         )
     return lines
 
