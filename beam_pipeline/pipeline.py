@@ -23,8 +23,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import shutil
 import sys
 import time
 import uuid
@@ -32,8 +30,6 @@ from collections import Counter
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
@@ -49,6 +45,7 @@ from beam_pipeline import (
     metadata,
     spill,
 )
+from beam_pipeline import output as output_files
 from beam_pipeline.convert import (
     Converted,
     Outcome,
@@ -128,14 +125,6 @@ class JobConfig:
 
 def _output_path(output: str, name: str) -> str:
     return listing.join(output, name)
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """Temp file then rename: readers never see a partial file."""
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-        stream.write(data)
-    FileSystems.rename([temp], [path])
 
 
 # --------------------------------------------------------------------- listing
@@ -668,7 +657,7 @@ class _WriteShardFn(beam.DoFn):
         class_counts: Counter[int] = Counter()
         reader = spill.Reader()
         try:
-            with FileSystems.create(temp, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            with output_files.create(temp) as stream:
                 for entry in entries:
                     framed = entry.data
                     if not isinstance(framed, bytes):
@@ -683,9 +672,7 @@ class _WriteShardFn(beam.DoFn):
         temp_index = None
         if self._index_files:
             temp_index = temp + ".idx"
-            with FileSystems.create(
-                temp_index, compression_type=CompressionTypes.UNCOMPRESSED
-            ) as stream:
+            with output_files.create(temp_index) as stream:
                 stream.write("".join(index).encode())
         self._shards.inc()
         self._bytes.inc(size)
@@ -754,38 +741,63 @@ def check_shards(
 
 
 class _Finalize(beam.DoFn):
+    """None + side inputs -> a JSON line of records per split; publishes the dataset.
+
+    Idempotent, so a retried Finalize completes what the first try began.
+    """
+
     def __init__(self, config: JobConfig):
         self._config = config
 
     def process(self, _, shards, rejects, plans, skipped, groups):
-        config = self._config
         plans = dict(plans)
-        output = config.output
-        _write_atomically(
-            _output_path(output, metadata.REJECTS_FILE),
+        skipped = list(skipped) + [
+            listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER)
+            for path in self._config.layout.loose_files
+        ]
+        # The lists first: a run that fails its books still leaves them to read.
+        self._write_lists(rejects, skipped, groups)
+        kept = self._check_books(plans, list(shards), rejects)
+        placed = place_shards(kept, self._config.output)
+        info = self._info(placed, rejects, skipped, groups)
+        self._publish(info)
+        yield json.dumps({s: split["num_examples"] for s, split in info["splits"].items()})
+
+    def _write_lists(self, rejects, skipped, groups) -> None:
+        """rejects.jsonl, labels.txt, duplicates.jsonl and skipped.jsonl."""
+        config = self._config
+        output_files.write_atomically(
+            _output_path(config.output, metadata.REJECTS_FILE),
             metadata.rejects_jsonl(
                 {"path": r.path, "id": r.image_id, "split": r.split, "reason": r.reason}
                 for r in rejects
             ),
         )
-        _write_atomically(
-            _output_path(output, metadata.LABELS_FILE), metadata.labels_text(config.layout.classes)
+        output_files.write_atomically(
+            _output_path(config.output, metadata.LABELS_FILE),
+            metadata.labels_text(config.layout.classes),
         )
-        _write_atomically(
-            _output_path(output, duplicates.DUPLICATES_FILE),
+        output_files.write_atomically(
+            _output_path(config.output, duplicates.DUPLICATES_FILE),
             duplicates.jsonl(groups, config.layout.classes),
         )
-        skipped = list(skipped) + [
-            listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER) for path in config.layout.loose_files
-        ]
-        _write_atomically(
-            _output_path(output, metadata.SKIPPED_FILE),
+        output_files.write_atomically(
+            _output_path(config.output, metadata.SKIPPED_FILE),
             metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
         )
-        shards, shard_problems = check_shards(plans, list(shards))
+
+    def _check_books(self, plans, shards, rejects) -> list[ShardInfo]:
+        """The shards to keep, one per planned shard.
+
+        Raises:
+            BooksDoNotBalance: A record is lost or doubled, a shard is not as
+                planned, or more images are bad than --max_reject_fraction allows.
+        """
+        config = self._config
+        kept, shard_problems = check_shards(plans, shards)
         failure = books.check_books(
             list(plans.values()),
-            written=sum(s.num_examples for s in shards),
+            written=sum(s.num_examples for s in kept),
             rejected=len(rejects),
             shard_problems=shard_problems,
             names_of=lambda wanted: _names_of(config, wanted),
@@ -800,12 +812,16 @@ class _Finalize(beam.DoFn):
                 bad,
                 total_listed,
                 config.max_reject_fraction,
-                _output_path(output, metadata.REJECTS_FILE),
+                _output_path(config.output, metadata.REJECTS_FILE),
             )
-        placed = _move_into_place(shards, output)
+        return kept
+
+    def _info(self, placed, rejects, skipped, groups) -> dict:
+        """The dataset_info.json object (docs/format.md section 7)."""
+        config = self._config
         rejected_by_split = Counter(r.split for r in rejects)
         splits = metadata.split_order(
-            config.split_names, [s.split for s in shards] + list(rejected_by_split)
+            config.split_names, [row["split"] for row in placed] + list(rejected_by_split)
         )
         spec = config.image
         info = metadata.build_info(
@@ -838,11 +854,18 @@ class _Finalize(beam.DoFn):
         info["duplicates"] = duplicates.info_block(
             [members for _, members in groups], _first_split(splits)
         )
-        _delete_temp_files(config)
+        return info
+
+    def _publish(self, info: dict) -> None:
+        """Deletes the temporary files, writes dataset_info.json, then drops the marker."""
+        output = self._config.output
+        output_files.delete_local_folder(self._config.spill_directory)
+        output_files.delete_temp_files(output, keep=[output_files.MARKER])
         # Written last: its presence means the dataset is complete.
-        _write_atomically(_output_path(output, metadata.INFO_FILE), metadata.dumps(info))
-        _delete_tree(_output_path(output, TMP_DIR))  # what is left: the job's marker
-        yield json.dumps({s: info["splits"][s]["num_examples"] for s in splits})
+        output_files.write_atomically(
+            _output_path(output, metadata.INFO_FILE), metadata.dumps(info)
+        )
+        output_files.delete_temp_folder(output)  # what is left: the job's marker
 
 
 def _first_split(splits: list[str]) -> str:
@@ -875,12 +898,15 @@ def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:
     return found
 
 
-def _move_into_place(shards: list[ShardInfo], output: str) -> list[dict]:
-    """Renames the written temp files to their final names; returns their info rows.
+def place_shards(shards: list[ShardInfo], output: str) -> list[dict]:
+    """Renames the checked shards' temp files to their final names.
 
     Idempotent, so a retried Finalize completes the renames the first try began.
+
+    Returns:
+        One dataset_info row per shard (see ``metadata.build_info``).
     """
-    placed = []
+    rows = []
     moves = []
     for shard in shards:
         final = _output_path(output, shard.file)
@@ -896,33 +922,9 @@ def _move_into_place(shards: list[ShardInfo], output: str) -> list[dict]:
         if shard.temp_index:
             row["index"] = shard.file + ".idx"
             moves.append((shard.temp_index, final + ".idx"))
-        placed.append(row)
-    # One listing instead of an existence check per file (thousands on GCS).
-    existing = {m.path for m in listing.files_under(_output_path(output, TMP_DIR))}
-    pending = [(src, dst) for src, dst in moves if src in existing]
-    if pending:
-        FileSystems.rename([src for src, _ in pending], [dst for _, dst in pending])
-    return placed
-
-
-def _delete_temp_files(config: JobConfig) -> None:
-    """Deletes the spill files and unused temp shards; keeps the job's marker for last."""
-    spill_dir = config.spill_directory
-    if os.path.isdir(spill_dir):
-        shutil.rmtree(spill_dir, ignore_errors=True)
-    marker = _output_path(config.output, f"{TMP_DIR}/{spill.SETTINGS_FILE}")
-    rest = [m.path for m in listing.files_under(_output_path(config.output, TMP_DIR))]
-    rest = [path for path in rest if path != marker]
-    if rest:
-        FileSystems.delete(rest)
-
-
-def _delete_tree(path: str) -> None:
-    matches = listing.files_under(path)
-    if matches:
-        FileSystems.delete([m.path for m in matches])
-    if listing.is_local(path) and os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
+        rows.append(row)
+    output_files.move_into_place(moves, _output_path(output, TMP_DIR))
+    return rows
 
 
 # ----------------------------------------------------------------------- graph

@@ -17,7 +17,7 @@ output folder is one of:
   job did not write.
 
 Only files that match the job's own names are ever deleted (see
-:data:`OUR_OUTPUT`); other files in --output are left alone.
+:data:`output.OURS`); other files in --output are left alone.
 """
 
 from __future__ import annotations
@@ -25,19 +25,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
-import shutil
 
 from beam_pipeline import listing, metadata, spill
+from beam_pipeline import output as output_files
 from beam_pipeline.errors import UsageError
 
-MARKER = f"{metadata.TMP_DIR}/{spill.SETTINGS_FILE}"
+MARKER = output_files.MARKER
 SPILL_FORMAT = 2  # 2: records carry their source's sha256 (duplicates)
-# What a run writes directly under OUTPUT; everything under TMP_DIR is the job's too.
-OUR_OUTPUT = re.compile(
-    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|skipped\.jsonl|duplicates\.jsonl"
-    r"|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)(\.tmp-[0-9a-f]{32})?$"
-)
 
 
 def settings(args, layout) -> dict:
@@ -102,7 +96,7 @@ def inspect(output: str) -> Leftovers:
     names = _relative_files(output)
     if not names:
         return Leftovers("empty")
-    ours = tuple(n for n in names if OUR_OUTPUT.match(n) or n.startswith(metadata.TMP_DIR + "/"))
+    ours = tuple(n for n in names if output_files.is_ours(n))
     others = tuple(n for n in names if n not in set(ours))
     if metadata.INFO_FILE in names:
         return Leftovers("finished", ours, others)
@@ -116,37 +110,6 @@ def inspect(output: str) -> Leftovers:
     except ValueError:
         recorded = None
     return Leftovers("unfinished", ours, others, recorded)
-
-
-def _delete(output: str, relative: list[str]) -> None:
-    if not relative:
-        return
-    if listing.is_local(output):
-        for name in relative:
-            try:
-                os.remove(os.path.join(output, name))
-            except FileNotFoundError:
-                pass
-        return
-    from apache_beam.io.filesystems import FileSystems
-
-    FileSystems.delete([listing.join(output, name) for name in relative])
-
-
-def _write_marker(output: str, settings: dict) -> None:
-    data = json.dumps(settings, indent=1, sort_keys=True).encode()
-    path = listing.join(output, MARKER)
-    if listing.is_local(output):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = path + ".tmp"
-        with open(temp, "wb") as stream:
-            stream.write(data)
-        os.replace(temp, path)
-        return
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.create(path) as stream:
-        stream.write(data)
 
 
 def _spill_is_for(spill_dir: str, settings: dict) -> bool:
@@ -183,43 +146,32 @@ def prepare(output: str, settings: dict, overwrite: bool, spill_dir: str | None)
         )
     if overwrite or found.kind != "unfinished" or found.settings is None:
         if metadata.INFO_FILE in found.ours:  # first: the folder stops claiming to be complete
-            _delete(output, [metadata.INFO_FILE])
-        _delete(output, [n for n in found.ours if n != metadata.INFO_FILE])
-        if spill_dir and os.path.isdir(spill_dir):
-            shutil.rmtree(spill_dir)  # a spill folder is only ever the job's own
+            output_files.delete_ours(output, [metadata.INFO_FILE])
+        output_files.delete_ours(output, [n for n in found.ours if n != metadata.INFO_FILE])
+        output_files.delete_local_folder(spill_dir)  # a spill folder is only ever the job's own
     else:
         # Resuming: keep the spill files (and the marker); the rest is rewritten.
         spill_prefix = f"{metadata.TMP_DIR}/spill/"
         stale = [n for n in found.ours if n != MARKER and not n.startswith(spill_prefix)]
-        _delete(output, stale)
-        if spill_dir and os.path.isdir(spill_dir) and not _spill_is_for(spill_dir, settings):
-            shutil.rmtree(spill_dir)  # a gs:// output's local spill of another run
+        output_files.delete_ours(output, stale)
+        if spill_dir and not _spill_is_for(spill_dir, settings):
+            output_files.delete_local_folder(spill_dir)  # a gs:// output's spill of another run
     if listing.is_local(output):
-        _remove_empty_folders(os.path.join(output, metadata.TMP_DIR))
-    _write_marker(output, settings)
+        output_files.remove_empty_folders(os.path.join(output, metadata.TMP_DIR))
+    data = json.dumps(settings, indent=1, sort_keys=True).encode()
+    output_files.write_atomically(listing.join(output, MARKER), data)
     if spill_dir:
-        os.makedirs(spill_dir, exist_ok=True)
-        with open(os.path.join(spill_dir, spill.SETTINGS_FILE), "w") as stream:
-            json.dump(settings, stream, sort_keys=True)
+        data = json.dumps(settings, sort_keys=True).encode()
+        output_files.write_atomically(os.path.join(spill_dir, spill.SETTINGS_FILE), data)
     return found
 
 
 def discard(output: str, spill_dir: str | None) -> None:
     """Removes what :func:`prepare` and a run that stopped at once left in a new output."""
-    if spill_dir and os.path.isdir(spill_dir):
-        shutil.rmtree(spill_dir)
-    _delete(output, [n for n in _relative_files(output) if n.startswith(metadata.TMP_DIR + "/")])
+    output_files.delete_local_folder(spill_dir)
+    output_files.delete_temp_folder(output)
     if listing.is_local(output):
-        _remove_empty_folders(os.path.join(output, metadata.TMP_DIR))
         try:
             os.rmdir(output)  # only if empty: it held nothing before this run
-        except OSError:
-            pass
-
-
-def _remove_empty_folders(path: str) -> None:
-    for dirpath, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
-        try:
-            os.rmdir(dirpath)
         except OSError:
             pass

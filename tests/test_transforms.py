@@ -12,6 +12,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline import books, images, keys, listing, pipeline, records, spill
+from beam_pipeline import output as output_files
 from beam_pipeline.convert import RecordBatch, ShardEntry
 from tests.image_factory import add_bad_files, make_class_folders
 
@@ -138,15 +139,15 @@ def test_write_shards_cuts_exactly_the_planned_number_of_nonempty_shards(tmp_pat
     )
     kept, problems = pipeline.check_shards(plans, shards)
     assert problems == []
-    placed = pipeline._move_into_place(kept, config.output)
-    assert pipeline._move_into_place(kept, config.output) == placed  # a retried Finalize
+    placed = pipeline.place_shards(kept, config.output)
+    assert pipeline.place_shards(kept, config.output) == placed  # a retried Finalize
     out_dir = tmp_path / "out"
     assert sorted(s["file"] for s in placed) == [
         keys.shard_filename("train", i, 5) for i in range(5)
     ] + ["val-00000-of-00001.tfrecord"]
     read = [list(records.iter_records(open(out_dir / s["file"], "rb"))) for s in placed]
     assert [len(r) for r in read] == [10, 10, 10, 10, 10, 3]
-    pipeline._delete_temp_files(config)
+    output_files.delete_temp_files(config.output)
     assert not list((out_dir / pipeline.TMP_DIR).glob("*")), "temp files left behind"
 
 
@@ -202,8 +203,8 @@ def test_a_retried_shard_write_is_kept_once(tmp_path):
     (retry,) = writer.process(group, plans)  # a second attempt at shard 1
     kept, problems = pipeline.check_shards(plans, shards + [retry])
     assert problems == [] and len(kept) == 3
-    placed = pipeline._move_into_place(kept, config.output)
-    pipeline._delete_temp_files(config)
+    placed = pipeline.place_shards(kept, config.output)
+    output_files.delete_temp_files(config.output)
     out_dir = tmp_path / "out"
     assert sorted(os.listdir(out_dir)) == [pipeline.TMP_DIR] + sorted(s["file"] for s in placed)
     assert not list((out_dir / pipeline.TMP_DIR).iterdir())
