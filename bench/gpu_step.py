@@ -156,15 +156,19 @@ def _dataset(pipeline: str, records: Path, files_root: Path, batch: int):
     if pipeline == "keras_dir":
         import keras
 
+        # Unbatched, then batched after repeat() with the remainder dropped: every
+        # batch has the same shape, as a jitted step needs (a short last batch per
+        # epoch would compile the step again, inside the timed steps).
         return (
             keras.utils.image_dataset_from_directory(
                 str(files_root),
                 image_size=(_IMAGE_SIZE, _IMAGE_SIZE),
-                batch_size=batch,
+                batch_size=None,
                 seed=42,
                 verbose=False,
             )
             .repeat()
+            .batch(batch, drop_remainder=True)
             .prefetch(tf.data.AUTOTUNE)
         )
     raise ValueError(f"unknown pipeline {pipeline!r}")
