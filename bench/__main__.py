@@ -22,7 +22,18 @@ import sys
 import time
 from pathlib import Path
 
-from bench import codecs, converters, data, machine, procstats, readers, report, scale, settings
+from bench import (
+    codecs,
+    converters,
+    data,
+    machine,
+    procstats,
+    quality,
+    readers,
+    report,
+    scale,
+    settings,
+)
 from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
 
 
@@ -109,7 +120,15 @@ def _converter_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Pat
                         tag=f"-r{round_index}" if args.repeats > 1 else "",
                     )
                 )
-        rows += [dataclasses.asdict(converters.best_of(runs[c])) for c in wanted]
+        references: dict = {}  # each sampled source decoded once per set
+        for converter in wanted:
+            best = converters.best_of(runs[converter])
+            if best.ok:
+                out_dir = out_root / converter / image_set.name
+                best.psnr_db, best.ssim = quality.converter_quality(
+                    converter, image_set, out_dir, references
+                )
+            rows.append(dataclasses.asdict(best))
     return {
         "measured_at": _now(),
         "code": machine.git_state(),

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 from bench.codec_paths import CODECS, LABELS
 from bench.data import ImageSet, list_images
 from bench.procstats import run_measured
+from bench.quality import psnr
+from bench.quality import reference as _reference
 from bench.settings import REPO_DIR
 
 SIMD_CODECS = ("pillow_bicubic", "pillow_bilinear")
@@ -76,24 +77,6 @@ class CodecResult:
     ssim: float = float("nan")
     round_cpu_ms: list[float] = dataclasses.field(default_factory=list)
     pillow: str = ""
-
-
-def _reference(path: Path, size: tuple[int, int]) -> np.ndarray:
-    """The source at its best: full decode, upright, RGB on white, Lanczos to ``size``."""
-    with Image.open(path) as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
-            rgba = image.convert("RGBA")
-            image = Image.new("RGB", rgba.size, (255, 255, 255))
-            image.paste(rgba, mask=rgba.getchannel("A"))
-        image = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
-        return np.asarray(image, dtype=np.float64)
-
-
-def psnr(reference: np.ndarray, test: np.ndarray) -> float:
-    """PSNR in dB of two same-shape 0..255 arrays (inf when identical)."""
-    mse = float(np.mean((reference.astype(np.float64) - test.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
 def _quality(

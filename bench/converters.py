@@ -70,6 +70,8 @@ class ConverterResult:
             other jobs load the machine, so it is the steadier efficiency number.
         peak_tree_rss_mb: peak summed RSS of the process tree (sampled).
         peak_proc_rss_mb: peak RSS of the largest single process.
+        psnr_db, ssim: median quality of the output on the set's sample
+            (``bench.quality``), filled in by the caller.
     """
 
     image_set: str
@@ -87,6 +89,8 @@ class ConverterResult:
     cpu_ms_per_image: float = float("nan")
     peak_tree_rss_mb: float = float("nan")
     peak_proc_rss_mb: float = float("nan")
+    psnr_db: float = float("nan")
+    ssim: float = float("nan")
     all_wall_s: list[float] = dataclasses.field(default_factory=list)
 
 

@@ -171,11 +171,14 @@ def markdown(results: dict) -> str:
             "images/s and MB/s: wall clock of the whole process, start-up included, best of "
             f"{conv.get('repeats', 1)} run(s) (all runs' wall times in the last column); "
             "`work` is the tool's own timing without start-up. CPU ms/image: all processes "
-            "of the tree, start-up included. Peak RSS: summed over the process tree.",
+            "of the tree, start-up included. Peak RSS: summed over the process tree. "
+            "PSNR / SSIM: medians of the stored JPEGs of the set's first "
+            "100 JPEG sources against Pillow's best rendering of each (full decode, "
+            "Lanczos to the stored size; `bench/quality.py`).",
             "",
             "| set | converter | images/s | MB/s in | wall s | work images/s | CPU ms/image "
-            "| peak RSS MB | runs (wall s) | note |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+            "| PSNR dB | SSIM | peak RSS MB | runs (wall s) | note |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for row in conv["rows"]:
             walls = " / ".join(f"{w:.1f}" for w in row.get("all_wall_s") or [])
@@ -184,6 +187,7 @@ def markdown(results: dict) -> str:
                 f"| {_fmt(row['images_per_s'])} | {_fmt(row['mb_per_s'])} "
                 f"| {_fmt(row['wall_s'])} | {_fmt(row['work_images_per_s'])} "
                 f"| {_fmt(row.get('cpu_ms_per_image'), 2)} "
+                f"| {_fmt(row.get('psnr_db'), 2)} | {_fmt(row.get('ssim'), 4)} "
                 f"| {_fmt(row['peak_tree_rss_mb'], 0)} | {walls} | {row['note']} |"
             )
         lines += [
