@@ -20,18 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
-
-import numpy as np
-from PIL import Image
 
 from bench.codec_paths import CODECS, LABELS
 from bench.data import ImageSet, list_images
 from bench.procstats import run_measured
-from bench.quality import psnr
-from bench.quality import reference as _reference
+from bench.quality import median_quality
 from bench.settings import REPO_DIR
 
 SIMD_CODECS = ("pillow_bicubic", "pillow_bilinear")
@@ -83,24 +78,12 @@ def _quality(
     image_set: ImageSet, out_dir: Path, files: list[Path], cache: dict
 ) -> tuple[float, float]:
     """(median PSNR, median SSIM) of a path's outputs against the references."""
-    from skimage.metrics import structural_similarity
-
-    psnrs, ssims = [], []
-    for source in files:
-        if not source.read_bytes()[:3] == b"\xff\xd8\xff":
-            continue
-        out_path = out_dir / source.relative_to(image_set.path).with_suffix(".jpg")
-        with Image.open(out_path) as out:
-            test = np.asarray(out.convert("RGB"), dtype=np.float64)
-        key = (source, test.shape)
-        if key not in cache:
-            cache[key] = _reference(source, (test.shape[1], test.shape[0]))
-        ref = cache[key]
-        psnrs.append(psnr(ref, test))
-        ssims.append(structural_similarity(ref, test, channel_axis=2, data_range=255.0))
-    if not psnrs:
-        return float("nan"), float("nan")
-    return statistics.median(psnrs), statistics.median(ssims)
+    pairs = [
+        (source, (out_dir / source.relative_to(image_set.path).with_suffix(".jpg")).read_bytes())
+        for source in files
+        if source.read_bytes()[:3] == b"\xff\xd8\xff"
+    ]
+    return median_quality(pairs, cache)
 
 
 def _run_worker(

@@ -22,7 +22,7 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("skimage")
 
 from bench import __main__ as bench_main  # noqa: E402
-from bench import codec_paths, codecs, procstats, report  # noqa: E402
+from bench import codec_paths, procstats, quality, report  # noqa: E402
 from bench.codec_paths import CODECS  # noqa: E402
 from bench.codec_paths import LABELS as CODEC_LABELS  # noqa: E402
 from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
@@ -142,13 +142,6 @@ def test_quick_run_writes_a_table_with_every_row(tmp_path):
         )
 
 
-def test_psnr():
-    a = np.zeros((4, 4, 3))
-    assert codecs.psnr(a, a) == float("inf")
-    # MSE 255^2 / 100 -> 20 dB.
-    assert codecs.psnr(a, a + 25.5) == pytest.approx(20.0)
-
-
 @pytest.mark.parametrize("codec", CODECS)
 def test_every_codec_path_stores_the_floors_image(codec):
     """Same size, upright (EXIF orientation applied) and close to the floor's pixels.
@@ -172,7 +165,7 @@ def test_every_codec_path_stores_the_floors_image(codec):
     got_image = Image.open(io.BytesIO(codec_paths.PATHS[codec](data)))
     got = np.asarray(got_image.convert("RGB"))
     assert got_image.format == "JPEG" and got.shape == want.shape == (384, 256, 3)
-    assert codecs.psnr(want, got) > 25
+    assert quality.psnr(want, got) > 25
 
 
 def test_report_marks_missing_numbers_and_ratios():
