@@ -141,10 +141,10 @@ def _crashing_decode(path, *args):
 @pytest.mark.parametrize("ahead", [0, 1024], ids=["in-pipeline", "converted-ahead"])
 def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monkeypatch, ahead):
     """A worker process that dies (as on a decoder segfault) rejects that image only."""
-    from beam_pipeline import __main__ as cli
     from beam_pipeline import convert as convert_module
+    from beam_pipeline import job
 
-    monkeypatch.setattr(cli, "CONVERT_AHEAD_LIMIT", ahead)
+    monkeypatch.setattr(job, "CONVERT_AHEAD_LIMIT", ahead)
 
     root, out, ids, bad = dataset
     victim = sorted(ids)[3]
@@ -252,71 +252,6 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert "books do not balance" in err and victim in err
     assert not (tmp_path / "o" / "dataset_info.json").exists()
-
-
-@pytest.mark.parametrize("uses_gcs", [True, False], ids=["gcs", "all-local"])
-def test_local_run_imports_beam_without_unused_extras(uses_gcs):
-    """Beam loads without MongoDB/Pub/Sub/Arrow (and, all local, GCS), importable afterwards."""
-    code = (
-        "import sys\n"
-        "from beam_pipeline.__main__ import (\n"
-        "    _CLOUD_ONLY_MODULES, _UNUSED_BEAM_EXTRAS, _import_beam_for_local_run)\n"
-        f"_import_beam_for_local_run(uses_gcs={uses_gcs})\n"
-        "import apache_beam as beam\n"
-        "from apache_beam.io.filesystems import FileSystems\n"
-        "assert not [m for m in _UNUSED_BEAM_EXTRAS if m in sys.modules], sys.modules.keys()\n"
-        "gcs = [m for m in _CLOUD_ONLY_MODULES if m in sys.modules]\n"
-        "assert beam.Map(len)  # Beam works\n"
-        "try:\n"
-        "    FileSystems.get_filesystem('gs://bucket/x')\n"
-        "    has_gs = True\n"
-        "except ValueError:\n"
-        "    has_gs = False\n"
-        "import pyarrow, pymongo, google.cloud.bigquery, google.cloud.storage\n"  # importable
-        "import apache_beam.io.gcp.bigquery\n"
-        "print(bool(gcs), has_gs)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    assert result.returncode == 0, result.stderr
-    # All local: no GCS client loaded and no gs:// filesystem registered; else both.
-    assert result.stdout.strip() == f"{uses_gcs} {uses_gcs}"
-    assert "bson" not in result.stderr  # Beam's warning about the hidden package is silenced
-
-
-def test_local_runner_samples_state_often_enough_not_to_idle_bundle_ends(monkeypatch):
-    from apache_beam.runners.worker import statesampler
-    from apache_beam.utils.counters import CounterFactory
-
-    from beam_pipeline.__main__ import _LOCAL_STATE_SAMPLING_MS, _direct_fn_api_runner
-
-    # The rewrite is process-wide: put Beam's default back for the rest of this worker.
-    init = statesampler.StateSampler.__init__
-    monkeypatch.setattr(init, "__defaults__", (statesampler.DEFAULT_SAMPLING_PERIOD_MS,))
-    _direct_fn_api_runner({})
-    sampler = statesampler.StateSampler("step", CounterFactory())
-    assert sampler.sampling_period_ms == _LOCAL_STATE_SAMPLING_MS < 50
-
-
-def test_direct_runner_never_tries_prism(dataset, tmp_path, monkeypatch):
-    """DirectRunner would first try to download and start Prism; the CLI goes to FnApiRunner."""
-    from apache_beam.runners.portability import prism_runner
-
-    tried = []
-    monkeypatch.setattr(
-        prism_runner.PrismRunner, "run_pipeline", lambda *args: tried.append(args) or 1 / 0
-    )
-    root, out, _, _ = dataset
-    assert (
-        convert(root, tmp_path / "o", "--max_reject_fraction", "0.1", "--runner=DirectRunner") == 0
-    )
-    assert not tried
-    assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
 
 
 def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
@@ -504,11 +439,11 @@ def test_index_files_locate_every_record(dataset, tmp_path):
 
 
 def test_local_default_skips_construction_type_checks_unless_asked():
-    from beam_pipeline.__main__ import _with_local_defaults
+    from beam_pipeline.arguments import with_local_defaults
 
-    args, _ = _with_local_defaults([], None)
+    args, _ = with_local_defaults([], None)
     assert "--no_pipeline_type_check" in args and IN_MEMORY in args
-    args, _ = _with_local_defaults(["--pipeline_type_check"], None)
+    args, _ = with_local_defaults(["--pipeline_type_check"], None)
     assert "--no_pipeline_type_check" not in args
-    args, _ = _with_local_defaults(["--runner=DataflowRunner"], None)
+    args, _ = with_local_defaults(["--runner=DataflowRunner"], None)
     assert args == ["--runner=DataflowRunner"]

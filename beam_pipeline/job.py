@@ -1,0 +1,262 @@
+"""One conversion job, shaped like Beam's wordcount: arguments -> config -> build -> run -> summary.
+
+:func:`run` parses the arguments (``arguments.py``), finds the input's
+layout, checks ``--output`` and an earlier run's leftovers (``resume.py``),
+starts the local conversion processes, turns the arguments into a
+:class:`~beam_pipeline.pipeline.JobConfig` (:func:`config_from_args`),
+builds and runs the pipeline (:func:`build_and_run`) and prints the summary
+(``summary.py``). The tricks that make a local run fast by reaching into
+Beam's private modules live in ``beam_private.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The local conversion pool forks; gRPC (loaded by Beam) then logs that it
+# skips its fork handlers. The children never use gRPC, so turn the handlers off
+# before gRPC is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import json  # noqa: E402
+import sys
+import time
+
+from beam_pipeline import arguments, beam_options, beam_private, metadata, summary
+from beam_pipeline.errors import UsageError
+
+# Images converted while Beam loads (enough to cover its start-up on web-size
+# images), and a bound on the results held before the pipeline claims them.
+CONVERT_AHEAD_LIMIT = 1024
+CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
+
+_DIRECT = (None, "DirectRunner", "direct")
+
+
+def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
+    """Refuses an output inside the input, one we cannot write to, or one holding
+    a finished dataset or others' files (unless --overwrite). Reads only.
+
+    An unfinished run of this job is resumed; :func:`resume.prepare` decides.
+    """
+    from beam_pipeline import listing, resume
+
+    out = listing.normalize_root(output)
+    if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
+        raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
+    if listing.is_gcs(out):
+        from beam_pipeline import gcs
+
+        gcs.check_output(out)
+    elif listing.is_local(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise UsageError(f"--output {output} is a file, not a folder")
+    resume.check(out, overwrite)
+
+
+def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
+    """Says what the run does with an earlier run's files; returns the resumable records."""
+    from beam_pipeline import spill
+
+    if found.others and found.kind != "empty":
+        say(
+            f"imagerecords: left {len(found.others)} unrelated files in --output, "
+            f"e.g. {found.others[0]}"
+        )
+    done = spill.load_index(spill_dir) if spill_dir else {}
+    if found.kind == "unfinished":
+        if done:
+            say(
+                f"imagerecords: resuming the unfinished run in {output}: "
+                f"{len(done)} images already converted"
+            )
+        else:
+            say(f"imagerecords: starting over the unfinished run in {output}")
+    return done
+
+
+def config_from_args(args, layout, conversion_processes: int):
+    """The pipeline's JobConfig from the parsed arguments and the input's layout.
+
+    Args:
+        args: What :func:`arguments.parse_args` returned (our flags).
+        layout: The input, as :func:`listing.discover` found it.
+        conversion_processes: Local conversion processes (1: convert in the step).
+
+    Raises:
+        UsageError: a value the config refuses (JobConfig checks its own values).
+    """
+    from beam_pipeline import listing, pipeline
+
+    return pipeline.JobConfig(
+        layout=layout,
+        output=listing.normalize_root(args.output),
+        splits=args.split_fractions,
+        seed=args.seed,
+        image=args.image_spec,
+        target_shard_bytes=int(args.target_shard_mb * 2**20),
+        min_shards=args.min_shards,
+        max_reject_fraction=args.max_reject_fraction,
+        index_files=args.index_files,
+        conversion_processes=conversion_processes,
+        dedupe=args.dedupe,
+    )
+
+
+def _describe_input(layout, say) -> None:
+    if layout.kind == "manifest":
+        say(
+            f"imagerecords: {layout.num_manifest_rows} images in manifest, {len(layout.classes)} classes"
+        )
+    else:
+        say(
+            f"imagerecords: {len(layout.classes)} classes in {len(layout.folders)} folders "
+            f"({layout.kind} layout) under {layout.root}"
+        )
+
+
+def build_and_run(config, beam_args: list[str], wait: bool, say):
+    """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
+    or None when not waiting (``wait`` false, or a Dataflow template was written).
+    """
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipeline import pipeline
+
+    if arguments.runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+        import beam_pipeline.dask_runner  # noqa: F401  registers Beam's --dask_* options
+
+    options = PipelineOptions(beam_args)
+    chosen = options.get_all_options()
+    runner_name = chosen.get("runner") or "DirectRunner"
+    runner = None
+    if runner_name in ("DirectRunner", "direct"):
+        beam_private.shorten_state_sampling()
+        runner = beam_private.direct_fn_api_runner(chosen)
+        mode = chosen.get("direct_running_mode")
+        workers = (
+            config.conversion_processes if mode == "in_memory" else chosen.get("direct_num_workers")
+        )
+        runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
+    elif runner_name in beam_options.DASK_RUNNER_NAMES:
+        # Beam knows the Dask runner by its dotted path only; all these names
+        # get the fixed one (beam_pipeline/dask_runner.py).
+        from beam_pipeline.dask_runner import DaskOptions, DaskRunner
+
+        runner = DaskRunner()
+        address = options.view_as(DaskOptions).address or "a new local Dask cluster"
+        runner_name = f"DaskRunner ({address})"
+    say(f"imagerecords: running on {runner_name}")
+    try:
+        p = beam.Pipeline(runner=runner, options=options)
+    except (ImportError, ValueError, AttributeError) as error:  # a runner Beam cannot make
+        raise UsageError(f"--runner {runner_name}: {error}") from None
+    pipeline.build(p, config)
+    result = p.run()
+    template = chosen.get("template_location")
+    if template:
+        # DataflowRunner wrote the job description and staged the job; nothing
+        # runs until someone launches the template.
+        print(f"imagerecords: wrote the Dataflow template {template}; no job was started")
+        return None
+    if not wait:
+        job = getattr(result, "job_id", lambda: None)()
+        print(f"imagerecords: submitted{f' job {job}' if job else ''}; not waiting (--wait=false)")
+        return None
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)  # DaskRunner's connection to the scheduler
+        if client is not None:
+            client.close()
+    return result
+
+
+def _all_local(layout, output: str) -> bool:
+    """Input folder and output are local (a manifest may name gs:// images: not local)."""
+    from beam_pipeline import listing
+
+    return layout.kind != "manifest" and listing.is_local(layout.root) and listing.is_local(output)
+
+
+def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done: dict) -> None:
+    """Forks the conversion processes and has them convert the first images while Beam loads."""
+    from beam_pipeline import listing, local_pool
+
+    # Fork before Beam's runner and gRPC start threads (see local_pool).
+    local_pool.start(processes)
+    if layout.kind != "manifest" and listing.is_local(layout.root):
+        refs = listing.local_refs(
+            layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES, args.seed, args.split_fractions
+        )
+        local_pool.convert_ahead(
+            [ref for ref in refs if ref.image_id not in done],
+            (args.image_spec, args.seed, layout.classes, spill_dir),
+            processes,
+        )
+
+
+def run(argv: list[str] | None = None, parsed=None) -> dict:
+    """Validates arguments, builds and runs the pipeline; returns dataset_info.
+
+    Args:
+        argv: The command line (default ``sys.argv[1:]``).
+        parsed: What :func:`arguments.parse_args` returned for it, when already parsed.
+
+    Raises:
+        UsageError: bad arguments or input, before any work starts.
+        BooksDoNotBalance: the job lost, doubled or rejected too many images.
+    """
+    args, beam_args = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.dry_run:
+        from beam_pipeline import dryrun
+
+        return dryrun.run(args, beam_args, check_output)
+    started, cpu_started = time.monotonic(), summary.cpu_seconds()
+    if not args.wait and arguments.runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+        raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
+    beam_args, processes = arguments.with_local_defaults(beam_args, args.local_processes)
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+
+    from beam_pipeline import listing, local_pool, resume, spill
+
+    # Local input and output are checked without Beam, so that the conversion
+    # processes can start (and start converting) while Beam loads.
+    layout = listing.discover(args.input, args.manifest)
+    output = listing.normalize_root(args.output)
+    check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    spill_dir = spill.default_dir(output) if processes > 1 else None
+    if any(arg.startswith("--template_location") for arg in beam_args):
+        found = resume.Leftovers("empty")  # a template build writes nothing to --output
+    else:
+        found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
+    try:
+        try:
+            done = _report_leftovers(found, output, spill_dir, say)
+            if processes > 1:
+                _start_local_pool(args, layout, processes, spill_dir, done)
+                beam_private.import_beam_for_local_run(uses_gcs=not _all_local(layout, output))
+            # pipeline.py imports Beam: the config is made after the pool started.
+            config = config_from_args(args, layout, processes)
+            _describe_input(layout, say)
+            result = build_and_run(config, beam_args, args.wait, say)
+        finally:
+            # On every way out (an error, Ctrl-C): no conversion process outlives the run.
+            local_pool.shutdown_all()
+            spill.forget_indexes()
+    except UsageError:
+        if found.kind == "empty":  # nothing of value was there: leave nothing behind
+            resume.discard(output, spill_dir)
+        raise
+    if result is None:
+        return {}
+    from apache_beam.io.filesystems import FileSystems
+
+    seconds = time.monotonic() - started
+    with FileSystems.open(listing.join(output, metadata.INFO_FILE)) as stream:
+        info = json.load(stream)
+    runner = arguments.runner_name(beam_args)
+    cpu = summary.cpu_seconds() - cpu_started if runner in _DIRECT else None
+    print(summary.format_summary(info, seconds, summary.counters(result), cpu), flush=True)
+    return info

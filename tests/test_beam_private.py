@@ -1,0 +1,254 @@
+"""beam_private: the tricks that reach into Beam's internals, each with its fallback.
+
+The tripwire test fails whenever the installed Beam is not the one the module
+was written against. The fallback tests break one trick's private target (as
+a Beam upgrade could) and check that a real run still writes the same bytes,
+with one warning line naming the trick and the Beam version.
+"""
+
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from beam_pipeline import beam_private
+from beam_pipeline.__main__ import main
+from tests import contract
+from tests.image_factory import make_class_folders
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = ("--quiet", "--local_processes", "2", "--direct_running_mode=in_memory")
+
+
+def test_installed_beam_is_the_one_the_tricks_were_written_against():
+    import apache_beam
+
+    assert apache_beam.__version__ == beam_private.BEAM_VERSION, (
+        f"apache-beam {apache_beam.__version__} is installed: re-check "
+        f"beam_pipeline/beam_private.py against Beam {apache_beam.__version__} (every trick "
+        f"there was read against Beam {beam_private.BEAM_VERSION}), then move BEAM_VERSION"
+    )
+
+
+def test_setup_and_the_container_pin_the_same_beam():
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        pins = re.findall(r'"apache-beam\[gcp\]==([\d.]+)"', f.read())
+    with open(os.path.join(ROOT, "deploy", "Dockerfile"), encoding="utf-8") as f:
+        container = re.findall(r"ARG BEAM_VERSION=([\d.]+)", f.read())
+    assert pins == container == [beam_private.BEAM_VERSION], (
+        f"setup.py pins {pins}, deploy/Dockerfile {container}: re-check "
+        f"beam_pipeline/beam_private.py against that Beam (written against "
+        f"{beam_private.BEAM_VERSION})"
+    )
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """18 images in 3 classes and the output of a run with every trick in place."""
+    base = tmp_path_factory.mktemp("private")
+    root = base / "images"
+    make_class_folders(str(root), per_class=6)
+    out = base / "normal"
+    assert main(["--input", str(root), "--output", str(out), *FLAGS]) == 0
+    return root, contract.all_files(str(out))
+
+
+def _warnings(caplog, trick):
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "beam_pipeline.beam_private" and r.levelno == logging.WARNING
+    ]
+    assert len(lines) == 1, lines
+    assert f"beam_private.{trick} skipped" in lines[0]
+    assert beam_private.BEAM_VERSION in lines[0] and "\n" not in lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------- state sampling
+
+
+def test_local_runner_samples_state_often_enough_not_to_idle_bundle_ends(monkeypatch):
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    # The rewrite is process-wide: put Beam's default back for the rest of this worker.
+    init = statesampler.StateSampler.__init__
+    monkeypatch.setattr(init, "__defaults__", (statesampler.DEFAULT_SAMPLING_PERIOD_MS,))
+    assert beam_private.shorten_state_sampling()
+    sampler = statesampler.StateSampler("step", CounterFactory())
+    assert sampler.sampling_period_ms == beam_private.LOCAL_STATE_SAMPLING_MS < 50
+
+
+def _renamed_period_parameter(monkeypatch, statesampler):
+    real = statesampler.StateSampler.__init__
+
+    def changed(self, prefix, counter_factory, period_ms=statesampler.DEFAULT_SAMPLING_PERIOD_MS):
+        real(self, prefix, counter_factory, period_ms)
+
+    monkeypatch.setattr(statesampler.StateSampler, "__init__", changed)
+
+
+def _default_constant_gone(monkeypatch, statesampler):
+    monkeypatch.delattr(statesampler, "DEFAULT_SAMPLING_PERIOD_MS")
+
+
+@pytest.mark.parametrize("change", [_renamed_period_parameter, _default_constant_gone])
+def test_state_sampling_falls_back_to_beams_period(images, tmp_path, monkeypatch, caplog, change):
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    init = statesampler.StateSampler.__init__
+    monkeypatch.setattr(init, "__defaults__", (statesampler.DEFAULT_SAMPLING_PERIOD_MS,))
+    change(monkeypatch, statesampler)
+    root, normal = images
+    assert main(["--input", str(root), "--output", str(tmp_path / "o"), *FLAGS]) == 0
+    assert "keeping Beam's sampling period" in _warnings(caplog, "shorten_state_sampling")
+    assert statesampler.StateSampler("s", CounterFactory()).sampling_period_ms == 200
+    assert contract.all_files(str(tmp_path / "o")) == normal
+
+
+# ------------------------------------------------------ DirectRunner, no Prism
+
+
+def test_direct_runner_never_tries_prism(images, tmp_path, monkeypatch):
+    """DirectRunner would first try to download and start Prism; the CLI goes to FnApiRunner."""
+    from apache_beam.runners.portability import prism_runner
+
+    tried = []
+    monkeypatch.setattr(
+        prism_runner.PrismRunner, "run_pipeline", lambda *args: tried.append(args) or 1 / 0
+    )
+    root, normal = images
+    argv = ["--input", str(root), "--output", str(tmp_path / "o"), *FLAGS, "--runner=DirectRunner"]
+    assert main(argv) == 0
+    assert not tried
+    assert contract.all_files(str(tmp_path / "o")) == normal
+
+
+def test_a_changed_fn_api_runner_falls_back_to_beams_direct_runner(
+    images, tmp_path, monkeypatch, caplog
+):
+    from apache_beam.runners.portability import prism_runner
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+    # The trick's call fails as a changed signature would; DirectRunner's own
+    # call (the fallback) succeeds.
+    real, calls = fn_runner.ExtendedProvisionInfo, []
+
+    def changed(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise TypeError("ExtendedProvisionInfo() takes no positional arguments")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fn_runner, "ExtendedProvisionInfo", changed)
+    # Offline, as in CI: Beam's DirectRunner tries Prism first and falls back.
+    tried = []
+
+    def no_prism(*args):
+        tried.append(args)
+        raise RuntimeError("Unable to fetch remote prism binary")
+
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", no_prism)
+    root, normal = images
+    assert main(["--input", str(root), "--output", str(tmp_path / "o"), *FLAGS]) == 0
+    assert "using Beam's DirectRunner" in _warnings(caplog, "direct_fn_api_runner")
+    assert tried and len(calls) == 2  # went through Beam's DirectRunner
+    assert contract.all_files(str(tmp_path / "o")) == normal
+
+
+# ------------------------------------------------------ subprocess: import, exit
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize("uses_gcs", [True, False], ids=["gcs", "all-local"])
+def test_local_run_imports_beam_without_unused_extras(uses_gcs):
+    """Beam loads without MongoDB/Pub/Sub/Arrow (and, all local, GCS), importable afterwards."""
+    code = (
+        "import sys\n"
+        "from beam_pipeline.beam_private import (\n"
+        "    _CLOUD_ONLY_MODULES, _UNUSED_BEAM_EXTRAS, import_beam_for_local_run)\n"
+        f"import_beam_for_local_run(uses_gcs={uses_gcs})\n"
+        "import apache_beam as beam\n"
+        "from apache_beam.io.filesystems import FileSystems\n"
+        "assert not [m for m in _UNUSED_BEAM_EXTRAS if m in sys.modules], sys.modules.keys()\n"
+        "gcs = [m for m in _CLOUD_ONLY_MODULES if m in sys.modules]\n"
+        "assert beam.Map(len)  # Beam works\n"
+        "try:\n"
+        "    FileSystems.get_filesystem('gs://bucket/x')\n"
+        "    has_gs = True\n"
+        "except ValueError:\n"
+        "    has_gs = False\n"
+        "import pyarrow, pymongo, google.cloud.bigquery, google.cloud.storage\n"  # importable
+        "import apache_beam.io.gcp.bigquery\n"
+        "print(bool(gcs), has_gs)\n"
+    )
+    result = _run_python(code)
+    assert result.returncode == 0, result.stderr
+    # All local: no GCS client loaded and no gs:// filesystem registered; else both.
+    assert result.stdout.strip() == f"{uses_gcs} {uses_gcs}"
+    assert "bson" not in result.stderr  # Beam's warning about the hidden package is silenced
+
+
+@pytest.mark.parametrize("beam_changed", [False, True], ids=["hidden", "fallback"])
+def test_another_beam_is_imported_with_all_its_packages(images, tmp_path, beam_changed):
+    """With a Beam the hidden packages were not checked on, a full run imports Beam plainly."""
+    root, normal = images
+    argv = ["--input", str(root), "--output", str(tmp_path / "o"), *FLAGS]
+    code = (
+        "import sys\n"
+        "from beam_pipeline import beam_private\n"
+        f"beam_private.BEAM_VERSION = {'0.0.0' if beam_changed else beam_private.BEAM_VERSION!r}\n"
+        "from beam_pipeline.__main__ import main\n"
+        f"status = main({argv!r})\n"
+        "print('pyarrow' in sys.modules)  # Beam loads it when nothing hides it\n"
+        "sys.exit(status)\n"
+    )
+    result = _run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == str(beam_changed)
+    warnings = [line for line in result.stderr.splitlines() if "beam_private" in line]
+    if beam_changed:
+        assert len(warnings) == 1, result.stderr
+        assert "beam_private.import_beam_for_local_run skipped" in warnings[0]
+        assert "0.0.0" in warnings[0] and "importing Beam with all its packages" in warnings[0]
+    else:
+        assert not warnings, result.stderr
+    assert contract.all_files(str(tmp_path / "o")) == normal
+
+
+_AS_MAIN = (
+    "import atexit, runpy, sys\n"
+    "atexit.register(print, 'interpreter teardown ran')\n"
+    "from beam_pipeline import beam_private\n"
+    "{patch}"
+    "sys.argv = ['beam_pipeline', *{argv!r}]\n"
+    "runpy.run_module('beam_pipeline', run_name='__main__', alter_sys=True)\n"
+)
+
+
+@pytest.mark.parametrize("beam_changed", [False, True], ids=["fast", "fallback"])
+def test_fast_exit_only_with_the_beam_it_was_checked_against(images, tmp_path, beam_changed):
+    """``python -m beam_pipeline`` skips the interpreter's teardown, except with another Beam."""
+    root, normal = images
+    argv = ["--input", str(root), "--output", str(tmp_path / "o"), *FLAGS]
+    patch = "beam_private.BEAM_VERSION = '0.0.0'\n" if beam_changed else ""
+    result = _run_python(_AS_MAIN.format(patch=patch, argv=argv))
+    assert result.returncode == 0, result.stderr
+    assert ("interpreter teardown ran" in result.stdout) == beam_changed
+    warnings = [line for line in result.stderr.splitlines() if "beam_private" in line]
+    if beam_changed:  # the import trick says so too
+        exits = [line for line in warnings if "beam_private.fast_exit skipped" in line]
+        assert len(exits) == 1 and "exiting normally" in exits[0] and "0.0.0" in exits[0]
+    else:
+        assert not warnings, warnings
+    assert contract.all_files(str(tmp_path / "o")) == normal
