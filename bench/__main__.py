@@ -1,4 +1,4 @@
-"""``python -m bench`` (``make bench``): the converter and reader benchmarks of issue 5.
+"""``python -m bench`` (``make bench``): the converter and reader benchmarks.
 
 Examples::
 
@@ -9,6 +9,12 @@ Examples::
     python -m bench --only scale       # memory and speed at 1x, 8x, 64x the web set
     python -m bench --only codecs      # the codec study: Pillow vs libvips vs simplejpeg
     python -m bench --report-only      # redraw table and chart from results.json
+
+Only ``python -m bench`` without ``--quick`` (also with ``--only`` or
+``--report-only``) writes the committed ``bench/results/``, unless
+``--results-dir`` says otherwise: commit those files with the measurement
+they record, and only then. Everything else (quick runs, the tools in
+``bench.tools``, the test suite) writes under gitignored folders.
 """
 
 from __future__ import annotations
@@ -91,6 +97,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def results_folder(args: argparse.Namespace) -> Path:
+    """Where a run writes its results: a quick run never writes the committed ones."""
+    if args.results_dir:
+        return args.results_dir
+    return RESULTS_DIR / "raw" / "quick" if args.quick else RESULTS_DIR
+
+
 def _previous(results_dir: Path, sizes: Sizes) -> dict:
     """The last results of the same size, so ``--only`` keeps the other half."""
     path = results_dir / "results.json"
@@ -161,8 +174,6 @@ def _records_for_reader(sizes: Sizes, web: data.ImageSet, out_root: Path, log_di
     out = converters.imagerecords_output(out_root, "web")
     if (out / "dataset_info.json").exists():
         return out
-    if not converters.beam_pipeline_available():
-        return None
     print("[bench] converting the web set for the reader benchmark ...", flush=True)
     result = converters.run_converter("imagerecords", web, out_root, log_dir, sizes.timeout_s)
     return out if result.ok else None
@@ -256,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         args.read_rounds = 1 if args.quick else 2
     if args.codec_rounds is None:
         args.codec_rounds = 1 if args.quick else 2
-    results_dir = args.results_dir or (RESULTS_DIR / "raw" / "quick" if args.quick else RESULTS_DIR)
+    results_dir = results_folder(args)
     if args.report_only:
         report.write(json.loads((results_dir / "results.json").read_text()), results_dir)
         print(f"[bench] redrew {results_dir}/results.md and chart.png")

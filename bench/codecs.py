@@ -1,4 +1,4 @@
-"""The codec study (issue 15): which decoder + resize + encoder turns a photo into the
+"""The codec study: which decoder + resize + encoder turns a photo into the
 stored JPEG fastest, and how sharp the result is.
 
 For each image set and each path of ``bench.codec_paths`` (plus Pillow-SIMD's

@@ -9,7 +9,6 @@ them in the page cache and none pays (or is spared) the disk.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 import shutil
@@ -110,13 +109,6 @@ def best_of(results: list[ConverterResult]) -> ConverterResult:
     return best
 
 
-def beam_pipeline_available() -> bool:
-    """Whether the converter under test has landed (``beam_pipeline/__main__.py``)."""
-    return (REPO_DIR / "beam_pipeline" / "__main__.py").exists() and (
-        importlib.util.find_spec("apache_beam") is not None
-    )
-
-
 def warm_page_cache(image_set: ImageSet) -> None:
     """Reads every file once so that no converter is the one that pays the disk."""
     for path in list_images(image_set.path):
@@ -202,10 +194,6 @@ def run_converter(
     Returns:
         The measurements; ``ok`` False (with a note) if it could not run.
     """
-    if converter == "imagerecords" and not beam_pipeline_available():
-        return ConverterResult(
-            image_set.name, converter, ok=False, note="beam_pipeline not in repo"
-        )
     out_dir = out_root / converter / image_set.name
     if converter == "naive":
         shutil.rmtree(out_dir, ignore_errors=True)

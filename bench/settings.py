@@ -15,7 +15,7 @@ CACHE_DIR = BENCH_DIR / ".cache"
 RESULTS_DIR = BENCH_DIR / "results"
 
 # The converter's output size (docs/format.md section 4 defaults) and the reader's
-# batch and image size (issue 5). Every converter in the benchmark produces the
+# batch and image size (a typical ResNet-50 input). Every converter in the benchmark produces the
 # same thing: shorter side 256, never upscaled, JPEG quality 90.
 TARGET_SHORTER_SIDE = 256
 JPEG_QUALITY = 90
@@ -31,7 +31,7 @@ class Sizes:
             never reuses (or clobbers) the full data set.
         web_images: images in the "web" set (split evenly over 10 classes).
         phone_images: images in the "phone" set (split over 5 classes).
-        read_batch_size: reader batch size (128 in issue 5; smaller in a quick
+        read_batch_size: reader batch size (128 in a full run; smaller in a quick
             run so the tiny train split still fills a few whole batches).
         read_warmup_epochs: reader epochs run before timing (file cache, AUTOTUNE).
         read_epochs: timed reader epochs.

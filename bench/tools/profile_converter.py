@@ -1,4 +1,4 @@
-"""Where the converter's time goes: ``python -m bench.profile_converter [--set web] [--quick]``.
+"""Where the converter's time goes: ``python -m bench.tools.profile_converter [--set web] [--quick]``.
 
 Three views, written to ``bench/results/raw/profile/`` (gitignored) and printed:
 
@@ -296,7 +296,9 @@ def _cprofile_category(frame: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Runs the three profiles on one image set and writes/prints the summaries."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.tools.profile_converter", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--set", choices=("web", "phone"), default="web")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="the benchmark's cache")

@@ -1,13 +1,13 @@
-"""``python -m bench.dryrun_scale``: ``--dry_run`` on a folder of 100,000 images.
+"""``python -m bench.tools.dryrun_scale``: ``--dry_run`` on a folder of 100,000 images.
 
-The goal (issue 14): the dry run takes seconds, not minutes, on 100,000
-images, because it lists everything but converts only a sample. The images
+What it checks: the dry run takes seconds, not minutes, on 100,000 images,
+because it lists everything but converts only a sample. The images
 are tiny copies of one real JPEG (made in seconds; what is measured is the
 listing and the per-image bookkeeping, not the codec), in 100 class folders.
 Prints the listing time, the sample time and the whole dry run's wall and CPU
 time, best of ``--repeats`` runs in this process.
 
-    python -m bench.dryrun_scale [--images 100000] [--repeats 3] [--keep DIR]
+    python -m bench.tools.dryrun_scale [--images 100000] [--repeats 3] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def make_folder(root: str, images: int, classes: int = 100) -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.dryrun_scale")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.tools.dryrun_scale", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--images", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", help="use (and keep) this folder instead of a temporary one")

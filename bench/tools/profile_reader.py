@@ -1,4 +1,4 @@
-"""Where the reader's time goes: ``python -m bench.profile_reader [--quick]``.
+"""Where the reader's time goes: ``python -m bench.tools.profile_reader [--quick]``.
 
 An ablation on imagerecords' web-set output: the same records through
 pipelines that each add one stage, timed in one process after a warm-up,
@@ -286,7 +286,9 @@ def build_variants(records: Path, files_root: Path, batch: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """Times every ablation variant and writes the summary."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.tools.profile_reader", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="the benchmark's cache")
     parser.add_argument("--epochs", type=int, default=2)

@@ -1,0 +1,11 @@
+"""One-off tools for studying where time goes; ``make bench`` runs none of them.
+
+Each is runnable on its own and writes only under the gitignored
+``bench/results/raw/`` (or prints):
+
+* ``python -m bench.tools.profile_converter`` - per-image stage costs, py-spy
+  and cProfile of a converter run.
+* ``python -m bench.tools.profile_reader`` - the reader, one stage added at a
+  time, on the benchmark's records.
+* ``python -m bench.tools.dryrun_scale`` - ``--dry_run`` on 100,000 tiny images.
+"""

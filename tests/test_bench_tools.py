@@ -1,0 +1,59 @@
+"""The benchmark's side tools run, and no routine run writes the committed results.
+
+``bench/results/`` holds the numbers of the last measurement; it changes only
+when someone runs ``make bench`` and commits what it measured. Quick runs,
+the profilers in ``bench.tools`` and the test suite write under gitignored
+folders, so they never leave a modified results file behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as bench_main
+from bench import settings
+from bench.tools import profile_converter, profile_reader
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = ["profile_converter", "profile_reader", "dryrun_scale"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_each_tool_runs_as_a_module(tool):
+    result = subprocess.run(
+        [sys.executable, "-m", f"bench.tools.{tool}", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: python -m bench.tools.{tool}")
+
+
+def _ignored(path: Path) -> bool:
+    """Whether git ignores ``path`` (a file that would be written there)."""
+    probe = path / "probe.txt"
+    result = subprocess.run(
+        ["git", "check-ignore", "-q", str(probe.relative_to(REPO))], cwd=REPO, timeout=30
+    )
+    return result.returncode == 0
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout"
+)
+def test_only_a_full_bench_run_writes_the_committed_results():
+    full = bench_main.results_folder(bench_main.parse_args([]))
+    assert full == settings.RESULTS_DIR and not _ignored(full)
+    for argv in (["--only", "reader"], ["--report-only"]):
+        assert bench_main.results_folder(bench_main.parse_args(argv)) == full
+    quick = bench_main.results_folder(bench_main.parse_args(["--quick"]))
+    assert quick != full and _ignored(quick)
+    for folder in (profile_converter.PROFILE_DIR, profile_reader.PROFILE_DIR, settings.CACHE_DIR):
+        assert _ignored(folder), folder
