@@ -77,7 +77,10 @@ def _kill_midway(root, out, at_least: int):
         process.wait()
     assert not (out / metadata.INFO_FILE).exists(), "the run finished before it was killed"
     spilled = _spilled(out)
-    assert spilled < 3 * PER_CLASS + 2
+    # Usually part of the set; on a loaded machine the poll above can wake only
+    # after every record is on disk (but before the run finished): that run
+    # still has to resume, just with nothing left to convert.
+    assert spilled <= 3 * PER_CLASS + 2
     return spilled
 
 
