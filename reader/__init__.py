@@ -12,7 +12,7 @@ needs neither Beam nor Pillow. See ``docs/reader.md``.
 The names below are the public front door. Everything else stays importable
 from its module: ``reader.info`` (``SplitInfo``, ``ShardInfo``,
 ``StoredImage``), ``reader.dataset`` (``InputReader``,
-``decoded_cache_bytes``), ``reader.decode`` (``IMAGENET_MEAN``,
+``decoded_cache_bytes``), ``reader.parser`` (``Parser``), ``reader.decode`` (``IMAGENET_MEAN``,
 ``IMAGENET_STD``), ``reader.native`` (``NativeOpsError``) and
 ``reader.inspect`` (``python -m reader.inspect``).
 """
@@ -22,7 +22,8 @@ from reader.allocator import prefer_bfc_cpu_allocator
 # Before any TensorFlow op creates the CPU allocator (see reader/allocator.py).
 prefer_bfc_cpu_allocator()
 
-from reader.dataset import ReaderConfig, distributed_dataset, make_dataset  # noqa: E402
+from reader.config import AugmentConfig, ReaderConfig  # noqa: E402
+from reader.dataset import distributed_dataset, make_dataset  # noqa: E402
 from reader.info import (  # noqa: E402
     DatasetInfo,
     DatasetInfoError,
@@ -32,6 +33,7 @@ from reader.info import (  # noqa: E402
 )
 
 __all__ = [
+    "AugmentConfig",
     "DatasetInfo",
     "DatasetInfoError",
     "IncompleteDatasetError",

@@ -17,12 +17,14 @@ in the manner of TF Model Garden's ``official/core/input_reader.py``::
                 -> cache in memory -> [shuffle -> repeat] -> per image: crop (a slice
                 of the cached pixels) + resize + flip -> batch -> [pad] -> normalise
 
-No Python runs per element: every step is a TensorFlow op inside ``tf.data``.
+The decoding steps (parse, decode, crop, flip, resize) are a
+:class:`~reader.parser.Parser`'s, built from the config's :class:`AugmentConfig`;
+this module reads, shuffles, batches and finishes. No Python runs per element:
+every step is a TensorFlow op inside ``tf.data``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import math
@@ -33,20 +35,11 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from reader import decode, native
+from reader.config import AUGMENT_FIELDS, AUTOTUNE, AugmentConfig, ReaderConfig
 from reader.info import DatasetInfo, load_info, too_few_for_a_batch
+from reader.parser import Parser
 
 _LOG = logging.getLogger(__name__)
-
-AUTOTUNE = tf.data.AUTOTUNE
-
-# How the per-image step runs after batching (see _decode_batch): tf.map_fn over
-# the batch inside a parallel map. It cost less CPU per image than decoding
-# before batching; tf.vectorized_map cannot be used (the JPEG ops have no pfor
-# rule, and its while_loop fallback cannot stack variable-size decoded crops).
-# parallel_iterations does not change the CPU cost per image but lets one batch
-# use several cores, which matters when fewer batches are in flight than there
-# are cores; it is the batch size, so a batch never waits on a fixed-size window
-# of iterations. Numbers: docs/performance.md, "Measurements behind code choices".
 
 # cache="decoded": the memory estimate (see decoded_cache_bytes). Images stored
 # with resize="shorter" are assumed 1.5x as long as they are wide (3:2 photos; 4:3
@@ -55,216 +48,10 @@ AUTOTUNE = tf.data.AUTOTUNE
 # _ASSUMED_JPEG_RATIO times the shard bytes (JPEG at quality ~90).
 _ASSUMED_ASPECT = 1.5
 _ASSUMED_JPEG_RATIO = 10
-DECODED = "decoded"
 
 # TFRecordDataset's read buffer. The default (256 KiB) means many small reads;
 # on gs:// each read is an HTTP range request, so read in larger pieces.
 _READ_BUFFER_BYTES = 8 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class ReaderConfig:
-    """Everything that shapes a reader pipeline. ``make_dataset`` builds one from its arguments.
-
-    ``None`` means "the right default for ``training``" wherever it is allowed.
-
-    Attributes:
-        split: Split name, e.g. ``"train"``.
-        batch_size: Batch size of *this* input pipeline (per replica under
-            ``tf.distribute``: ``ctx.get_per_replica_batch_size(global)``).
-        image_size: Output ``(height, width)``; an int means a square.
-        training: Training (shuffle, repeat, augment) or evaluation (every record
-            once, in shard order).
-        dtype: Image dtype: ``tf.float32``, ``tf.bfloat16`` (TPU), or ``tf.uint8``:
-            the float32 values rounded (half to even), a quarter of the bytes for
-            the host to write and move; the model normalises on the accelerator.
-            Needs ``value_range="0_255"``.
-        seed: Seed for the file shuffle, the record shuffle and augmentation.
-            ``None``: fresh randomness each run.
-        deterministic: Produce elements in a fixed order (``tf.data``'s
-            ``deterministic``). Default: ``False`` for training (faster: a slow
-            file or image does not stall the others), ``True`` for evaluation.
-            With ``seed``, ``True`` repeats the same batches run after run.
-        drop_remainder: Drop the last partial batch, giving static batch shapes.
-            Default: ``True`` for training, ``False`` for evaluation.
-        pad_to_batch: Evaluation on static shapes (TPU): pad the last batch to
-            ``batch_size`` and add a float32 ``weight`` per example (1 real, 0 pad).
-        repeat: Repeat forever. Default: ``training``.
-        shuffle: Shuffle records with a buffer. Default: ``training``.
-        shuffle_files: Shuffle the shard list each epoch. Default: ``training``.
-        shuffle_buffer_size: Records in the shuffle buffer. The shards are already
-            a global permutation, so this only has to mix the interleaved shards
-            and make epochs differ, not undo any class order.
-        cycle_length: Shards read at once in training. Default: the pipeline's
-            shard count, at most 16.
-        block_length: Consecutive records taken from one shard per turn.
-        num_parallel_calls: Parallelism of interleave and of the decode map.
-        cache: ``None``; ``"memory"`` (or ``True``) to keep the serialized records
-            in memory after the first pass; ``"decoded"`` to decode every record
-            once (uint8, stored size, no augmentation) and keep the pixels in
-            memory, so later epochs only crop, resize and flip (see
-            :func:`decoded_cache_bytes` for the memory it needs); any other string
-            is a file-name prefix for an on-disk cache of the records. Augmentation
-            differs per epoch whatever is cached.
-        random_crop: Training: Inception-style random resized crop, decoding only
-            the crop. Off: the evaluation transform.
-        horizontal_flip: Training: random left-right flip.
-        crop_area_range: Fraction of the image area the random crop covers.
-        crop_aspect_ratio_range: Width/height range of the random crop.
-        eval_crop: Evaluation: ``"center"`` (centre crop of
-            ``center_crop_fraction`` at the output's aspect ratio, decoding only
-            the crop, then resize) or ``"resize"`` (squash the whole image).
-        center_crop_fraction: See ``eval_crop``; 0.875 is the ImageNet 224/256 crop.
-        resize_method: A ``tf.image.ResizeMethod`` name.
-        value_range: ``"0_255"`` (raw; Keras EfficientNet expects it), ``"0_1"``, or
-            ``"imagenet"`` (``(x/255 - mean) / std``).
-        mean, std: Per-channel statistics (0..1 scale) for ``"imagenet"``.
-        one_hot: Labels as float32 one-hot ``[B, num_classes]`` instead of int32 ``[B]``.
-        return_dict: Yield dicts ``{"image", "label", "filename", "sha256"[, "weight"]}``
-            instead of tuples (to trace predictions back to files).
-        image_fn: ``f(image, label) -> (image, label)`` per image, after decode and
-            crop, before batching; ``image`` is float32 ``[H, W, 3]`` in 0..255,
-            ``label`` an int32 scalar. Unless ``decode_before_batching``, it runs
-            inside the per-batch step and must keep the shape and dtypes.
-        batch_fn: ``f(images, labels) -> (images, labels)`` per batch, last (after
-            normalisation, dtype and one-hot): e.g. MixUp / CutMix.
-        decode_before_batching: Parse and decode each record before batching
-            (``parse_single_example`` path). Needed when ``image_fn`` changes the
-            image shape; it costs one function call per record instead of per
-            batch and copies decoded pixels into the batch.
-        native_ops: Flip and resize each batch with the reader's native op
-            (``reader.native``, compiled on first use; the same pixels as the
-            stock ops, ~30% less CPU per image in training). ``None``: where it
-            can be built, else stock ops with one warning. ``True``: required
-            (an error if it cannot be built or does not apply). ``False``:
-            stock ops. It applies with ``resize_method="bilinear"``, no
-            ``image_fn`` (which needs each image as a tensor of its own) and no
-            ``decode_before_batching`` (``cache="decoded"`` is served).
-        threadpool_size: ``tf.data.Options.threading.private_threadpool_size``.
-        max_intra_op_parallelism: ``tf.data.Options.threading.max_intra_op_parallelism``.
-        options: Extra ``tf.data.Options``, merged over the reader's own.
-        prefetch: Batches to prefetch (default AUTOTUNE).
-    """
-
-    split: str
-    batch_size: int
-    image_size: int | tuple[int, int]
-    training: bool
-    dtype: tf.DType = tf.float32
-    seed: int | None = None
-    deterministic: bool | None = None
-    drop_remainder: bool | None = None
-    pad_to_batch: bool = False
-    repeat: bool | None = None
-    shuffle: bool | None = None
-    shuffle_files: bool | None = None
-    shuffle_buffer_size: int = 2048
-    cycle_length: int | None = None
-    block_length: int = 1
-    num_parallel_calls: int = AUTOTUNE
-    cache: bool | str | None = None
-    random_crop: bool = True
-    horizontal_flip: bool = True
-    crop_area_range: tuple[float, float] = (0.08, 1.0)
-    crop_aspect_ratio_range: tuple[float, float] = (3 / 4, 4 / 3)
-    eval_crop: str = "center"
-    center_crop_fraction: float = 0.875
-    resize_method: str = "bilinear"
-    value_range: str = "0_255"
-    mean: tuple[float, float, float] = decode.IMAGENET_MEAN
-    std: tuple[float, float, float] = decode.IMAGENET_STD
-    one_hot: bool = False
-    return_dict: bool = False
-    image_fn: Callable | None = None
-    batch_fn: Callable | None = None
-    decode_before_batching: bool = False
-    native_ops: bool | None = None
-    threadpool_size: int | None = None
-    max_intra_op_parallelism: int | None = None
-    options: tf.data.Options | None = None
-    prefetch: int = AUTOTUNE
-
-    def __post_init__(self):
-        size = self.image_size
-        if isinstance(size, int):
-            size = (size, size)
-        size = tuple(int(s) for s in size)
-        if len(size) != 2 or min(size) <= 0:
-            raise ValueError(f"image_size must be a positive int or (height, width), got {size}")
-        object.__setattr__(self, "image_size", size)
-        object.__setattr__(self, "dtype", tf.as_dtype(self.dtype))
-        if self.dtype == tf.uint8:
-            if self.value_range != "0_255":
-                raise ValueError(
-                    "dtype=tf.uint8 gives raw 0..255 pixels (the model normalises them): "
-                    f"value_range must be '0_255', got {self.value_range!r}"
-                )
-        elif not self.dtype.is_floating:
-            raise ValueError(
-                f"dtype must be a float type (float32, bfloat16) or uint8, got {self.dtype}"
-            )
-        if self.batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
-        if self.value_range not in decode.VALUE_RANGES:
-            raise ValueError(
-                f"value_range must be one of {decode.VALUE_RANGES}, got {self.value_range!r}"
-            )
-        if self.eval_crop not in decode.EVAL_CROPS:
-            raise ValueError(
-                f"eval_crop must be one of {decode.EVAL_CROPS}, got {self.eval_crop!r}"
-            )
-        if self.pad_to_batch and self.drop_remainder:
-            raise ValueError(
-                "pad_to_batch pads the last batch; it cannot be combined with drop_remainder=True"
-            )
-        if self.pad_to_batch and self.repeat_forever:
-            raise ValueError("pad_to_batch needs a finite dataset: pass repeat=False")
-        if self.shuffle_buffer_size <= 0:
-            raise ValueError("shuffle_buffer_size must be positive")
-        if self.cache is not None and not isinstance(self.cache, bool | str):
-            raise ValueError(
-                f"cache must be None, True, 'memory', 'decoded' or a file prefix, got {self.cache!r}"
-            )
-
-    # Resolved defaults ---------------------------------------------------------------
-    @property
-    def is_deterministic(self) -> bool:
-        return (not self.training) if self.deterministic is None else self.deterministic
-
-    @property
-    def drops_remainder(self) -> bool:
-        if self.drop_remainder is None:
-            return self.training and not self.pad_to_batch
-        return self.drop_remainder
-
-    @property
-    def repeat_forever(self) -> bool:
-        return self.training if self.repeat is None else self.repeat
-
-    @property
-    def shuffles_records(self) -> bool:
-        return self.training if self.shuffle is None else self.shuffle
-
-    @property
-    def shuffles_files(self) -> bool:
-        return self.training if self.shuffle_files is None else self.shuffle_files
-
-    @property
-    def augments(self) -> bool:
-        return self.training and (self.random_crop or self.horizontal_flip)
-
-    @property
-    def caches_decoded(self) -> bool:
-        return self.cache == DECODED
-
-    @property
-    def native_resize_applies(self) -> bool:
-        """The pipeline has the per-batch step the native op replaces."""
-        return (
-            (self.caches_decoded or not self.decode_before_batching)
-            and self.image_fn is None
-            and self.resize_method == "bilinear"
-        )
 
 
 def _physical_memory_bytes() -> int | None:
@@ -374,9 +161,20 @@ class InputReader:
         self._files = list(info.files(config.split))
         if not self._files:
             raise ValueError(f"split {config.split!r} of {info.path} has no shards")
-        self._native = _use_native_ops(config)
-        # uint8 batches come out of the op rounded; float ones are normalised after it.
-        self._native_dtype = tf.uint8 if config.dtype == tf.uint8 else tf.float32
+        native_dtype = None
+        if _use_native_ops(config):
+            # uint8 batches come out of the op rounded; float ones are normalised after it.
+            native_dtype = tf.uint8 if config.dtype == tf.uint8 else tf.float32
+        self._parser = Parser(
+            config.augment,
+            config.image_size,
+            native_dtype=native_dtype,
+            with_metadata=config.return_dict,
+            image_fn=config.image_fn,
+            image_fn_keeps_shape=not (config.decode_before_batching or config.caches_decoded),
+            parallel_iterations=config.batch_size,
+        )
+        self._native = native_dtype is not None
         # One base seed per build. Without a user seed it is fresh each run, so
         # unseeded training differs run to run as users expect.
         self._seed = config.seed if config.seed is not None else random.getrandbits(62)
@@ -388,33 +186,40 @@ class InputReader:
         pipeline_id = input_context.input_pipeline_id if input_context else 0
         # Per-pipeline seeds: each pipeline shuffles its records and augments its
         # images differently; the *file* shuffle seed is shared (see _read_records).
-        self._pipeline_seed = _derive_seed(self._seed, f"pipeline{pipeline_id}")
+        seed = _derive_seed(self._seed, f"pipeline{pipeline_id}")
         if cfg.drops_remainder:
             self._check_one_full_batch(num_pipelines, pipeline_id)
+        parser = self._parser
 
         ds = self._read_records(num_pipelines, pipeline_id)
         if cfg.caches_decoded:
             self._check_decoded_cache_memory(num_pipelines, pipeline_id)
-            ds = self._decode_and_cache(ds)
-            ds = self._maybe_shuffle(ds)
+            ds = self._map(ds, parser.cache_train_record, parser.cache_eval_record).cache()
+            ds = self._maybe_shuffle(ds, seed)
             ds = self._maybe_repeat(ds)
+            ds = self._map(ds, parser.crop_train_cached, parser.crop_eval_cached, seed)
             if self._native:
-                ds = self._crop_decoded_native(ds)
+                # Each window travels flat; padded_batch puts the windows of a batch
+                # in the rows of one uint8 tensor, which the op reads row by row: no
+                # float32 image per record and no copy into the batch. (ragged_batch
+                # would pack them end to end, but its variant encoding costs more CPU
+                # per image than the whole rest of this pipeline.)
+                ds = ds.padded_batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
+                ds = self._map(ds, parser.resize_cached_batch, parser.resize_cached_batch)
             else:
-                ds = self._transform_decoded(ds)
                 ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
         elif cfg.decode_before_batching:
             ds = self._maybe_cache(ds, num_pipelines, pipeline_id)
-            ds = self._maybe_shuffle(ds)
+            ds = self._maybe_shuffle(ds, seed)
             ds = self._maybe_repeat(ds)
-            ds = self._decode_each(ds)
+            ds = self._map(ds, parser.parse_train_record, parser.parse_eval_record, seed)
             ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
         else:
             ds = self._maybe_cache(ds, num_pipelines, pipeline_id)
-            ds = self._maybe_shuffle(ds)
+            ds = self._maybe_shuffle(ds, seed)
             ds = self._maybe_repeat(ds)
             ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
-            ds = self._decode_batches(ds)
+            ds = self._map(ds, parser.parse_train_batch, parser.parse_eval_batch, seed)
         ds = self._maybe_pad(ds)
         ds = self._maybe_assert_cardinality(ds, num_pipelines, pipeline_id)
         ds = self._pad_to_common_length(ds, num_pipelines)
@@ -628,101 +433,13 @@ class InputReader:
         else:
             _LOG.info("cache='decoded': about %.2f GiB (%s)", estimate / 2**30, how)
 
-    def _decode_and_cache(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        """cache="decoded": parse + decode each record once (whole, or its eval window), cache it."""
-        cfg = self._config
-
-        def decode_record(serialized):
-            features = decode.parse_single(serialized, with_metadata=cfg.return_dict)
-            features["image"] = decode.decode_for_cache(
-                features.pop(decode.ENCODED),
-                cfg.image_size,
-                random_crop=cfg.training and cfg.random_crop,
-                eval_crop=cfg.eval_crop,
-                center_crop_fraction=cfg.center_crop_fraction,
-            )
-            return features
-
-        ds = ds.map(
-            decode_record,
-            num_parallel_calls=cfg.num_parallel_calls,
-            deterministic=cfg.is_deterministic,
-        )
-        return ds.cache()
-
-    def _transform_decoded(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        """cache="decoded": per image crop (+ flip) + resize of the cached pixels, before batching."""
-
-        def transform(features, seed):
-            features = dict(features)
-            seeds = tf.random.stateless_uniform(
-                [2, 2], seed=seed, minval=None, maxval=None, dtype=tf.int64
-            )
-            features["image"], features["label"] = self._decode_one(
-                features["image"], features["label"], seeds, decoded=True
-            )
-            return features
-
-        return self._map_with_seeds(ds, transform)
-
-    def _crop_decoded_native(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        """cache="decoded" with the native op: crop per image, then flip + resize per batch.
-
-        Each image's window (a slice of the cached pixels) travels flat, and
-        ``padded_batch`` puts the windows of a batch in the rows of one uint8
-        tensor, which the op reads row by row: no float32 image per record and
-        no copy into the batch. (``ragged_batch`` would pack them end to end,
-        but its variant encoding costs more CPU per image than the whole rest
-        of this pipeline; docs/performance.md has the numbers.)
-        """
-        cfg = self._config
-
-        def crop(features, seed):
-            features = dict(features)
-            seeds = tf.random.stateless_uniform(
-                [2, 2], seed=seed, minval=None, maxval=None, dtype=tf.int64
-            )
-            image, flip = decode.crop_decoded(
-                features.pop("image"),
-                seeds,
-                random_crop=cfg.training and cfg.random_crop,
-                horizontal_flip=cfg.training and cfg.horizontal_flip,
-                area_range=cfg.crop_area_range,
-                aspect_ratio_range=cfg.crop_aspect_ratio_range,
-            )
-            features["pixels"] = tf.reshape(image, [-1])
-            features["window"] = tf.shape(image)[:2]
-            features["flip"] = flip
-            return features
-
-        ds = self._map_with_seeds(ds, crop)
-        ds = ds.padded_batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
-
-        def resize(features):
-            features = dict(features)
-            pixels = features.pop("pixels")
-            images = native.resize_crops(
-                pixels,
-                features.pop("window"),
-                features.pop("flip"),
-                cfg.image_size,
-                self._native_dtype,
-            )
-            images.set_shape(pixels.shape[:1].concatenate([*cfg.image_size, 3]))
-            features["image"] = images
-            return features
-
-        return ds.map(
-            resize, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
-        )
-
-    def _maybe_shuffle(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+    def _maybe_shuffle(self, ds: tf.data.Dataset, seed: int) -> tf.data.Dataset:
         cfg = self._config
         if not cfg.shuffles_records:
             return ds
         return ds.shuffle(
             cfg.shuffle_buffer_size,
-            seed=_derive_seed(self._pipeline_seed, "records"),
+            seed=_derive_seed(seed, "records"),
             reshuffle_each_iteration=True,
         )
 
@@ -732,199 +449,49 @@ class InputReader:
         return ds.repeat() if self._config.repeat_forever else ds
 
     # Decoding ------------------------------------------------------------------------
-    def _seeds(self) -> tf.data.Dataset:
+    @staticmethod
+    def _seeds(seed: int) -> tf.data.Dataset:
         """One stateless seed ``[2]`` per element, zipped on in element order.
 
         ``Dataset.random`` with ``rerandomize_each_iteration`` (rather than a
         counter) gives a new, still reproducible, sequence each time the dataset
         is iterated again, so a loop that makes one iterator per epoch does not
         get the same crops at the same positions every epoch.
+
+        Args:
+            seed: The input pipeline's seed.
         """
-        base = tf.constant(_derive_seed(self._pipeline_seed, "augment"), tf.int64)
+        base = tf.constant(_derive_seed(seed, "augment"), tf.int64)
         draws = tf.data.Dataset.random(
-            seed=_derive_seed(self._pipeline_seed, "augment-stream") % (1 << 31),
+            seed=_derive_seed(seed, "augment-stream") % (1 << 31),
             rerandomize_each_iteration=True,
         )
         return draws.map(lambda draw: tf.stack([base, draw]))
 
-    def _decode_one(self, encoded, label, seeds=None, decoded: bool = False):
-        """One image: decode (+ crop + flip) + resize, then the user's ``image_fn``.
+    def _map(
+        self,
+        ds: tf.data.Dataset,
+        train_fn: Callable,
+        eval_fn: Callable,
+        seed: int | None = None,
+    ) -> tf.data.Dataset:
+        """A parallel ``map`` of one of the parser's steps: ``train_fn`` or ``eval_fn``.
 
-        ``decoded``: ``encoded`` is already a uint8 image from the decoded cache
-        (``decode.decode_for_cache``); the crop is sliced out of its pixels.
+        ``train_fn(element, seed)`` when this pipeline augments (each element gets
+        a stateless seed from :meth:`_seeds`), else ``eval_fn(element)``: without
+        augmentation nothing random is drawn, so no seed stream is zipped on.
+        ``seed`` is needed only by steps that draw (``None`` for those that do not).
         """
         cfg = self._config
-        if decoded:
-            image = decode.transform_decoded(
-                encoded,
-                seeds,
-                cfg.image_size,
-                random_crop=cfg.training and cfg.random_crop,
-                horizontal_flip=cfg.training and cfg.horizontal_flip,
-                area_range=cfg.crop_area_range,
-                aspect_ratio_range=cfg.crop_aspect_ratio_range,
-                resize_method=cfg.resize_method,
-            )
+        if cfg.augments and seed is not None:
+            ds = tf.data.Dataset.zip((ds, self._seeds(seed)))
+            fn = train_fn
         elif cfg.augments:
-            image = decode.decode_train(
-                encoded,
-                seeds,
-                cfg.image_size,
-                random_crop=cfg.random_crop,
-                horizontal_flip=cfg.horizontal_flip,
-                area_range=cfg.crop_area_range,
-                aspect_ratio_range=cfg.crop_aspect_ratio_range,
-                eval_crop=cfg.eval_crop,
-                center_crop_fraction=cfg.center_crop_fraction,
-                resize_method=cfg.resize_method,
-            )
+            fn = train_fn
         else:
-            image = decode.decode_eval(
-                encoded,
-                cfg.image_size,
-                cfg.eval_crop,
-                cfg.center_crop_fraction,
-                cfg.resize_method,
-            )
-        if cfg.image_fn is not None:
-            image, label = cfg.image_fn(image, label)
-            if not (cfg.decode_before_batching or decoded):
-                self._check_image_fn_output(image, label)
-        return image, label
-
-    def _check_image_fn_output(self, image, label) -> None:
-        """In the batched path image_fn runs inside map_fn, whose output spec is fixed."""
-        expected = tf.TensorShape([*self._config.image_size, 3])
-        image, label = tf.convert_to_tensor(image), tf.convert_to_tensor(label)
-        if (
-            image.dtype != tf.float32
-            or not image.shape.is_compatible_with(expected)
-            or label.dtype != tf.int32
-            or not label.shape.is_compatible_with([])
-        ):
-            raise ValueError(
-                f"image_fn must return a float32 image of shape {expected} and an int32 scalar "
-                f"label when it runs after batching; it returned {image.dtype} {image.shape} "
-                f"and {label.dtype} {label.shape}. Pass decode_before_batching=True to let it "
-                "change the shape (see docs/reader.md, 'Augmentation and hooks')."
-            )
-
-    def _decode_batches(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        """parse_example on each batch, then the per-image step over the batch."""
-        return self._map_with_seeds(ds, self._decode_batch)
-
-    def _decode_batch(self, serialized: tf.Tensor, batch_seed: tf.Tensor) -> dict:
-        cfg = self._config
-        features = decode.parse_batch(serialized, with_metadata=cfg.return_dict)
-        encoded = features.pop(decode.ENCODED)
-        size = tf.shape(encoded)[0]
-        # [B, 2, 2]: a crop seed and a flip seed per image, derived from the batch's.
-        seeds = tf.random.stateless_uniform(
-            tf.stack([size, 2, 2]), seed=batch_seed, minval=None, maxval=None, dtype=tf.int64
-        )
-        if self._native:
-            features["image"] = self._decode_batch_native(encoded, seeds)
-            return features
-        # Decoding after batching needs a per-image step. map_fn (a while_loop with
-        # parallel_iterations = the batch size) measured fastest: see the top of the module.
-        # tf.vectorized_map fails on the variable-size decoded images, and
-        # unbatch -> map -> batch would give up the batched parse.
-        images, labels = tf.map_fn(
-            lambda args: self._decode_one(*args),
-            (encoded, features["label"], seeds),
-            fn_output_signature=(
-                tf.TensorSpec([*cfg.image_size, 3], tf.float32),
-                tf.TensorSpec([], tf.int32),
-            ),
-            parallel_iterations=cfg.batch_size,
-        )
-        features["image"] = images
-        features["label"] = labels
-        return features
-
-    def _decode_batch_native(self, encoded: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
-        """Decodes each image's window (uint8), then flips + resizes all into the batch at once.
-
-        The windows go to the op as one flat uint8 tensor plus their shapes: the
-        concatenation copies ~100 KB per image, where the stock path copies the
-        600 KB float32 result into the batch.
-        """
-        cfg = self._config
-        count = tf.shape(encoded)[0]
-        augments = cfg.augments
-
-        def step(i, pixels, shapes, flips):
-            image, flip = decode.decode_window(
-                encoded[i],
-                seeds[i],
-                cfg.image_size,
-                random_crop=augments and cfg.random_crop,
-                horizontal_flip=augments and cfg.horizontal_flip,
-                area_range=cfg.crop_area_range,
-                aspect_ratio_range=cfg.crop_aspect_ratio_range,
-                eval_crop=cfg.eval_crop,
-                center_crop_fraction=cfg.center_crop_fraction,
-            )
-            return (
-                i + 1,
-                pixels.write(i, tf.reshape(image, [-1])),
-                shapes.write(i, tf.shape(image)[:2]),
-                flips.write(i, flip),
-            )
-
-        arrays = (
-            tf.TensorArray(tf.uint8, size=count, infer_shape=False, element_shape=[None]),
-            tf.TensorArray(tf.int32, size=count, element_shape=[2]),
-            tf.TensorArray(tf.bool, size=count, element_shape=[]),
-        )
-        _, pixels, shapes, flips = tf.while_loop(
-            lambda i, *_: i < count,
-            step,
-            (tf.constant(0), *arrays),
-            parallel_iterations=cfg.batch_size,
-        )
-        # concat() of an empty array has no element shape to go by.
-        flat = tf.cond(count > 0, lambda: pixels.concat(), lambda: tf.zeros([0], tf.uint8))
-        images = native.resize_crops(
-            flat, shapes.stack(), flips.stack(), cfg.image_size, self._native_dtype
-        )
-        # The batch dimension is static when the remainder is dropped; the loop hides it.
-        images.set_shape(encoded.shape[:1].concatenate([*cfg.image_size, 3]))
-        return images
-
-    def _decode_each(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        """The decode-before-batching path: parse and decode each record on its own."""
-        cfg = self._config
-
-        def decode_record(serialized, seeds):
-            features = decode.parse_single(serialized, with_metadata=cfg.return_dict)
-            encoded = features.pop(decode.ENCODED)
-            seeds = tf.random.stateless_uniform(
-                [2, 2], seed=seeds, minval=None, maxval=None, dtype=tf.int64
-            )
-            features["image"], features["label"] = self._decode_one(
-                encoded, features["label"], seeds
-            )
-            return features
-
-        return self._map_with_seeds(ds, decode_record)
-
-    def _map_with_seeds(self, ds: tf.data.Dataset, fn: Callable) -> tf.data.Dataset:
-        """``ds.map(fn(element, seed))``, parallel: one augmentation seed per element, or zeros.
-
-        Without augmentation nothing random is drawn, so no seed stream is zipped on.
-        """
-        cfg = self._config
-        if cfg.augments:
-            ds = tf.data.Dataset.zip((ds, self._seeds()))
-            mapped = fn
-        else:
-
-            def mapped(element):
-                return fn(element, tf.zeros([2], tf.int64))
-
+            fn = eval_fn
         return ds.map(
-            mapped, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
+            fn, num_parallel_calls=cfg.num_parallel_calls, deterministic=cfg.is_deterministic
         )
 
     # Batch-level steps ---------------------------------------------------------------
@@ -989,16 +556,21 @@ class InputReader:
 
 def make_dataset(
     path: str | DatasetInfo,
-    split: str,
-    batch_size: int,
-    image_size: int | tuple[int, int],
-    training: bool,
+    split: str | None = None,
+    batch_size: int | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    training: bool | None = None,
     input_context: tf.distribute.InputContext | None = None,
-    dtype: tf.DType = tf.float32,
+    dtype: tf.DType | None = None,
     seed: int | None = None,
+    *,
+    config: ReaderConfig | None = None,
     **options,
 ) -> tf.data.Dataset:
     """A batched ``tf.data.Dataset`` of one split of an imagerecords dataset.
+
+    Either the keywords (``split``, ``batch_size``, ``image_size`` and
+    ``training`` required) or a whole ``config``; not both.
 
     Args:
         path: The dataset folder (local or ``gs://``), or a :class:`DatasetInfo`.
@@ -1010,14 +582,20 @@ def make_dataset(
             once in shard order (``False``).
         input_context: A ``tf.distribute.InputContext``: read only this input
             pipeline's share of the split.
-        dtype: ``tf.float32``, ``tf.bfloat16``, or ``tf.uint8`` (raw 0..255 pixels
-            for a model that normalises on the accelerator; ``value_range="0_255"``).
+        dtype: ``tf.float32`` (default), ``tf.bfloat16``, or ``tf.uint8`` (raw
+            0..255 pixels for a model that normalises on the accelerator;
+            ``value_range="0_255"``).
         seed: Seed for shuffles and augmentation; with ``deterministic=True`` the
             batches are the same run after run.
+        config: A :class:`ReaderConfig` holding all of the above but ``path`` and
+            ``input_context``.
         **options: Any other :class:`ReaderConfig` field (``deterministic``,
             ``drop_remainder``, ``pad_to_batch``, ``value_range``, ``one_hot``,
             ``cache``, ``shuffle_buffer_size``, ``cycle_length``, ``image_fn``,
-            ``batch_fn``, ``return_dict``, ...).
+            ``batch_fn``, ``return_dict``, ...) or :class:`AugmentConfig` field
+            (``random_crop``, ``horizontal_flip``, ``crop_area_range``,
+            ``crop_aspect_ratio_range``, ``eval_crop``, ``center_crop_fraction``,
+            ``resize_method``).
 
     Returns:
         Batches ``(images [B, H, W, 3], labels [B])``; ``(images, labels, weights)``
@@ -1027,18 +605,64 @@ def make_dataset(
     Raises:
         IncompleteDatasetError, DatasetInfoError: see :func:`reader.load_info`.
         UnknownSplitError: ``split`` is not in the dataset (the message lists the splits).
+        ValueError: a bad value, or ``config`` together with other settings.
+        TypeError: a keyword that is no setting.
     """
+    if config is None:
+        config = config_from_keywords(
+            split=split,
+            batch_size=batch_size,
+            image_size=image_size,
+            training=training,
+            dtype=dtype,
+            seed=seed,
+            **options,
+        )
+    else:
+        given = dict(
+            split=split,
+            batch_size=batch_size,
+            image_size=image_size,
+            training=training,
+            dtype=dtype,
+            seed=seed,
+        )
+        clash = sorted(name for name, value in given.items() if value is not None) + sorted(options)
+        if clash:
+            raise ValueError(
+                "make_dataset takes either config=ReaderConfig(...) or keywords, not both; "
+                f"got config and {', '.join(clash)} (use dataclasses.replace(config, ...))"
+            )
+        if not isinstance(config, ReaderConfig):
+            raise TypeError(f"config must be a ReaderConfig, got {type(config).__name__}")
     info = path if isinstance(path, DatasetInfo) else load_info(path)
-    config = ReaderConfig(
-        split=split,
-        batch_size=batch_size,
-        image_size=image_size,
-        training=training,
-        dtype=dtype,
-        seed=seed,
-        **options,
-    )
     return InputReader(info, config).read(input_context)
+
+
+def config_from_keywords(**keywords) -> ReaderConfig:
+    """``make_dataset``'s keywords as a :class:`ReaderConfig` (augmentation ones nested).
+
+    Raises:
+        TypeError: a required keyword is missing, or a keyword is no setting.
+        ValueError: a bad value, or ``augment=`` together with its own fields.
+    """
+    missing = [
+        name
+        for name in ("split", "batch_size", "image_size", "training")
+        if keywords.get(name) is None
+    ]
+    if missing:
+        raise TypeError(f"make_dataset() needs {', '.join(missing)} (or config=ReaderConfig(...))")
+    if keywords.get("dtype") is None:
+        keywords["dtype"] = tf.float32
+    augment = {name: keywords.pop(name) for name in list(keywords) if name in AUGMENT_FIELDS}
+    if augment:
+        if "augment" in keywords:
+            raise ValueError(
+                f"pass either augment=AugmentConfig(...) or {', '.join(sorted(augment))}, not both"
+            )
+        keywords["augment"] = AugmentConfig(**augment)
+    return ReaderConfig(**keywords)
 
 
 def distributed_dataset(

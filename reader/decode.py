@@ -1,5 +1,6 @@
-"""Parse, decode, crop, resize, flip and normalise: the per-batch and per-image steps.
+"""The reader's TensorFlow primitives: parse, crop windows, resize, flip draw, normalise.
 
+``reader.parser.Parser`` composes them into the per-image and per-batch steps.
 All functions here are pure TensorFlow graph code (they run inside ``tf.data``
 functions): no Python runs per element. Randomness is *stateless* and driven
 by explicit seeds, so a seeded pipeline gives the same augmentation run after
@@ -25,6 +26,17 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 VALUE_RANGES = ("0_255", "0_1", "imagenet")
 EVAL_CROPS = ("center", "resize")
+# tf.image.ResizeMethod values.
+RESIZE_METHODS = (
+    "bilinear",
+    "nearest",
+    "bicubic",
+    "area",
+    "lanczos3",
+    "lanczos5",
+    "gaussian",
+    "mitchellcubic",
+)
 
 
 def feature_spec(with_metadata: bool) -> dict[str, tf.io.FixedLenFeature]:
@@ -77,7 +89,7 @@ def parse_single(serialized: tf.Tensor, with_metadata: bool = False) -> dict[str
 _FLOAT_INPUT_METHODS = frozenset({"bilinear", "bicubic"})
 
 
-def _resize(
+def resize(
     image: tf.Tensor, size: Sequence[int], method: str, often_same_size: bool = False
 ) -> tf.Tensor:
     """Resizes a decoded uint8 image to ``size``: float32 ``[height, width, 3]`` in 0..255.
@@ -152,215 +164,9 @@ def center_crop_window(image_shape: tf.Tensor, size: Sequence[int], fraction: fl
     return tf.stack([offset_y, offset_x, crop_h, crop_w])
 
 
-def decode_train(
-    encoded: tf.Tensor,
-    seeds: tf.Tensor,
-    size: Sequence[int],
-    *,
-    random_crop: bool,
-    horizontal_flip: bool,
-    area_range: Sequence[float],
-    aspect_ratio_range: Sequence[float],
-    eval_crop: str,
-    center_crop_fraction: float,
-    resize_method: str,
-) -> tf.Tensor:
-    """Decodes one JPEG for training: random crop while decoding, flip, resize.
-
-    ``decode_and_crop_jpeg`` runs the inverse DCT, upsampling and colour
-    conversion only for the rows and columns of the crop window (the entropy
-    decoding still reads the whole file), and never materialises the full
-    image: the random crop's average area is about half the image.
-
-    Args:
-        encoded: Scalar string, the JPEG bytes.
-        seeds: int ``[2, 2]``, one stateless seed for the crop and one for the flip.
-        size: ``(height, width)`` of the output.
-        random_crop: Inception-style random resized crop; otherwise the eval transform.
-        horizontal_flip: Random left-right flip.
-        area_range, aspect_ratio_range: Bounds of the random crop.
-        eval_crop, center_crop_fraction: The transform used when ``random_crop`` is off.
-        resize_method: A ``tf.image.ResizeMethod`` name.
-
-    Returns:
-        float32 ``[height, width, 3]`` in 0..255.
-    """
-    image, flip = decode_window(
-        encoded,
-        seeds,
-        size,
-        random_crop=random_crop,
-        horizontal_flip=horizontal_flip,
-        area_range=area_range,
-        aspect_ratio_range=aspect_ratio_range,
-        eval_crop=eval_crop,
-        center_crop_fraction=center_crop_fraction,
-    )
-    return _flip_and_resize(image, flip, horizontal_flip, size, resize_method, random_crop)
-
-
-def _flip_and_resize(
-    image: tf.Tensor,
-    flip: tf.Tensor,
-    horizontal_flip: bool,
-    size: Sequence[int],
-    resize_method: str,
-    random_crop: bool,
-) -> tf.Tensor:
-    """The stock-ops tail of every path: mirror the window if drawn so, then resize it.
-
-    The uint8 window is mirrored *before* the resize: a half-pixel-centred
-    resize commutes with a horizontal flip, so the result is the flipped resize
-    up to float rounding, while this moves ~100 KB instead of the 600 KB float32
-    result (whose flip was 7.5% of the reader's CPU).
-    """
-    if horizontal_flip:
-        image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
-    return _resize(image, size, resize_method, often_same_size=not random_crop)
-
-
-def decode_window(
-    encoded: tf.Tensor,
-    seeds: tf.Tensor,
-    size: Sequence[int],
-    *,
-    random_crop: bool,
-    horizontal_flip: bool,
-    area_range: Sequence[float],
-    aspect_ratio_range: Sequence[float],
-    eval_crop: str,
-    center_crop_fraction: float,
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """The decoding half of :func:`decode_train` / :func:`decode_eval`, for the native resize.
-
-    Decodes the same window with the same seeds and draws the same flip, but
-    leaves flip and resize to ``reader.native.resize_crops``, which does both for
-    the whole batch.
-
-    Returns:
-        ``(uint8 [h, w, 3] window, bool scalar: mirror it)``.
-    """
-    if random_crop:
-        shape = tf.io.extract_jpeg_shape(encoded)
-        window = random_crop_window(shape, seeds[0], area_range, aspect_ratio_range)
-        image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
-    else:
-        image = _decode_eval_window(encoded, size, eval_crop, center_crop_fraction)
-    flip = _flip_draw(seeds[1]) if horizontal_flip else tf.constant(False)
-    return image, flip
-
-
-def _flip_draw(seed: tf.Tensor) -> tf.Tensor:
+def flip_draw(seed: tf.Tensor) -> tf.Tensor:
     """``stateless_random_flip_left_right``'s own draw: mirror when uniform(seed) < 0.5."""
     return tf.random.stateless_uniform([], seed=seed, minval=0.0, maxval=1.0) < 0.5
-
-
-def decode_eval(
-    encoded: tf.Tensor,
-    size: Sequence[int],
-    eval_crop: str,
-    center_crop_fraction: float,
-    resize_method: str,
-) -> tf.Tensor:
-    """Decodes one JPEG for evaluation: centre crop (decoding only the crop) or plain resize.
-
-    Returns:
-        float32 ``[height, width, 3]`` in 0..255.
-    """
-    image = _decode_eval_window(encoded, size, eval_crop, center_crop_fraction)
-    return _resize(image, size, resize_method, often_same_size=True)
-
-
-def _decode_eval_window(
-    encoded: tf.Tensor, size: Sequence[int], eval_crop: str, center_crop_fraction: float
-) -> tf.Tensor:
-    """The evaluation window of one JPEG, decoded (uint8), not yet resized."""
-    if eval_crop == "center":
-        shape = tf.io.extract_jpeg_shape(encoded)
-        window = center_crop_window(shape, size, center_crop_fraction)
-        return tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
-    if eval_crop == "resize":
-        return tf.io.decode_jpeg(encoded, channels=3)
-    raise ValueError(f"eval_crop must be one of {EVAL_CROPS}, got {eval_crop!r}")
-
-
-def decode_for_cache(
-    encoded: tf.Tensor,
-    size: Sequence[int],
-    *,
-    random_crop: bool,
-    eval_crop: str,
-    center_crop_fraction: float,
-) -> tf.Tensor:
-    """What ``cache="decoded"`` keeps of one JPEG: uint8 ``[h, w, 3]``, decoded once.
-
-    With ``random_crop`` (training) the whole image, since every epoch crops it
-    differently. Otherwise the deterministic evaluation window, decoded exactly as
-    :func:`decode_eval` decodes it (``decode_and_crop_jpeg``, whose pixels at the
-    window's edges differ slightly from slicing a fully decoded image), so a cached
-    evaluation is pixel-equal to an uncached one, and smaller.
-    """
-    if random_crop:
-        image = tf.io.decode_jpeg(encoded, channels=3)
-    else:
-        image = _decode_eval_window(encoded, size, eval_crop, center_crop_fraction)
-    image.set_shape([None, None, 3])
-    return image
-
-
-def transform_decoded(
-    image: tf.Tensor,
-    seeds: tf.Tensor,
-    size: Sequence[int],
-    *,
-    random_crop: bool,
-    horizontal_flip: bool,
-    area_range: Sequence[float],
-    aspect_ratio_range: Sequence[float],
-    resize_method: str,
-) -> tf.Tensor:
-    """:func:`decode_train` / :func:`decode_eval` on a :func:`decode_for_cache` image.
-
-    The random crop window is drawn exactly as in :func:`decode_train` (same
-    stateless sampler, same seed use), then sliced out of the cached pixels
-    instead of decoded from the JPEG; flip and resize are the same. Without
-    ``random_crop`` the cached image already is the evaluation window.
-
-    Returns:
-        float32 ``[height, width, 3]`` in 0..255.
-    """
-    image, flip = crop_decoded(
-        image,
-        seeds,
-        random_crop=random_crop,
-        horizontal_flip=horizontal_flip,
-        area_range=area_range,
-        aspect_ratio_range=aspect_ratio_range,
-    )
-    return _flip_and_resize(image, flip, horizontal_flip, size, resize_method, random_crop)
-
-
-def crop_decoded(
-    image: tf.Tensor,
-    seeds: tf.Tensor,
-    *,
-    random_crop: bool,
-    horizontal_flip: bool,
-    area_range: Sequence[float],
-    aspect_ratio_range: Sequence[float],
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """The crop half of :func:`transform_decoded`, for the native resize.
-
-    Returns:
-        ``(uint8 [h, w, 3] window of the cached pixels, bool scalar: mirror it)``.
-    """
-    if random_crop:
-        window = random_crop_window(tf.shape(image), seeds[0], area_range, aspect_ratio_range)
-        image = tf.slice(
-            image, tf.stack([window[0], window[1], 0]), tf.stack([window[2], window[3], 3])
-        )
-    flip = _flip_draw(seeds[1]) if horizontal_flip else tf.constant(False)
-    return image, flip
 
 
 def normalize(

@@ -127,6 +127,7 @@ def test_reads_through_tf_gfile(fixture):
 def test_public_names_are_the_front_door():
     """`import reader` offers the user's names; the rest lives in its module."""
     assert sorted(reader.__all__) == [
+        "AugmentConfig",
         "DatasetInfo",
         "DatasetInfoError",
         "IncompleteDatasetError",

@@ -368,7 +368,7 @@ def test_resize_gives_the_uint8_kernels_values(method):
     for size in ((24, 24), (224, 224), (31, 50), (60, 84)):  # (60, 84): no resize
         reference = tf.cast(tf.image.resize(image, size, method=method), tf.float32)
         for often_same_size in (False, True):
-            ours = decode._resize(image, size, method, often_same_size=often_same_size)
+            ours = decode.resize(image, size, method, often_same_size=often_same_size)
             assert ours.dtype == tf.float32 and ours.shape == (*size, 3)
             np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=1e-3)
 
@@ -376,21 +376,14 @@ def test_resize_gives_the_uint8_kernels_values(method):
 def test_flip_before_resize_equals_flip_after():
     """The crop is flipped before the resize: the same images as flipping the float result."""
     from reader import decode
+    from reader.parser import Parser
 
     encoded = _photo_like_jpeg()
-    kwargs = dict(
-        random_crop=True,
-        horizontal_flip=True,
-        area_range=(0.08, 1.0),
-        aspect_ratio_range=(3 / 4, 4 / 3),
-        eval_crop="center",
-        center_crop_fraction=0.875,
-        resize_method="bilinear",
-    )
+    parser = Parser(reader.AugmentConfig(), (SIZE, SIZE))
     flipped = 0
     for i in range(16):
         seeds = tf.constant([[i, 1], [i, 2]], tf.int64)
-        ours = decode.decode_train(encoded, seeds, (SIZE, SIZE), **kwargs)
+        ours = parser.train_image(encoded, seeds)
         # What the reader did before: crop, resize to float, then flip the result.
         shape = tf.io.extract_jpeg_shape(encoded)
         window = decode.random_crop_window(shape, seeds[0], (0.08, 1.0), (3 / 4, 4 / 3))
