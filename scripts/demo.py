@@ -8,6 +8,7 @@ one deliberately broken file to show the rejects output.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -61,21 +62,30 @@ def build_sample(folder: str, seed: int = 0) -> int:
     return count + 1
 
 
-CONTACT_SHEET = os.path.join(ROOT, "docs", "img", "contact_sheet.png")
+# The README's picture; only `scripts/demo.py --docs-image` rewrites it, so that
+# running the demo never changes a file git tracks.
+DOCS_CONTACT_SHEET = os.path.join(ROOT, "docs", "img", "contact_sheet.png")
 
 
-def draw_contact_sheet(info) -> str:
-    """The README's picture: 8 random images of each split, as `reader.inspect` draws them."""
+def draw_contact_sheet(info, path: str) -> str:
+    """8 random images of each split, as `reader.inspect --contact_sheet` draws them."""
     from reader import inspect as inspect_tool
 
-    os.makedirs(os.path.dirname(CONTACT_SHEET), exist_ok=True)
-    inspect_tool.contact_sheet(info, CONTACT_SHEET, list(info.splits), samples=8, seed=0, tile=96)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    inspect_tool.contact_sheet(info, path, list(info.splits), samples=8, seed=0, tile=96)
     # 256 colours keep the committed picture small (~4x smaller than full colour).
-    Image.open(CONTACT_SHEET).quantize(256).save(CONTACT_SHEET, optimize=True)
-    return CONTACT_SHEET
+    Image.open(path).quantize(256).save(path, optimize=True)
+    return path
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="make demo: sample photos -> records -> reader")
+    parser.add_argument(
+        "--docs-image",
+        action="store_true",
+        help=f"also redraw the README's picture ({os.path.relpath(DOCS_CONTACT_SHEET, ROOT)})",
+    )
+    args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="imagerecords-demo-")
     images, output = os.path.join(work, "images"), os.path.join(work, "records")
     count = build_sample(images)
@@ -118,8 +128,10 @@ def main() -> int:
     print(
         f"  train (augmented) batch: images {images_batch.shape} {images_batch.dtype}, labels {labels.numpy().tolist()}"
     )
-    sheet = draw_contact_sheet(info)
+    sheet = draw_contact_sheet(info, os.path.join(work, "contact_sheet.png"))
     print(f"  contact sheet of each split's images: {sheet}")
+    if args.docs_image:
+        print(f"  and for the README: {draw_contact_sheet(info, DOCS_CONTACT_SHEET)}")
     print(f"\ndemo: done. Output kept in {output}")
     python = os.path.relpath(sys.executable) if "/.venv/" in sys.executable else sys.executable
     print(

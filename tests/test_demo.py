@@ -13,9 +13,14 @@ def test_demo_explains_its_rejection_and_the_next_commands(monkeypatch, capsys, 
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
     monkeypatch.setattr(demo, "PER_CLASS", 20)  # 121 files: 1 rejected stays under 1%
-    monkeypatch.setattr(demo, "CONTACT_SHEET", str(tmp_path / "sheet.png"))  # not the docs' one
-    assert demo.main() == 0
+    docs_image = os.path.join(ROOT, "docs", "img", "contact_sheet.png")
+    docs_before = os.stat(docs_image).st_mtime_ns
+    assert demo.main([]) == 0
     out = capsys.readouterr().out
+    # The sheet goes to the demo's own folder; the README's picture is not rewritten.
+    sheets = list(tmp_path.glob("imagerecords-demo-*/contact_sheet.png"))
+    assert len(sheets) == 1 and f"contact sheet of each split's images: {sheets[0]}" in out
+    assert os.stat(docs_image).st_mtime_ns == docs_before
     assert "demo: 1 file rejected" in out
     assert "  cat/broken.jpg: corrupt image" in out  # the reason itself, not only the file
     tail = out[out.index("demo: done") :]
