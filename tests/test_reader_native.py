@@ -117,11 +117,24 @@ def test_op_reads_one_row_per_crop_as_packed(op):
         op.imagerecords_resize_crops(rows[:-1], shapes, flips, size=[4, 4])
 
 
-def test_op_same_size_is_an_exact_cast(op):
-    crop = np.random.default_rng(1).integers(0, 256, (5, 6, 3), dtype=np.uint8)
-    got = _run_op(op, [crop, crop], [False, True], (5, 6))
+@pytest.mark.parametrize("shape", [(5, 6), (224, 224), (3, 37)])
+def test_op_same_size_is_an_exact_cast(op, shape):
+    """A crop of the output size (the evaluation centre crop) is cast, mirrored if drawn so."""
+    crop = np.random.default_rng(1).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    got = _run_op(op, [crop, crop], [False, True], shape)
     np.testing.assert_array_equal(got[0], crop.astype(np.float32))
     np.testing.assert_array_equal(got[1], crop[:, ::-1].astype(np.float32))
+    flat = np.concatenate([crop.reshape(-1)] * 2)
+    raw = op.imagerecords_resize_crops(
+        flat, [shape, shape], [False, True], size=list(shape), T=tf.uint8
+    ).numpy()
+    np.testing.assert_array_equal(raw[0], crop)
+    np.testing.assert_array_equal(raw[1], crop[:, ::-1])
+    # Next to resized crops in one batch (the same-size path is per crop).
+    other = np.random.default_rng(2).integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    mixed = _run_op(op, [other, crop, other], [True, True, False], shape)
+    np.testing.assert_array_equal(mixed[1], crop[:, ::-1].astype(np.float32))
+    np.testing.assert_array_equal(mixed[0], _run_op(op, [other], [True], shape)[0])
 
 
 def test_op_rejects_inconsistent_inputs(op):
