@@ -15,7 +15,12 @@ drained prefetch buffer at epoch boundaries counts against them.
   imagerecords wrote: ``TFRecordDataset`` -> ``map(parse_single_example ->
   decode_jpeg -> resize, AUTOTUNE)`` -> ``batch`` -> ``prefetch``.
 * ``imagerecords_train`` / ``imagerecords_eval``: ``reader.make_dataset(OUT,
-  "train", batch_size, image_size=224, training=True|False)``.
+  "train", batch_size, image_size=224, training=True|False)``; the evaluation
+  pipeline with ``repeat=True``, so that, like the floor it is compared with,
+  it is timed in steady state.
+* ``imagerecords_eval_pass``: the evaluation pipeline as a user runs it, one
+  fresh finite pass per epoch: each pass also pays the iterator's start (tf.data
+  graph rewrite, thread pools) and the ramp-up and drain of the parallel map.
 * ``imagerecords_train_stock``: the default training pipeline with
   ``native_ops=False``: stock TensorFlow ops flip and resize each image, as on a
   machine where the reader's native op cannot be compiled (no C++ compiler).
@@ -50,6 +55,7 @@ VARIANTS = (
     "imagerecords_train_stock",
     "imagerecords_train_decoded",
     "imagerecords_eval",
+    "imagerecords_eval_pass",
     "imagerecords_train_uint8",
     "imagerecords_eval_uint8",
     "floor_crop_decode",
@@ -62,7 +68,8 @@ LABELS = {
     "imagerecords_train": "imagerecords reader, training (augment)",
     "imagerecords_train_stock": "imagerecords reader, training, stock TF ops (no C++ compiler)",
     "imagerecords_train_decoded": "imagerecords reader, training, cache=decoded (RAM)",
-    "imagerecords_eval": "imagerecords reader, eval",
+    "imagerecords_eval": "imagerecords reader, eval (steady state)",
+    "imagerecords_eval_pass": "imagerecords reader, eval, one fresh pass per epoch",
     "imagerecords_train_uint8": "imagerecords reader, training, uint8 batches",
     "imagerecords_eval_uint8": "imagerecords reader, eval, uint8 batches",
     "floor_crop_decode": "floor: read + parse + decode_and_crop_jpeg, batched, no resize",
@@ -160,7 +167,8 @@ def _imagerecords(records_dir: Path, batch: int, size: int, training: bool, **op
     ds = reader.make_dataset(
         str(records_dir), "train", batch_size=batch, image_size=size, training=training, **options
     )
-    return Pipeline(ds, _num_examples(records_dir, "train"), training)
+    infinite = options.get("repeat", training)
+    return Pipeline(ds, _num_examples(records_dir, "train"), infinite)
 
 
 def imagerecords_train(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
@@ -183,7 +191,12 @@ def imagerecords_train_decoded(
 
 
 def imagerecords_eval(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
-    """imagerecords' reader in eval mode (each record once, in order)."""
+    """imagerecords' reader in eval mode (records in order), repeated: steady state."""
+    return _imagerecords(records_dir, batch, size, training=False, repeat=True)
+
+
+def imagerecords_eval_pass(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
+    """imagerecords' reader in eval mode, one fresh finite pass per epoch."""
     return _imagerecords(records_dir, batch, size, training=False)
 
 
@@ -197,10 +210,10 @@ def imagerecords_train_uint8(
 
 
 def imagerecords_eval_uint8(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
-    """The evaluation pipeline with uint8 batches."""
+    """The evaluation pipeline with uint8 batches (steady state, as ``imagerecords_eval``)."""
     import tensorflow as tf
 
-    return _imagerecords(records_dir, batch, size, training=False, dtype=tf.uint8)
+    return _imagerecords(records_dir, batch, size, training=False, dtype=tf.uint8, repeat=True)
 
 
 def _decode_floor(records_dir: Path, batch: int, crop: bool) -> Pipeline:
@@ -283,6 +296,7 @@ BUILDERS = {
     "imagerecords_train_stock": imagerecords_train_stock,
     "imagerecords_train_decoded": imagerecords_train_decoded,
     "imagerecords_eval": imagerecords_eval,
+    "imagerecords_eval_pass": imagerecords_eval_pass,
     "imagerecords_train_uint8": imagerecords_train_uint8,
     "imagerecords_eval_uint8": imagerecords_eval_uint8,
     "floor_crop_decode": floor_crop_decode,

@@ -21,6 +21,7 @@ _NEEDS_READER = {
     "imagerecords_train_stock",
     "imagerecords_train_decoded",
     "imagerecords_eval",
+    "imagerecords_eval_pass",
     "imagerecords_train_uint8",
     "imagerecords_eval_uint8",
 }
