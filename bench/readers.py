@@ -56,6 +56,34 @@ class ReaderResult:
     cpu_s: float = float("nan")
 
 
+# (label, pipeline, baseline) of the ratios printed after a run (issue 15's goals).
+RATIOS = (
+    ("training / crop-decode floor (goal >= 0.9x)", "imagerecords_train", "floor_crop_decode"),
+    ("eval / full-decode floor (goal >= 0.9x)", "imagerecords_eval", "floor_full_decode"),
+    ("training / image_dataset_from_directory (goal >= 3x)", "imagerecords_train", "keras_dir"),
+    ("uint8 training / crop-decode floor", "imagerecords_train_uint8", "floor_crop_decode"),
+    ("uint8 eval / full-decode floor", "imagerecords_eval_uint8", "floor_full_decode"),
+    ("uint8 training / image_dataset_from_directory", "imagerecords_train_uint8", "keras_dir"),
+)
+
+
+def ratio_lines(results: list[ReaderResult]) -> list[str]:
+    """Each of ``RATIOS`` in images/s and in CPU per image (the baseline's over the pipeline's).
+
+    A ratio whose two pipelines did not both run is left out.
+    """
+    by_variant = {r.variant: r for r in results if r.ok}
+    lines = []
+    for label, pipeline, baseline in RATIOS:
+        ours, base = by_variant.get(pipeline), by_variant.get(baseline)
+        if ours is None or base is None:
+            continue
+        speed = ours.images_per_s / base.images_per_s
+        cpu = base.cpu_ms_per_image / ours.cpu_ms_per_image
+        lines.append(f"{label}: {speed:.2f}x images/s, {cpu:.2f}x CPU per image")
+    return lines
+
+
 def reader_available() -> bool:
     """Whether the reader under test has landed (``reader.make_dataset`` importable)."""
     init = REPO_DIR / "reader" / "__init__.py"
@@ -131,7 +159,10 @@ def run_readers(
                 best[variant] = result
     for variant in variants:
         best[variant].round_images_per_s = history[variant]
-    return [best[v] for v in variants]
+    results = [best[v] for v in variants]
+    for line in ratio_lines(results):
+        print(f"[bench] read ratio {line}", flush=True)
+    return results
 
 
 def _run_round(
