@@ -30,7 +30,7 @@ drained prefetch buffer at epoch boundaries counts against them.
 * ``imagerecords_train_uint8`` / ``imagerecords_eval_uint8``: the same pipelines
   with ``dtype=tf.uint8`` (what DALI and FFCV hand over: the model normalises on
   the accelerator), a quarter of the bytes per batch.
-* ``floor_crop_decode``: the training floor (issue 15): the same shards read,
+* ``floor_crop_decode``: the training floor: the same shards read,
   batched, ``parse_example``-ed, and each record's random window (the reader's
   distribution: area 0.08-1, aspect 3/4-4/3) decoded with
   ``decode_and_crop_jpeg``, the windows laid end to end in one uint8 tensor per
