@@ -19,6 +19,9 @@ INSTALL_REQUIRES = [
 TEST_REQUIRES = [
     "pytest>=8",
     "pytest-xdist>=3.5",
+    # A test that hangs (a fork deadlock under load, say) fails with every
+    # thread's stack after `timeout` seconds instead of stalling the whole run.
+    "pytest-timeout>=2.3",
     "tensorflow-cpu>=2.16",
     "gcp-storage-emulator>=2024.8",
     "cryptography>=42",
