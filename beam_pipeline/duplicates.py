@@ -98,15 +98,15 @@ def summary_lines(block: dict, first_split: str, deduped: bool = False) -> list[
         f"see {block['file']})"
     ]
     leaked = block.get("also_in_" + first_split) or {}
+    count = sum(leaked.values())
+    one = count == 1
+    images = f"{count} image{'' if one else 's'} in {'/'.join(leaked)}"
     if leaked and deduped:
-        lines.append(
-            f"{sum(leaked.values())} images in {'/'.join(leaked)} were copies of "
-            f"{first_split} images; --dedupe kept one of each"
-        )
+        copies = f"a copy of a {first_split} image" if one else f"copies of {first_split} images"
+        lines.append(f"{images} {'was' if one else 'were'} {copies}; --dedupe kept one of each")
     elif leaked:
-        names = "/".join(leaked)
         lines.append(
-            f"WARNING: {sum(leaked.values())} images in {names} also appear in {first_split}: "
+            f"WARNING: {images} also appear{'s' if one else ''} in {first_split}: "
             "the model will be evaluated on images it trained on (--dedupe keeps one of each)"
         )
     return lines

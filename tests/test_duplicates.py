@@ -78,6 +78,23 @@ def test_summary_is_loud_only_when_evaluation_images_are_also_in_train():
     assert duplicates.summary_lines(duplicates.info_block([], "train"), "train") == []
 
 
+@pytest.mark.parametrize(
+    "evaluation, deduped, line",
+    [
+        (["val"], False, "WARNING: 1 image in val also appears in train: the model"),
+        (["val", "test"], False, "WARNING: 2 images in test/val also appear in train: the model"),
+        (["val"], True, "1 image in val was a copy of a train image; --dedupe kept one of each"),
+        (["val", "val"], True, "2 images in val were copies of train images; --dedupe kept one"),
+    ],
+)
+def test_leak_line_counts_one_image_in_the_singular(evaluation, deduped, line):
+    members = [Member("a", "train", 0)] + [
+        Member(f"e{i}", split, 0) for i, split in enumerate(evaluation)
+    ]
+    block = duplicates.info_block([members], "train")
+    assert duplicates.summary_lines(block, "train", deduped=deduped)[-1].startswith(line)
+
+
 # ------------------------------------------------------------ end to end (CLI)
 
 
