@@ -2,7 +2,8 @@
 
 Written against **apache-beam 2.77.0** (:data:`BEAM_VERSION`; ``setup.py`` and
 ``deploy/Dockerfile`` pin the same version). Each trick only makes a local
-DirectRunner run start or end sooner; none changes what the job writes. Each
+DirectRunner run start or end sooner, or keeps its stderr to the CLI's
+one-line errors; none changes what the job writes. Each
 is guarded: when a Beam upgrade breaks one (a module, attribute or signature
 gone or changed), the job takes Beam's plain public path instead and logs
 one warning line naming the trick and both Beam versions; it never crashes
@@ -34,6 +35,13 @@ The tricks, and why each exists:
   and the local conversion pool needs the graph in this process; going
   straight to the FnApiRunner makes the engine the same offline and online.
   Fallback: Beam's DirectRunner, chosen by the options as usual.
+* :func:`direct_fn_api_runner` with a ``workers_log`` also appends
+  ``2>>LOG`` to the command line of ``multi_processing``'s SDK worker
+  processes (Beam's ``SubprocessSDKEnvironment``, run with ``shell=True``).
+  Beam's worker prints the full traceback of every failed bundle to its
+  stderr, which it shares with the CLI; the CLI's rule is one ``error:``
+  line, a traceback only with ``--verbose``. Fallback: the workers write to
+  the CLI's stderr, as in plain Beam.
 * :func:`fast_exit` ends ``python -m beam_pipeline`` with ``os._exit`` once
   every output is closed and renamed, skipping the interpreter's teardown of
   Beam's runner state (threads, gRPC channels, caches), which lengthened a
@@ -191,11 +199,18 @@ def shorten_state_sampling() -> bool:
 # ------------------------------------------------------ DirectRunner, no Prism
 
 
-def direct_fn_api_runner(all_options: dict):
+# The command line FnApiRunner.run_pipeline gives multi_processing's workers
+# (with sys.executable); the only one whose stderr is redirected.
+_SDK_WORKER_COMMAND = "{python} -m apache_beam.runners.worker.sdk_worker_main"
+
+
+def direct_fn_api_runner(all_options: dict, workers_log: str | None = None):
     """The runner DirectRunner uses for a batch pipeline, without its Prism attempt.
 
     Args:
         all_options: ``PipelineOptions.get_all_options()`` of the job.
+        workers_log: A local file that multi_processing's worker processes
+            append their stderr to, instead of the CLI's stderr; None: leave it.
 
     Returns:
         The FnApiRunner, configured as DirectRunner configures it; None when
@@ -210,10 +225,48 @@ def direct_fn_api_runner(all_options: dict):
         info = beam_provision_api_pb2.ProvisionInfo(
             pipeline_options=JobServiceHandle.encode_pipeline_options(all_options)
         )
-        return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(info))
+        provision = fn_runner.ExtendedProvisionInfo(info)
+        if workers_log is None or all_options.get("direct_running_mode") != "multi_processing":
+            return fn_runner.FnApiRunner(provision_info=provision)
     except Exception as error:
         _fell_back("direct_fn_api_runner", error, "using Beam's DirectRunner")
         return None
+    return _runner_with_workers_log(fn_runner.FnApiRunner, workers_log)(provision_info=provision)
+
+
+def _runner_with_workers_log(base, workers_log: str):
+    """A FnApiRunner class whose multi_processing workers append stderr to ``workers_log``.
+
+    The worker command is rewritten in the pipeline proto, where
+    ``run_pipeline`` put it, just before ``run_via_runner_api`` starts the
+    workers; nothing outside this runner changes.
+    """
+    import shlex
+
+    class FnApiRunnerWithWorkersLog(base):
+        def run_via_runner_api(self, pipeline_proto, options):
+            try:
+                from apache_beam.portability import python_urns
+
+                command = _SDK_WORKER_COMMAND.format(python=sys.executable).encode("utf-8")
+                found = [
+                    env
+                    for env in pipeline_proto.components.environments.values()
+                    if env.urn == python_urns.SUBPROCESS_SDK and env.payload == command
+                ]
+                if not found:
+                    raise LookupError(f"no worker environment runs {command.decode()!r}")
+                for env in found:
+                    env.payload = command + f" 2>>{shlex.quote(workers_log)}".encode()
+            except Exception as error:
+                _fell_back(
+                    "direct_fn_api_runner",
+                    error,
+                    "multi_processing's workers print to this process's stderr",
+                )
+            return super().run_via_runner_api(pipeline_proto, options)
+
+    return FnApiRunnerWithWorkersLog
 
 
 # ------------------------------------------------------------------ fast exit

@@ -33,6 +33,9 @@ CONVERT_AHEAD_LIMIT = 1024
 CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 
 _DIRECT = (None, "DirectRunner", "direct")
+# The stderr of DirectRunner's multi_processing worker processes (not with --verbose):
+# Beam's worker prints a traceback per failed bundle there.
+WORKERS_LOG = "workers.log"
 
 
 def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
@@ -133,9 +136,12 @@ def _collector_skips_the_graph():
         gc.unfreeze()
 
 
-def build_and_run(config, beam_args: list[str], wait: bool, say):
+def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: str | None = None):
     """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
     or None when not waiting (``wait`` false, or a Dataflow template was written).
+
+    ``workers_log``: a local file for the stderr of DirectRunner's
+    multi_processing worker processes (None: they share this process's stderr).
     """
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -151,8 +157,13 @@ def build_and_run(config, beam_args: list[str], wait: bool, say):
     runner = None
     if runner_name in ("DirectRunner", "direct"):
         beam_private.shorten_state_sampling()
-        runner = beam_private.direct_fn_api_runner(chosen)
         mode = chosen.get("direct_running_mode")
+        if mode != "multi_processing":
+            workers_log = None
+        elif workers_log:
+            os.makedirs(os.path.dirname(workers_log), exist_ok=True)
+            open(workers_log, "w").close()  # a resumed run's log starts empty
+        runner = beam_private.direct_fn_api_runner(chosen, workers_log)
         workers = (
             config.conversion_processes if mode == "in_memory" else chosen.get("direct_num_workers")
         )
@@ -197,6 +208,21 @@ def _all_local(layout, output: str) -> bool:
     from beam_pipeline import listing
 
     return layout.kind != "manifest" and listing.is_local(layout.root) and listing.is_local(output)
+
+
+def _workers_log_path(output: str) -> str:
+    """Where multi_processing's worker processes write their stderr (always local)."""
+    from beam_pipeline import spill
+
+    if "://" not in output:
+        return os.path.join(output, metadata.TMP_DIR, WORKERS_LOG)
+    return os.path.join(spill.default_dir(output), WORKERS_LOG)
+
+
+def _point_to_workers_log(workers_log: str | None) -> None:
+    """One plain line before the ``error:`` line: where the workers' tracebacks went."""
+    if workers_log and os.path.isfile(workers_log) and os.path.getsize(workers_log):
+        print(f"imagerecords: the worker processes' messages are in {workers_log}", file=sys.stderr)
 
 
 def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done: dict) -> None:
@@ -246,6 +272,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     spill_dir = spill.default_dir(output) if processes > 1 else None
+    workers_log = None if args.verbose else _workers_log_path(output)
     if any(arg.startswith("--template_location") for arg in beam_args):
         found = resume.Leftovers("empty")  # a template build writes nothing to --output
     else:
@@ -259,7 +286,11 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
             # pipeline.py imports Beam: the config is made after the pool started.
             config = config_from_args(args, layout, processes)
             _describe_input(layout, say)
-            result = build_and_run(config, beam_args, args.wait, say)
+            try:
+                result = build_and_run(config, beam_args, args.wait, say, workers_log)
+            except BaseException:
+                _point_to_workers_log(workers_log)
+                raise
         finally:
             # On every way out (an error, Ctrl-C): no conversion process outlives the run.
             local_pool.shutdown_all()
@@ -268,6 +299,8 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         if found.kind == "empty":  # nothing of value was there: leave nothing behind
             resume.discard(output, spill_dir)
         raise
+    if workers_log and os.path.exists(workers_log):
+        os.remove(workers_log)  # a local output's temp folder goes too; a gs:// one's spill stays
     if result is None:
         return {}
     from apache_beam.io.filesystems import FileSystems

@@ -9,6 +9,7 @@ with one warning line naming the trick and the Beam version.
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -252,3 +253,52 @@ def test_fast_exit_only_with_the_beam_it_was_checked_against(images, tmp_path, b
     else:
         assert not warnings, warnings
     assert contract.all_files(str(tmp_path / "o")) == normal
+
+
+# ------------------------------------------- multi_processing: the workers' stderr
+
+MULTI = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["plain", "verbose"])
+def test_failing_multi_processing_workers_print_no_traceback(images, tmp_path, verbose):
+    """Beam's worker processes print each failed bundle's traceback; only --verbose shows it."""
+    from tests.image_factory import add_bad_files
+    from tests.test_cli_exits import _finish, _start
+
+    root, _ = images
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad)
+    add_bad_files(str(bad))
+    out = tmp_path / "o"
+    argv = ["--input", str(bad), "--output", str(out), "--max_reject_fraction", "0", *MULTI]
+    status, err = _finish(_start(*argv, *(["--verbose"] if verbose else [])))
+    assert status == 1, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: too many rejected images: 2 of 20"), err
+    log = out / ".imagerecords-tmp" / "workers.log"
+    if verbose:  # Beam's plain behaviour: the workers' tracebacks on the CLI's stderr
+        assert "Traceback" in err and not log.exists()
+    else:
+        assert "Traceback" not in err, err
+        assert f"imagerecords: the worker processes' messages are in {log}" in lines
+        assert "BooksDoNotBalance" in log.read_text()
+    assert not (out / "dataset_info.json").exists()
+
+
+@pytest.mark.parametrize("beam_changed", [False, True], ids=["log", "fallback"])
+def test_successful_multi_processing_run_writes_the_in_memory_bytes(
+    images, tmp_path, monkeypatch, caplog, beam_changed
+):
+    """Same bytes as in_memory; when Beam starts its workers differently they print as before."""
+    if beam_changed:
+        monkeypatch.setattr(beam_private, "_SDK_WORKER_COMMAND", "{python} -m a.changed.main")
+    root, normal = images
+    argv = ["--input", str(root), "--output", str(tmp_path / "o"), "--quiet", *MULTI]
+    assert main(argv) == 0
+    if beam_changed:
+        line = _warnings(caplog, "direct_fn_api_runner")
+        assert "multi_processing's workers print to this process's stderr" in line
+    else:
+        assert not [r for r in caplog.records if r.name == "beam_pipeline.beam_private"]
+    assert contract.all_files(str(tmp_path / "o")) == normal  # no workers.log left either
