@@ -13,8 +13,12 @@ two of the converters:
   descendants, sampled every 50 ms from ``/proc`` (no psutil needed). This is
   what the machine has to have. Sampling can miss a spike shorter than 50 ms.
 * ``peak_proc_rss_mb``: the largest RSS of any single process in the tree,
-  from the kernel's own accounting (``wait4``'s ``ru_maxrss``, which covers
-  the child and the descendants it waited for). Exact, but not a sum.
+  sampled the same way.
+
+Not ``wait4``'s ``ru_maxrss``: Linux keeps a process's RSS high-water mark
+across ``exec``, so a child forked from a large parent reports at least the
+parent's RSS (a 400 MB bench parent made every child "399 MB"). It is used
+only when the child ended before the first sample.
 """
 
 from __future__ import annotations
@@ -86,16 +90,18 @@ def _rss_kb(pid: int) -> int:
         return 0
 
 
-def tree_sample(root_pid: int) -> tuple[int, dict[int, int]]:
-    """(summed RSS in KiB, pid -> CPU ticks) of ``root_pid`` and all its descendants now."""
+def tree_sample(root_pid: int) -> tuple[int, dict[int, int], int]:
+    """(summed RSS in KiB, pid -> CPU ticks, largest single RSS in KiB) of a tree now."""
     children, ticks = _process_table()
-    total, cpu, stack = 0, {}, [root_pid]
+    total, largest, cpu, stack = 0, 0, {}, [root_pid]
     while stack:
         pid = stack.pop()
-        total += _rss_kb(pid)
+        rss = _rss_kb(pid)
+        total += rss
+        largest = max(largest, rss)
         cpu[pid] = ticks.get(pid, 0)
         stack.extend(children.get(pid, ()))
-    return total, cpu
+    return total, cpu, largest
 
 
 class _RssSampler(threading.Thread):
@@ -103,13 +109,15 @@ class _RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.interval_s = pid, interval_s
         self.peak_kb = 0
+        self.peak_proc_kb = 0
         self.cpu_ticks: dict[int, int] = {}  # last seen, per process of the tree
         self._stop_event = threading.Event()
 
     def run(self):
         while not self._stop_event.is_set():
-            rss_kb, cpu = tree_sample(self.pid)
+            rss_kb, cpu, largest_kb = tree_sample(self.pid)
             self.peak_kb = max(self.peak_kb, rss_kb)
+            self.peak_proc_kb = max(self.peak_proc_kb, largest_kb)
             self.cpu_ticks.update(cpu)
             self._stop_event.wait(self.interval_s)
 
@@ -177,8 +185,8 @@ def run_measured(
         returncode=returncode,
         wall_s=wall,
         cpu_s=max(usage.ru_utime + usage.ru_stime, sum(sampler.cpu_ticks.values()) / _CLK_TCK),
-        peak_tree_rss_mb=max(sampler.peak_kb, usage.ru_maxrss) / 1024,
-        peak_proc_rss_mb=usage.ru_maxrss / 1024,
+        peak_tree_rss_mb=(sampler.peak_kb or usage.ru_maxrss) / 1024,
+        peak_proc_rss_mb=(sampler.peak_proc_kb or usage.ru_maxrss) / 1024,
         stdout=stdout,
         stderr=stderr,
     )

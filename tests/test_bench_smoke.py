@@ -32,14 +32,9 @@ from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
 def test_run_measured_counts_the_whole_process_tree():
     """Two workers that hold 40 MB each at the same moment: the tree peak sums them.
 
-    Measured from a small, fresh Python process, not from pytest itself:
-    ``peak_proc_rss_mb`` is the kernel's ``ru_maxrss`` of the child, and a child
-    started with ``vfork`` + ``exec`` (what ``subprocess`` does) inherits the
-    high-water mark of its *parent's* memory at the exec. Under pytest, with
-    TensorFlow loaded by earlier tests, that is ~800 MB, more than the whole tree
-    here, and ``peak_tree_rss_mb`` (which takes the larger of the two) equalled it
-    (a full parallel run failed with ``790.1 < 790.1``). A barrier makes the
-    workers overlap for a full second, so the 50 ms sampler cannot miss it.
+    Measured from a small, fresh Python process, not from pytest itself, so that
+    the numbers are small and exact. A barrier makes the workers overlap for a
+    full second, so the 50 ms sampler cannot miss it.
     """
     child = (
         "import multiprocessing as mp, time\n"
@@ -73,6 +68,34 @@ def test_run_measured_counts_the_whole_process_tree():
     # ... more than any single process of the tree (one worker: ~40 MB + an interpreter).
     assert proc_mb <= tree_mb
     assert tree_mb - proc_mb > 30
+
+
+def test_run_measured_is_not_inflated_by_a_large_parent():
+    """A small child of a 300 MB parent is measured small.
+
+    Linux carries a process's RSS high-water mark across exec, so ``ru_maxrss``
+    of any child of a large parent is at least the parent's size; after the
+    reader half the bench parent was ~400 MB and every scale row read "399 MB".
+    """
+    parent = (
+        "import json, sys\n"
+        "from bench import procstats\n"
+        "big = bytearray(300_000_000)\n"
+        "big[::4096] = b'x' * len(big[::4096])\n"
+        "r = procstats.run_measured([sys.executable, '-c', 'import time; time.sleep(0.5)'])\n"
+        "print(json.dumps([r.returncode, r.peak_tree_rss_mb, r.peak_proc_rss_mb]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", parent],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    returncode, tree_mb, proc_mb = json.loads(out.stdout.strip().splitlines()[-1])
+    assert returncode == 0
+    assert 1 < proc_mb <= tree_mb < 100
 
 
 def test_run_measured_kills_a_hung_child():
