@@ -608,25 +608,17 @@ def make_dataset(
         ValueError: a bad value, or ``config`` together with other settings.
         TypeError: a keyword that is no setting.
     """
+    given = dict(
+        split=split,
+        batch_size=batch_size,
+        image_size=image_size,
+        training=training,
+        dtype=dtype,
+        seed=seed,
+    )
     if config is None:
-        config = config_from_keywords(
-            split=split,
-            batch_size=batch_size,
-            image_size=image_size,
-            training=training,
-            dtype=dtype,
-            seed=seed,
-            **options,
-        )
+        config = config_from_keywords(**given, **options)
     else:
-        given = dict(
-            split=split,
-            batch_size=batch_size,
-            image_size=image_size,
-            training=training,
-            dtype=dtype,
-            seed=seed,
-        )
         clash = sorted(name for name, value in given.items() if value is not None) + sorted(options)
         if clash:
             raise ValueError(
