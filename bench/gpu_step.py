@@ -188,6 +188,31 @@ def _batches(pipeline: str, records: Path, files_root: Path, batch: int, num_cla
     return dataset, None, dtype
 
 
+def _time(next_batch, run_step, finish, warmup: int, steps: int) -> dict:
+    """Runs ``warmup`` then ``steps`` steps; synchronises only after each phase.
+
+    Args:
+        next_batch: () -> ``(images, labels)``.
+        run_step: batch -> the step's loss (dispatched, not waited for).
+        finish: loss -> float, waiting for the accelerator to finish.
+    """
+    for _ in range(warmup):
+        loss = run_step(next_batch())
+    finish(loss)
+    waited = 0.0
+    images_done = 0
+    start = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        batch = next_batch()
+        waited += time.perf_counter() - t0
+        loss = run_step(batch)
+        images_done += int(batch[0].shape[0])
+    loss = finish(loss)
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "images": images_done, "host_wait_s": waited, "loss": loss}
+
+
 def _time_jax(model, dataset, fixed, warmup: int, steps: int) -> dict:
     import jax
     import keras
@@ -216,6 +241,12 @@ def _time_jax(model, dataset, fixed, warmup: int, steps: int) -> dict:
         [v.value for v in model.non_trainable_variables],
         [v.value for v in optimizer.variables],
     )
+
+    def run_step(batch):
+        nonlocal state
+        state, loss = step(state, *batch)
+        return loss
+
     if fixed is not None:
         on_device = tuple(jax.device_put(a) for a in fixed)
 
@@ -229,21 +260,10 @@ def _time_jax(model, dataset, fixed, warmup: int, steps: int) -> dict:
             # One label dtype for every pipeline: one compiled step per image dtype.
             return images, labels.astype("int32", copy=False)
 
-    for _ in range(warmup):
-        state, loss = step(state, *next_batch())
-    jax.block_until_ready(loss)
-    waited = 0.0
-    images_done = 0
-    start = time.perf_counter()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        images, labels = next_batch()
-        waited += time.perf_counter() - t0
-        state, loss = step(state, images, labels)
-        images_done += int(images.shape[0])
-    jax.block_until_ready(loss)
-    wall = time.perf_counter() - start
-    return {"wall_s": wall, "images": images_done, "host_wait_s": waited, "loss": float(loss)}
+    def finish(loss):
+        return float(jax.block_until_ready(loss))
+
+    return _time(next_batch, run_step, finish, warmup, steps)
 
 
 def _time_tensorflow(model, dataset, fixed, warmup: int, steps: int) -> dict:
@@ -266,21 +286,7 @@ def _time_tensorflow(model, dataset, fixed, warmup: int, steps: int) -> dict:
         def next_batch():
             return next(iterator)[:2]
 
-    for _ in range(warmup):
-        loss = step(next_batch())["loss"]
-    float(loss)
-    waited = 0.0
-    images_done = 0
-    start = time.perf_counter()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        batch = next_batch()
-        waited += time.perf_counter() - t0
-        loss = step(batch)["loss"]
-        images_done += int(batch[0].shape[0])
-    loss = float(loss)  # synchronise once
-    wall = time.perf_counter() - start
-    return {"wall_s": wall, "images": images_done, "host_wait_s": waited, "loss": loss}
+    return _time(next_batch, lambda batch: step(batch)["loss"], float, warmup, steps)
 
 
 def _child(args) -> dict:
