@@ -137,7 +137,7 @@ def _converter_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Pat
         for converter in wanted:
             best = converters.best_of(runs[converter])
             if best.ok:
-                out_dir = out_root / converter / image_set.name
+                out_dir = converters.output_dir(out_root, converter, image_set.name)
                 best.psnr_db, best.ssim = quality.converter_quality(
                     converter, image_set, out_dir, references
                 )

@@ -194,7 +194,7 @@ def run_converter(
     Returns:
         The measurements; ``ok`` False (with a note) if it could not run.
     """
-    out_dir = out_root / converter / image_set.name
+    out_dir = output_dir(out_root, converter, image_set.name)
     if converter == "naive":
         shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -218,6 +218,11 @@ def run_converter(
     return result
 
 
+def output_dir(out_root: Path, converter: str, image_set_name: str) -> Path:
+    """Where ``run_converter(converter, ...)`` writes a set's output (the floor: nothing)."""
+    return out_root / converter / image_set_name
+
+
 def imagerecords_output(out_root: Path, image_set_name: str) -> Path:
     """Where ``run_converter("imagerecords", ...)`` writes a set's shards."""
-    return out_root / "imagerecords" / image_set_name
+    return output_dir(out_root, "imagerecords", image_set_name)
