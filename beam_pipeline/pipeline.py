@@ -17,16 +17,9 @@ a RecordBatch carries up to a few MB of record bytes through the shuffle.
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import dataclasses
-import hashlib
-import json
 import logging
 import sys
 import time
-import uuid
-from collections import Counter
 
 import apache_beam as beam
 import numpy as np
@@ -37,15 +30,11 @@ from apache_beam.transforms.window import GlobalWindows
 from beam_pipeline import (
     books,
     duplicates,
-    errors,
-    images,
     keys,
     listing,
-    local_pool,
     metadata,
-    spill,
+    pooled,
 )
-from beam_pipeline import output as output_files
 from beam_pipeline.convert import (
     Converted,
     Outcome,
@@ -53,11 +42,17 @@ from beam_pipeline.convert import (
     Rejection,
     ShardEntry,
     convert_ref,
-    from_spill,
-    spill_chunk,
-    timeout_reason,
 )
-from beam_pipeline.errors import BooksDoNotBalance, UsageError
+from beam_pipeline.finalize import Finalizer
+from beam_pipeline.job_config import JobConfig
+from beam_pipeline.shards import (  # noqa: F401  (ShardInfo, check_shards, place_shards: API)
+    ShardInfo,
+    by_shard,
+    check_shards,
+    place_shards,
+    sort_entries,
+    write_shard,
+)
 
 NAMESPACE = "imagerecords"
 TMP_DIR = metadata.TMP_DIR
@@ -67,64 +62,6 @@ SKIPPED = "skipped"
 _LOG_EVERY_S = 15.0  # progress line per converting worker
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class JobConfig:
-    """Everything the graph needs; built and validated by the CLI."""
-
-    layout: listing.Layout
-    output: str
-    splits: dict[str, float]
-    seed: int = 42
-    image: images.ImageSpec = images.ImageSpec()
-    target_shard_bytes: int = 200 * 2**20
-    min_shards: int = 1
-    max_reject_fraction: float = 0.01
-    # Also write <shard>.idx: "offset length" per record (NVIDIA DALI's format).
-    index_files: bool = False
-    # >1: convert in that many local processes, which spill the records to
-    # local disk (one machine: in-process or multi_processing DirectRunner).
-    conversion_processes: int = 1
-    # Where the local processes spill; default spill.default_dir(output).
-    spill_dir: str | None = None
-    # Keep one image of each group of identical source files (--dedupe).
-    dedupe: bool = False
-
-    def __post_init__(self):
-        """The CLI's value checks, so that code building a JobConfig gets the same errors."""
-        if not self.output:
-            raise UsageError("--output is required")
-        fractions = list(self.splits.values())
-        if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
-            raise UsageError(f"--splits: fractions must be in [0, 1], got {self.splits}")
-        if abs(sum(fractions) - 1.0) > keys._FRACTION_TOLERANCE:
-            raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
-        if not self.target_shard_bytes > 0:
-            raise UsageError("--target_shard_mb must be positive")
-        if self.min_shards < 1:
-            raise UsageError(f"--min_shards must be at least 1, got {self.min_shards}")
-        if not 0.0 <= self.max_reject_fraction <= 1.0:
-            raise UsageError(
-                f"--max_reject_fraction must be in [0, 1], got {self.max_reject_fraction:g}"
-            )
-        if self.conversion_processes < 1:
-            raise UsageError(
-                f"--local_processes must be at least 1, got {self.conversion_processes}"
-            )
-
-    @property
-    def split_names(self) -> list[str]:
-        """Splits in dataset_info order: the layout's own, else --splits."""
-        return list(self.layout.split_names or self.splits)
-
-    @property
-    def spill_directory(self) -> str:
-        return self.spill_dir or spill.default_dir(self.output)
-
-
-def _output_path(output: str, name: str) -> str:
-    return listing.join(output, name)
 
 
 # --------------------------------------------------------------------- listing
@@ -290,51 +227,28 @@ class _ConvertFn(beam.DoFn):
             yield GlobalWindows.windowed_value(batch)
 
 
-class _Picked:
-    """Future-like: one image's outcome out of a chunk converted ahead of the pipeline."""
-
-    def __init__(self, future, index):
-        self._future, self._index = future, index
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def result(self) -> list[Outcome]:
-        return [self._future.result()[self._index]]
-
-
 class _PooledConvertFn(_ConvertFn):
     """Like _ConvertFn, but spreads the images over local worker processes that spill.
 
     For runners that execute a bundle in one process (DirectRunner in_memory),
     this is what uses every core: the Beam graph stays in one process with no
-    gRPC hops, and only the codec work moves to the pool. Each worker appends
-    its records to its own spill file and sends back a reference, so record
-    bytes never pass through this process or the runner (docs/scale.md).
-    Images an earlier, interrupted run already spilled are taken from its
-    spill files instead of being converted again. Results may come back in
-    any order; shard contents are sorted later, so output bytes do not change.
-    A worker that dies (a decoder crash) costs the one image that killed it,
-    which becomes a rejection; the others are converted again.
+    gRPC hops, and only the codec work moves to the pool
+    (:class:`pooled.PoolConverter`, which the local engine uses too).
     """
-
-    CHUNK = 8
 
     def __init__(self, config: JobConfig, processes: int):
         super().__init__(config)
         self._processes = processes
         self._spill_dir = config.spill_directory
-        self._task_args = (*self._args, self._spill_dir)
         self._ahead = Metrics.counter(NAMESPACE, "images_converted_ahead")
         self._resumed = Metrics.counter(NAMESPACE, "images_resumed")
 
     def setup(self):
         super().setup()
-        self._done = spill.load_index(self._spill_dir)
-        self._executor = local_pool.take(self._processes)
-
-    def _new_executor(self):
-        return local_pool.new(self._processes)
+        image, seed, classes = self._args
+        self._converter = pooled.PoolConverter(
+            image, seed, classes, self._spill_dir, self._processes
+        )
 
     def _emit(self, outcome: Outcome, converted_now: bool = True):
         result = outcome.result
@@ -347,90 +261,33 @@ class _PooledConvertFn(_ConvertFn):
             )
         return super()._emit(outcome, converted_now)
 
+    def _emit_all(self, outcomes):
+        for outcome, how in outcomes:
+            if how == pooled.RESUMED:
+                self._resumed.inc()
+            elif how == pooled.AHEAD:
+                self._ahead.inc()
+            yield from self._emit(outcome, how != pooled.RESUMED)
+
     def start_bundle(self):
         super().start_bundle()
-        self._chunk: list[tuple] = []
-        self._pending: collections.deque = collections.deque()  # (refs, future)
+        self._converter.start()
 
     def process(self, ref):
-        ref = tuple(ref)
-        image_id, path, label, split = ref
-        earlier = self._done.get(image_id)
-        if earlier is not None and earlier.split == split and earlier.label in (label, -1):
-            self._resumed.inc()  # converted (or rejected) by an interrupted run
-            yield from self._emit(Outcome(from_spill(earlier, path), 0, False), False)
-            return
-        ahead = local_pool.claim(path)
-        if ahead is not None and ahead[2] == ref:  # converted while Beam was starting
-            self._ahead.inc()
-            self._pending.append(([ref], _Picked(*ahead[:2])))
-        else:
-            self._chunk.append(ref)
-            if len(self._chunk) >= self.CHUNK:
-                self._submit()
-        # Keep every process busy, but bound what is in flight (memory).
-        while self._pending and (
-            self._pending[0][1].done() or len(self._pending) > 3 * self._processes
-        ):
-            for outcome in self._next_outcomes():
-                yield from self._emit(outcome)
-
-    def _submit(self):
-        if self._chunk:
-            future = self._executor.submit(spill_chunk, self._chunk, *self._task_args)
-            self._pending.append((self._chunk, future))
-            self._chunk = []
-
-    def _next_outcomes(self) -> list[Outcome]:
-        try:
-            outcomes = self._pending[0][1].result()
-        except concurrent.futures.process.BrokenProcessPool:
-            outcomes = self._recover()
-        self._pending.popleft()
-        return outcomes
-
-    def _recover(self) -> list[Outcome]:
-        """A worker died: convert every in-flight image again, one per task."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        local_pool.drop_ahead()  # those futures died with the pool
-        executor = None
-        for index, (refs, _) in enumerate(self._pending):
-            outcomes = []
-            for ref in refs:
-                executor = executor or self._new_executor()
-                started = time.monotonic()
-                try:
-                    outcomes += executor.submit(spill_chunk, [ref], *self._task_args).result()
-                except concurrent.futures.process.BrokenProcessPool:
-                    image_id, path, _, split = ref
-                    reason = "crashed the image decoder (its worker process died)"
-                    limit = self._args[0].timeout_s
-                    if limit and time.monotonic() - started >= limit:
-                        reason = timeout_reason(limit)  # the worker ended itself: deadline.py
-                    outcomes.append(Outcome(Rejection(image_id, path, split, reason), 0, False))
-                    executor.shutdown(wait=False)
-                    executor = None
-            finished = concurrent.futures.Future()
-            finished.set_result(outcomes)
-            self._pending[index] = (refs, finished)
-        self._executor = executor or self._new_executor()
-        return self._pending[0][1].result()
+        yield from self._emit_all(self._converter.add(ref))
 
     def finish_bundle(self):
-        self._submit()
-        while self._pending:
-            for outcome in self._next_outcomes():
-                for output in self._emit(outcome):
-                    if isinstance(output, TaggedOutput):
-                        yield TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
-                    else:
-                        yield GlobalWindows.windowed_value(output)
+        for output in self._emit_all(self._converter.finish()):
+            if isinstance(output, TaggedOutput):
+                yield TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+            else:
+                yield GlobalWindows.windowed_value(output)
         yield from super().finish_bundle()
 
     def teardown(self):
-        executor = getattr(self, "_executor", None)
-        if executor is not None:
-            executor.shutdown(wait=True)
+        converter = getattr(self, "_converter", None)
+        if converter is not None:
+            converter.close()
 
 
 class ConvertImages(beam.PTransform):
@@ -596,36 +453,6 @@ class PlanShards(beam.PTransform):
 # --------------------------------------------------------------------- shards
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardInfo:
-    """A shard written to a temp file: what Finalize checks, renames and describes."""
-
-    split: str
-    index: int
-    shards: int  # in the split
-    temp: str
-    num_examples: int
-    num_bytes: int
-    sha256: str
-    key_sum: int  # sum of its keys mod 2^64 (the books check it against the plan)
-    class_counts: tuple[tuple[int, int], ...]  # (label, count), by label
-    temp_index: str | None = None
-
-    @property
-    def file(self) -> str:
-        return keys.shard_filename(self.split, self.index, self.shards)
-
-
-def _by_shard(batch: RecordBatch, plans: dict[str, books.SplitPlan]):
-    """RecordBatch -> ((split, shard), RecordBatch) for each shard its records fall in."""
-    plan = plans[batch.split]
-    parts: dict[int, list[ShardEntry]] = {}
-    for entry in batch.entries:
-        parts.setdefault(plan.shard_of(entry.key), []).append(entry)
-    for shard, entries in parts.items():
-        yield (batch.split, shard), RecordBatch(batch.split, tuple(entries))
-
-
 class _WriteShardFn(beam.DoFn):
     """((split, shard), [RecordBatch]) -> ShardInfo of a temp file.
 
@@ -641,53 +468,13 @@ class _WriteShardFn(beam.DoFn):
 
     def process(self, element, plans):
         (split, shard), batches = element
-        entries = [entry for batch in batches for entry in batch.entries]
-        # Sorting by (key, id) makes the shard's bytes independent of bundle order.
-        entries.sort(key=lambda e: (e.key, e.image_id))
-        yield self._write(split, shard, plans[split].shards, entries)
-
-    def _write(self, split, shard, count, entries) -> ShardInfo:
-        # A unique temporary name per attempt: a retried bundle never collides
-        # with, or leaves, a partial file under a final name. Finalize renames
-        # the reported files into place once the books balance.
-        temp = _output_path(self._output, f"{TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
-        digest = hashlib.sha256()
-        size = 0
-        index: list[str] = []
-        class_counts: Counter[int] = Counter()
-        reader = spill.Reader()
-        try:
-            with output_files.create(temp) as stream:
-                for entry in entries:
-                    framed = entry.data
-                    if not isinstance(framed, bytes):
-                        framed = reader.read(framed.path, framed.offset, entry.size)
-                    stream.write(framed)
-                    digest.update(framed)
-                    index.append(f"{size} {len(framed)}\n")
-                    size += len(framed)
-                    class_counts[entry.label] += 1
-        finally:
-            reader.close()
-        temp_index = None
-        if self._index_files:
-            temp_index = temp + ".idx"
-            with output_files.create(temp_index) as stream:
-                stream.write("".join(index).encode())
-        self._shards.inc()
-        self._bytes.inc(size)
-        return ShardInfo(
-            split=split,
-            index=shard,
-            shards=count,
-            temp=temp,
-            num_examples=len(entries),
-            num_bytes=size,
-            sha256=digest.hexdigest(),
-            key_sum=books.key_sum([e.key for e in entries]),
-            class_counts=tuple(sorted(class_counts.items())),
-            temp_index=temp_index,
+        entries = sort_entries([entry for batch in batches for entry in batch.entries])
+        info = write_shard(
+            self._output, split, shard, plans[split].shards, entries, self._index_files
         )
+        self._shards.inc()
+        self._bytes.inc(info.num_bytes)
+        yield info
 
 
 class WriteShards(beam.PTransform):
@@ -703,7 +490,7 @@ class WriteShards(beam.PTransform):
         return (
             pcolls["batches"]
             # RecordBatch -> ((split, shard), RecordBatch of that shard's records)
-            | "AssignShards" >> beam.FlatMap(_by_shard, plans=plans)
+            | "AssignShards" >> beam.FlatMap(by_shard, plans=plans)
             | "GroupByShard" >> beam.GroupByKey()
             # -> ShardInfo
             | "WriteShard" >> beam.ParDo(writer, plans=plans)
@@ -713,218 +500,18 @@ class WriteShards(beam.PTransform):
 # ---------------------------------------------------------------- bookkeeping
 
 
-def check_shards(
-    plans: dict[str, books.SplitPlan], shards: list[ShardInfo]
-) -> tuple[list[ShardInfo], list[str]]:
-    """One written shard per planned shard, holding exactly the planned records.
-
-    Returns the shards to keep and the problems. A shard reported twice with
-    the same bytes (a retried write) is kept once.
-    """
-    chosen: dict[tuple[str, int], ShardInfo] = {}
-    problems = []
-    for shard in sorted(shards, key=lambda s: s.temp):
-        seen = chosen.setdefault((shard.split, shard.index), shard)
-        if seen is not shard and seen.sha256 != shard.sha256:
-            problems.append(f"shard {shard.index} of {shard.split} written twice, differently")
-    for split, plan in plans.items():
-        for index in range(plan.shards):
-            shard = chosen.get((split, index))
-            if shard is None:
-                problems.append(f"shard {index} of {split} was not written")
-            elif (shard.num_examples, shard.key_sum) != (plan.counts[index], plan.key_sums[index]):
-                problems.append(
-                    f"shard {index} of {split} holds {shard.num_examples} records, "
-                    f"not the {plan.counts[index]} planned"
-                )
-    return sorted(chosen.values(), key=lambda s: (s.split, s.index)), problems
+# ---------------------------------------------------------------- bookkeeping
 
 
 class _Finalize(beam.DoFn):
-    """None + side inputs -> a JSON line of records per split; publishes the dataset.
-
-    Idempotent, so a retried Finalize completes what the first try began.
-    """
+    """None + side inputs -> a JSON line of records per split; publishes the dataset
+    (finalize.Finalizer: idempotent, so a retried Finalize completes what the first try began)."""
 
     def __init__(self, config: JobConfig):
         self._config = config
 
     def process(self, _, shards, rejects, plans, skipped, groups):
-        plans = dict(plans)
-        skipped = list(skipped) + [
-            listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER)
-            for path in self._config.layout.loose_files
-        ]
-        # The lists first: a run that fails its books still leaves them to read.
-        self._write_lists(rejects, skipped, groups)
-        kept = self._check_books(plans, list(shards), rejects)
-        placed = place_shards(kept, self._config.output)
-        info = self._info(placed, rejects, skipped, groups)
-        self._publish(info)
-        yield json.dumps({s: split["num_examples"] for s, split in info["splits"].items()})
-
-    def _write_lists(self, rejects, skipped, groups) -> None:
-        """rejects.jsonl, labels.txt, duplicates.jsonl and skipped.jsonl."""
-        config = self._config
-        output_files.write_atomically(
-            _output_path(config.output, metadata.REJECTS_FILE),
-            metadata.rejects_jsonl(
-                {"path": r.path, "id": r.image_id, "split": r.split, "reason": r.reason}
-                for r in rejects
-            ),
-        )
-        output_files.write_atomically(
-            _output_path(config.output, metadata.LABELS_FILE),
-            metadata.labels_text(config.layout.classes),
-        )
-        output_files.write_atomically(
-            _output_path(config.output, duplicates.DUPLICATES_FILE),
-            duplicates.jsonl(groups, config.layout.classes),
-        )
-        output_files.write_atomically(
-            _output_path(config.output, metadata.SKIPPED_FILE),
-            metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
-        )
-
-    def _check_books(self, plans, shards, rejects) -> list[ShardInfo]:
-        """The shards to keep, one per planned shard.
-
-        Raises:
-            BooksDoNotBalance: A record is lost or doubled, a shard is not as
-                planned, or more images are bad than --max_reject_fraction allows.
-        """
-        config = self._config
-        kept, shard_problems = check_shards(plans, shards)
-        failure = books.check_books(
-            list(plans.values()),
-            written=sum(s.num_examples for s in kept),
-            rejected=len(rejects),
-            shard_problems=shard_problems,
-            names_of=lambda wanted: _names_of(config, wanted),
-        )
-        if failure:
-            raise BooksDoNotBalance(failure)
-        total_listed = sum(plan.listed for plan in plans.values())
-        # Copies dropped by --dedupe were asked for: they are not bad images.
-        bad = [r.reason for r in rejects if not r.reason.startswith(duplicates.DUPLICATE_PREFIX)]
-        if len(bad) / total_listed > config.max_reject_fraction:
-            raise errors.too_many_rejects(
-                bad,
-                total_listed,
-                config.max_reject_fraction,
-                _output_path(config.output, metadata.REJECTS_FILE),
-            )
-        return kept
-
-    def _info(self, placed, rejects, skipped, groups) -> dict:
-        """The dataset_info.json object (docs/format.md section 7)."""
-        config = self._config
-        rejected_by_split = Counter(r.split for r in rejects)
-        splits = metadata.split_order(
-            config.split_names, [row["split"] for row in placed] + list(rejected_by_split)
-        )
-        spec = config.image
-        info = metadata.build_info(
-            source=config.layout.manifest or config.layout.root,
-            seed=config.seed,
-            classes=config.layout.classes,
-            image={
-                "resize": spec.resize,
-                "size": spec.size,
-                "upscale": spec.upscale,
-                "jpeg_quality": spec.jpeg_quality,
-                "format": "jpeg",
-                "channels": 3,
-                # Embedded colour profiles are applied (docs/images.md).
-                "color_space": "sRGB",
-            },
-            splits=splits,
-            shards=placed,
-            rejected_by_split=rejected_by_split,
-            skipped_reasons=[s.reason for s in skipped],
-            config={
-                "layout": config.layout.kind,
-                "splits": config.splits if config.layout.kind != "presplit" else None,
-                "target_shard_mb": config.target_shard_bytes / 2**20,
-                "min_shards": config.min_shards,
-                "max_reject_fraction": config.max_reject_fraction,
-                "dedupe": config.dedupe,
-            },
-        )
-        info["duplicates"] = duplicates.info_block(
-            [members for _, members in groups], _first_split(splits)
-        )
-        return info
-
-    def _publish(self, info: dict) -> None:
-        """Deletes the temporary files, writes dataset_info.json, then drops the marker."""
-        output = self._config.output
-        output_files.delete_local_folder(self._config.spill_directory)
-        output_files.delete_temp_files(output, keep=[output_files.MARKER])
-        # Written last: its presence means the dataset is complete.
-        output_files.write_atomically(
-            _output_path(output, metadata.INFO_FILE), metadata.dumps(info)
-        )
-        output_files.delete_temp_folder(output)  # what is left: the job's marker
-
-
-def _first_split(splits: list[str]) -> str:
-    """The split a model trains on: "train" when there is one, else the first."""
-    return "train" if "train" in splits else (splits[0] if splits else "train")
-
-
-def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:
-    """Order key -> image ID for the keys in ``wanted``, by listing the input again.
-
-    Runs only when the books do not balance, to name the images in the message.
-    """
-    if not wanted:
-        return {}
-    layout = config.layout
-    if layout.kind == "manifest":
-        ids = (row.image_id for row in listing.read_manifest(layout.manifest, layout.root))
-    else:
-        ids = (
-            entry[0]
-            for folder in layout.folders
-            for entry in listing.list_folder(folder, layout.root)
-            if not isinstance(entry, listing.Skipped)
-        )
-    found = {}
-    for image_id in ids:
-        key = keys.order_key(config.seed, image_id)
-        if key in wanted:
-            found[key] = image_id
-    return found
-
-
-def place_shards(shards: list[ShardInfo], output: str) -> list[dict]:
-    """Renames the checked shards' temp files to their final names.
-
-    Idempotent, so a retried Finalize completes the renames the first try began.
-
-    Returns:
-        One dataset_info row per shard (see ``metadata.build_info``).
-    """
-    rows = []
-    moves = []
-    for shard in shards:
-        final = _output_path(output, shard.file)
-        row = {
-            "split": shard.split,
-            "file": shard.file,
-            "num_examples": shard.num_examples,
-            "num_bytes": shard.num_bytes,
-            "sha256": shard.sha256,
-            "class_counts": {str(label): n for label, n in shard.class_counts},
-        }
-        moves.append((shard.temp, final))
-        if shard.temp_index:
-            row["index"] = shard.file + ".idx"
-            moves.append((shard.temp_index, final + ".idx"))
-        rows.append(row)
-    output_files.move_into_place(moves, _output_path(output, TMP_DIR))
-    return rows
+        yield Finalizer(self._config).run(shards, rejects, plans, skipped, groups)
 
 
 # ----------------------------------------------------------------------- graph
