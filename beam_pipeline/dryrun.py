@@ -232,27 +232,27 @@ def _census_local(layout: listing.Layout, seed: int, fractions) -> Census:
 
 
 def _census_remote(layout: listing.Layout, seed: int, fractions) -> Census:
-    """Lists every class folder (in parallel threads) through Beam's FileSystems."""
+    """Lists every class folder (in parallel threads; gs:// through Beam's FileSystems)."""
     refs, skipped = [], collections.defaultdict(list)
     for path in layout.loose_files:
         skipped[listing.NOT_IN_CLASS_FOLDER].append(listing.relative_id(layout.root, path))
     total = 0
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        listings = list(pool.map(lambda f: listing.files_under(f.path), layout.folders))
+        listings = list(pool.map(lambda f: listing.sized_files_under(f.path), layout.folders))
     for folder, found in zip(layout.folders, listings, strict=True):
         prefix = folder.path.rstrip("/")
-        for meta in sorted(found, key=lambda m: m.path):
-            if meta.path.endswith("/"):
+        for path, size in sorted(found):
+            if path.endswith("/"):
                 continue  # a folder placeholder object
-            rel = listing.relative_id(layout.root, meta.path)
-            if listing.is_hidden(meta.path[len(prefix) :]):
+            rel = listing.relative_id(layout.root, path)
+            if listing.is_hidden(path[len(prefix) :]):
                 skipped["hidden"].append(rel)
                 continue
             if listing.skip_reason(rel):
                 skipped[listing.skip_reason(rel)].append(rel)
                 continue
-            total += meta.size_in_bytes or 0
-            refs.append((rel, meta.path, folder.label, folder.split))
+            total += size or 0
+            refs.append((rel, path, folder.label, folder.split))
     return _finish_census(refs, skipped, total, seed, fractions)
 
 

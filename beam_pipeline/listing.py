@@ -417,15 +417,38 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
 # ------------------------------------------------- listing (inside the pipeline)
 
 
-def files_under(folder: str) -> list:
-    """FileMetadata of every object below ``folder`` (any depth), any Beam filesystem.
+def files_under(folder: str) -> list[str]:
+    """The path of every file below ``folder`` (any depth), on any Beam filesystem.
 
     Matches by the literal folder path, whatever characters it holds.
     """
+    return [path for path, _ in sized_files_under(folder)]
+
+
+def sized_files_under(folder: str) -> list[tuple[str, int | None]]:
+    """``(path, size in bytes)`` of every file below ``folder``, as :func:`files_under`.
+
+    A local folder is walked without Beam, the way Beam's LocalFileSystem
+    lists one (``os.walk``, symlinked folders not followed, files that vanish
+    or cannot be stat'ed left out), so that both engines list the same files.
+    """
     prefix = folder.rstrip("/")
+    if is_local(prefix):
+        return list(_walk_local(prefix))
     found = _filesystems().match([_escape_glob(prefix) + "/**"])[0].metadata_list
     # Drop siblings that the escaped pattern also matched ("a?1" for "a[1").
-    return [m for m in found if m.path.startswith(prefix + "/")]
+    return [(m.path, m.size_in_bytes) for m in found if m.path.startswith(prefix + "/")]
+
+
+def _walk_local(prefix: str) -> Iterator[tuple[str, int]]:
+    for dirpath, _, filenames in os.walk(prefix):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                size = os.stat(path).st_size
+            except OSError:  # vanished, or a broken symlink: Beam's listing drops these too
+                continue
+            yield path, size
 
 
 def list_folder(
@@ -434,8 +457,7 @@ def list_folder(
     """Every non-hidden file below a class folder: ``(image_id, path, label, split)``,
     or :class:`Skipped` for a file that is clearly not an image (``skip_reason``)."""
     prefix = folder.path.rstrip("/")
-    for metadata in files_under(prefix):
-        path = metadata.path
+    for path in files_under(prefix):
         if path.endswith("/"):
             continue  # a GCS "folder placeholder" object, not a file
         if is_hidden(path[len(prefix) :]):

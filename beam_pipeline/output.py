@@ -61,6 +61,15 @@ def create(path: str) -> BinaryIO:
     return _filesystems().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
+def open_file(path: str) -> BinaryIO:
+    """Opens a file for reading bytes as they are (no decompression), on any filesystem."""
+    if listing.is_local(path):
+        return open(path, "rb")
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return _filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path``: a temporary file beside it, then a rename.
 
@@ -91,7 +100,7 @@ def files_under(folder: str) -> list[str]:
         return [
             os.path.join(dirpath, name) for dirpath, _, names in os.walk(folder) for name in names
         ]
-    return [m.path for m in listing.files_under(folder)]
+    return listing.files_under(folder)
 
 
 def move_into_place(moves: Iterable[tuple[str, str]], temp_folder: str) -> None:

@@ -73,7 +73,7 @@ def _relative_files(output: str) -> list[str]:
             for name in files:
                 found.append(os.path.relpath(os.path.join(dirpath, name), output))
         return [name.replace(os.sep, "/") for name in found]
-    return [m.path[len(output) :].lstrip("/") for m in listing.files_under(output)]
+    return [path[len(output) :].lstrip("/") for path in listing.files_under(output)]
 
 
 def _read(path: str) -> bytes | None:

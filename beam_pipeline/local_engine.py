@@ -1,0 +1,211 @@
+"""The local engine: the Beam graph's job, run in this process and its local pool, no Beam.
+
+A job whose input folder and output are both on this machine, and that names
+no Beam option, runs here by default (``job.choose_engine``). It runs the same
+stages as ``pipeline.build`` with the same code for each (listing,
+``pooled.PoolConverter``, ``books.plan_split``, ``shards.write_shard``,
+``finalize.Finalizer``), in that order, so its output is byte for byte what
+Beam's DirectRunner writes for the same arguments (tests/test_local_engine.py
+compares them). What it leaves out is Beam itself: importing it, building
+and translating the graph, and moving every converted image through the
+runner as an element, ~2.5 s of CPU per run plus ~0.4 ms per image on one
+core (docs/performance.md, "Local engine"). ``--runner DirectRunner`` runs
+the same job on Beam.
+
+Stages, with what passes between them:
+
+List        class folders -> ImageRef per image + listed order keys per split + Skipped
+Convert     ImageRef -> Outcome (a ShardEntry that points into a spill file, or a Rejection)
+Duplicates  ShardEntries -> (sha256, [Member]) groups; with --dedupe, the copies rejected
+Plan        listed / written / rejected keys per split -> SplitPlan (books + shard plan)
+Write       ShardEntries of one shard, sorted -> ShardInfo of a temp file
+Finalize    everything above -> rejects.jsonl, labels.txt, ..., dataset_info.json last
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections import Counter
+
+from beam_pipeline import books, duplicates, keys, listing, pooled
+from beam_pipeline.convert import Converted, Outcome, Rejection, ShardEntry
+from beam_pipeline.finalize import Finalizer
+from beam_pipeline.job_config import JobConfig
+from beam_pipeline.shards import ShardInfo, sort_entries, write_shard
+
+_LOG_EVERY_S = 15.0  # progress line while converting
+
+log = logging.getLogger(__name__)
+
+
+class _Listed:
+    """What listing found: order keys per split (the books' count) and skipped files."""
+
+    def __init__(self):
+        self.keys: dict[str, list[int]] = collections.defaultdict(list)
+        self.skipped: list[listing.Skipped] = []
+
+
+def _list_images(config: JobConfig, listed: _Listed, counters: Counter):
+    """Class folders -> ImageRef, in folder order; fills ``listed`` on the way."""
+    layout, seed, splits = config.layout, config.seed, config.splits
+    for folder in layout.folders:
+        for row in listing.list_folder(folder, layout.root):
+            if isinstance(row, listing.Skipped):
+                listed.skipped.append(row)
+                continue
+            image_id, path, label, split = row
+            split = split or keys.assign_split(seed, image_id, splits)
+            counters["images_listed"] += 1
+            listed.keys[split].append(keys.order_key(seed, image_id))
+            yield listing.ImageRef(image_id, path, label, split)
+
+
+class _Collected:
+    """Every outcome of the conversion: records per split, rejections."""
+
+    def __init__(self):
+        self.entries: dict[str, list[ShardEntry]] = collections.defaultdict(list)
+        self.rejects: list[Rejection] = []
+
+
+def _count(outcome: Outcome, how: str, counters: Counter) -> None:
+    """The counters of ``pipeline._ConvertFn`` / ``_PooledConvertFn``, by the same names."""
+    result = outcome.result
+    if how == pooled.RESUMED:
+        counters["images_resumed"] += 1
+    elif how == pooled.AHEAD:
+        counters["images_converted_ahead"] += 1
+    if isinstance(result, Rejection):
+        counters["images_rejected"] += 1
+        return
+    counters["record_bytes"] += result.entry.size
+    if how == pooled.RESUMED:
+        return
+    counters["bytes_read"] += outcome.bytes_read
+    counters["images_converted"] += 1
+    counters["images_passed_through"] += outcome.passed_through
+    counters["images_repaired"] += outcome.repaired
+    counters["images_bad_profile"] += outcome.bad_profile
+
+
+def _convert(config: JobConfig, refs, counters: Counter) -> _Collected:
+    """ImageRefs -> records (spill references) and rejections, on the local pool."""
+    image = config.image
+    converter = pooled.PoolConverter(
+        image,
+        config.seed,
+        config.layout.classes,
+        config.spill_directory,
+        config.conversion_processes,
+    )
+    collected = _Collected()
+    started = last_log = time.monotonic()
+
+    def collect(outcomes):
+        nonlocal last_log
+        for outcome, how in outcomes:
+            _count(outcome, how, counters)
+            result = outcome.result
+            if isinstance(result, Converted):
+                collected.entries[result.split].append(result.entry)
+            else:
+                collected.rejects.append(result)
+        now = time.monotonic()
+        if now - last_log >= _LOG_EVERY_S:
+            done = counters["images_converted"]
+            log.info("converted %d images so far (%.1f images/s)", done, done / (now - started))
+            last_log = now
+
+    try:
+        for ref in refs:
+            collect(converter.add(ref))
+        collect(converter.finish())
+    finally:
+        converter.close()
+    return collected
+
+
+def _find_duplicates(config: JobConfig, collected: _Collected, counters: Counter) -> list:
+    """(sha256, [Member]) for every source held by two or more images; with --dedupe,
+    every copy but the keeper leaves the records and becomes a rejection."""
+    members = collections.defaultdict(list)
+    for split, entries in collected.entries.items():
+        for e in entries:
+            if e.sha256:
+                members[e.sha256].append(duplicates.Member(e.image_id, split, e.label))
+    groups = [(sha256, group) for sha256, group in members.items() if len(group) > 1]
+    if config.dedupe and groups:
+        drops = {
+            m.image_id: reason for _, group in groups for m, reason in duplicates.dropped(group)
+        }
+        for split, entries in collected.entries.items():
+            kept = []
+            for entry in entries:
+                reason = drops.get(entry.image_id)
+                if reason is None:
+                    kept.append(entry)
+                    continue
+                counters["images_dropped_as_duplicates"] += 1
+                collected.rejects.append(Rejection(entry.image_id, entry.path, split, reason))
+            collected.entries[split] = kept
+    return groups
+
+
+def _plan(config: JobConfig, listed: _Listed, collected: _Collected) -> dict[str, books.SplitPlan]:
+    """(split -> SplitPlan): the books and the shard plan of every split seen."""
+    rejected = collections.defaultdict(list)
+    for rejection in collected.rejects:
+        rejected[rejection.split].append(keys.order_key(config.seed, rejection.image_id))
+    plans = {}
+    for split in sorted(set(listed.keys) | set(collected.entries) | set(rejected)):
+        entries = collected.entries.get(split, [])
+        plans[split] = books.plan_split(
+            split,
+            books.as_keys(listed.keys.get(split, [])),
+            books.as_keys([e.key for e in entries]),
+            books.as_keys(rejected.get(split, [])),
+            sum(e.size for e in entries),
+            config.target_shard_bytes,
+            config.min_shards,
+        )
+    return plans
+
+
+def _write_shards(
+    config: JobConfig, collected: _Collected, plans: dict[str, books.SplitPlan], counters: Counter
+) -> list[ShardInfo]:
+    """Each split's records, cut by its plan, sorted, into temp files."""
+    written = []
+    for split, entries in sorted(collected.entries.items()):
+        plan = plans[split]
+        by_shard = collections.defaultdict(list)
+        for entry in entries:
+            by_shard[plan.shard_of(entry.key)].append(entry)
+        for shard, records in sorted(by_shard.items()):
+            info = write_shard(
+                config.output, split, shard, plan.shards, sort_entries(records), config.index_files
+            )
+            counters["shards_written"] += 1
+            counters["shard_bytes_written"] += info.num_bytes
+            written.append(info)
+    return written
+
+
+def run(config: JobConfig) -> dict[str, int]:
+    """Runs the whole job; returns its counters (the names Beam's metrics would carry).
+
+    Raises:
+        BooksDoNotBalance: the job lost, doubled or rejected too many images
+            (dataset_info.json is then not written).
+    """
+    counters: Counter = Counter()
+    listed = _Listed()
+    collected = _convert(config, _list_images(config, listed, counters), counters)
+    groups = _find_duplicates(config, collected, counters)
+    plans = _plan(config, listed, collected)
+    shards = _write_shards(config, collected, plans, counters)
+    Finalizer(config).run(shards, collected.rejects, plans.items(), listed.skipped, groups)
+    return {name: value for name, value in counters.items() if value}
