@@ -19,11 +19,12 @@ from bench.data import ImageSet, list_images
 from bench.procstats import ProcResult, run_measured
 from bench.settings import REPO_DIR
 
-CONVERTERS = ("floor", "naive", "imagerecords")
+CONVERTERS = ("floor", "naive", "imagerecords", "imagerecords_beam")
 LABELS = {
     "floor": "codec floor (Pillow, Pool of 1 process/core)",
     "naive": "naive loop (1 process, Pillow + tf.io.TFRecordWriter)",
-    "imagerecords": "imagerecords (python -m beam_pipeline, DirectRunner)",
+    "imagerecords": "imagerecords (python -m beam_pipeline: the local engine)",
+    "imagerecords_beam": "imagerecords on Beam (--runner DirectRunner)",
 }
 # beam_pipeline's summary line, e.g. "2000 images read in 41.2 s wall time: 48.5 images/s".
 _SUMMARY = re.compile(r"(\d+) images read in ([\d.]+) s wall time: ([\d.]+) images/s")
@@ -126,12 +127,14 @@ def _command(converter: str, image_set: ImageSet, out_dir: Path) -> list[str]:
             *("-m", "bench.convert_naive", "--input", str(image_set.path)),
             *("--output", str(out_dir)),
         ]
-    # Default local settings, as a user would type it: no runner flags.
-    return [
+    # Default local settings, as a user would type it: no runner flags (the
+    # local engine); the same job on Beam's DirectRunner for imagerecords_beam.
+    command = [
         sys.executable,
         *("-m", "beam_pipeline", "--input", str(image_set.path)),
         *("--output", str(out_dir), "--overwrite"),
     ]
+    return command + (["--runner", "DirectRunner"] if converter == "imagerecords_beam" else [])
 
 
 def _result(image_set: ImageSet, converter: str, proc: ProcResult) -> ConverterResult:
@@ -157,7 +160,7 @@ def _result(image_set: ImageSet, converter: str, proc: ProcResult) -> ConverterR
     if not result.ok:
         result.images_per_s = result.mb_per_s = float("nan")
         return result
-    if converter == "imagerecords":
+    if converter.startswith("imagerecords"):
         match = _SUMMARY.search(proc.stdout + proc.stderr)
         if match:
             result.work_s = float(match.group(2))

@@ -116,7 +116,7 @@ def converter_quality(
     """(median PSNR, median SSIM) of one converter's output on the sample of ``image_set``.
 
     Args:
-        converter: "floor", "naive" or "imagerecords" (``bench.converters.CONVERTERS``).
+        converter: "floor", "naive", "imagerecords" or "imagerecords_beam" (``bench.converters.CONVERTERS``).
         image_set: The input set.
         out_dir: Where the converter wrote its TFRecords (unused for the floor).
         cache: See :func:`median_quality`.

@@ -38,6 +38,10 @@ def ratios(results: dict) -> dict:
         out[f"converter_{image_set}_vs_naive"] = _ratio(
             ir, conv.get((image_set, "naive"), {}).get("images_per_s")
         )
+        out[f"converter_{image_set}_beam_vs_floor"] = _ratio(
+            conv.get((image_set, "imagerecords_beam"), {}).get("images_per_s"),
+            conv.get((image_set, "floor"), {}).get("images_per_s"),
+        )
         # CPU per image of the floor over imagerecords': the share of the work
         # that is the codec's, steadier than images/s on a loaded machine.
         out[f"converter_{image_set}_cpu_floor_over_ir"] = _ratio(
@@ -189,9 +193,12 @@ def markdown(results: dict) -> str:
             "| ratio | web | phone | target |",
             "|---|---:|---:|---|",
             f"| imagerecords / codec floor | {_x(r['converter_web_vs_floor'])} "
-            f"| {_x(r['converter_phone_vs_floor'])} | >= 0.8x: web "
-            f"{_verdict(r['converter_web_vs_floor'], 0.8)}, phone "
-            f"{_verdict(r['converter_phone_vs_floor'], 0.8)} |",
+            f"| {_x(r['converter_phone_vs_floor'])} | >= 0.95x (issue 15): web "
+            f"{_verdict(r['converter_web_vs_floor'], 0.95)}, phone "
+            f"{_verdict(r['converter_phone_vs_floor'], 0.95)} |",
+            f"| imagerecords on Beam (DirectRunner) / codec floor "
+            f"| {_x(r['converter_web_beam_vs_floor'])} "
+            f"| {_x(r['converter_phone_beam_vs_floor'])} | (the same job through Beam) |",
             f"| imagerecords / naive loop | {_x(r['converter_web_vs_naive'])} "
             f"| {_x(r['converter_phone_vs_naive'])} | well above 1x |",
             f"| CPU per image: floor / imagerecords "
@@ -366,7 +373,7 @@ def chart(results: dict, path: Path) -> None:
                         f"Converter, {image_set} set (images/s, wall clock)",
                         [CONVERTER_LABELS[r["converter"]] for r in rows],
                         [r["images_per_s"] for r in rows],
-                        [(0.8 * floor, "target: 0.8x floor")] if floor else [],
+                        [(0.95 * floor, "target: 0.95x floor")] if floor else [],
                     )
                 )
     read = results.get("reader")

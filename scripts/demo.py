@@ -93,7 +93,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from beam_pipeline.__main__ import main as convert
 
-    status = convert(["--input", images, "--output", output, "--image_size", "160"])
+    # On Beam's DirectRunner, as the job runs at scale; without --runner the same
+    # command runs on the local engine (no Beam, the same bytes, ~2 s sooner).
+    argv = [
+        "--input",
+        images,
+        "--output",
+        output,
+        "--image_size",
+        "160",
+        "--runner",
+        "DirectRunner",
+    ]
+    status = convert(argv)
     if status:
         return status
     rejects = os.path.join(output, "rejects.jsonl")

@@ -93,7 +93,8 @@ def test_metadata_describes_the_run(dataset):
 
 def test_rerun_with_default_local_mode_is_byte_identical(dataset, tmp_path):
     root, out, _, _ = dataset
-    # Through the real entry point, with the CLI's own default (a process per core).
+    # Through the real entry point, with the CLI's own DirectRunner default (a
+    # process per core); without --runner the local engine runs (test_local_engine.py).
     result = subprocess.run(
         [
             sys.executable,
@@ -105,6 +106,8 @@ def test_rerun_with_default_local_mode_is_byte_identical(dataset, tmp_path):
             str(tmp_path / "o"),
             "--max_reject_fraction",
             "0.1",
+            "--runner",
+            "DirectRunner",
         ],
         capture_output=True,
         text=True,
@@ -271,7 +274,7 @@ def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, 
             yield from original(self, outcome, converted_now)
 
     monkeypatch.setattr(pipeline._PooledConvertFn, "_emit", doubling)
-    argv = ["--max_reject_fraction", "0.1", "--local_processes", "2"]
+    argv = ["--max_reject_fraction", "0.1", "--local_processes", "2", "--runner", "DirectRunner"]
     assert convert(root, tmp_path / "o", *argv, mode=None) == 1
     err = capsys.readouterr().err
     assert "books do not balance" in err and f"doubled (2 records, 0 rejections): {victim}" in err
