@@ -35,11 +35,14 @@ SAMPLE_MIN = 30
 _REMOTE_READERS = 16  # threads reading sampled images from GCS
 
 # How the estimates turn this machine's per-image CPU time into job times.
-# Local: the pooled DirectRunner's speed per core as a fraction of the bare
-# codec's, plus a fixed start-up; both from the benchmark (docs/performance.md,
-# "Results"), so they are only as right as its machine is like this one.
-LOCAL_EFFICIENCY = 0.83
-LOCAL_FIXED_S = 1.5
+# Local: the local engine's speed per core as a fraction of the bare codec's,
+# plus a fixed start-up; the same for the pooled DirectRunner (--runner
+# DirectRunner). All from the benchmark (docs/performance.md, "Local engine"),
+# so they are only as right as its machine is like this one.
+LOCAL_EFFICIENCY = 0.95
+LOCAL_FIXED_S = 0.3
+BEAM_LOCAL_EFFICIENCY = 0.83
+BEAM_LOCAL_FIXED_S = 1.5
 # Dataflow: the planning factor of docs/scale.md's cost section (an
 # assumption, not a measurement): twice the local CPU per image, for GCS reads
 # over HTTPS, Runner v2's data plane and shuffle serialization.
@@ -163,9 +166,17 @@ def dataflow_cost(
     return DataflowCost(vcpu_hours, worker_hours, shuffle_gb, usd)
 
 
-def local_wall_s(images: int, cpu_s_per_image: float, processes: int) -> float:
-    """Wall time of a local run with ``processes`` conversion processes."""
-    return LOCAL_FIXED_S + images * cpu_s_per_image / (max(1, processes) * LOCAL_EFFICIENCY)
+def local_wall_s(
+    images: int, cpu_s_per_image: float, processes: int, on_beam: bool = False
+) -> float:
+    """Wall time of a local run with ``processes`` conversion processes
+    (the local engine, or Beam's DirectRunner when ``on_beam``)."""
+    fixed, efficiency = (
+        (BEAM_LOCAL_FIXED_S, BEAM_LOCAL_EFFICIENCY)
+        if on_beam
+        else (LOCAL_FIXED_S, LOCAL_EFFICIENCY)
+    )
+    return fixed + images * cpu_s_per_image / (max(1, processes) * efficiency)
 
 
 def expected_shards(records: float, target_bytes: int, total_bytes: float, min_shards: int) -> int:
@@ -525,8 +536,10 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
         f"speed on this machine: {per_s:,.0f} images/s per core, "
         f"{cpu_per_image * 1000:.1f} ms CPU per image{read_note}"
     )
-    wall = local_wall_s(total_images, cpu_per_image, processes)
-    say(f"local run ({processes} conversion processes): about {_fmt_duration(wall)}")
+    on_beam = bool(beam_args)  # any Beam flag: the job runs on Beam (job.choose_engine)
+    wall = local_wall_s(total_images, cpu_per_image, processes, on_beam)
+    engine = "Beam DirectRunner" if on_beam else "local engine"
+    say(f"local run ({engine}, {processes} conversion processes): about {_fmt_duration(wall)}")
     say(
         f"Dataflow on {machine.name} ({machine.vcpus} vCPU, {machine.memory_gb:g} GB): "
         f"~{_fmt_hours(cost.vcpu_hours)} vCPU-hours, ~{_fmt_bytes(cost.shuffle_gb * 1e9)} shuffled, "

@@ -68,6 +68,7 @@ def test_dry_run_writes_nothing_and_its_estimates_match_a_real_run(
     assert "skipped (hidden): 1 file, e.g. dog/.DS_Store" in printed
     assert "other extensions (converted if the content is an image): .dat 1" in printed
     assert "vCPU-hours" in printed and "n2-standard-4" in printed
+    assert "local run (local engine, " in printed  # no Beam flag: the local engine would run
 
     # The real run rejects 2 of 181, above the default 1 %: allow that.
     argv = ["--input", str(root), "--output", str(out), "--quiet", IN_MEMORY, *FLAGS]
@@ -198,6 +199,10 @@ def test_local_wall_time_scales_with_processes():
     four = dryrun.local_wall_s(10_000, 0.004, 4) - dryrun.LOCAL_FIXED_S
     assert one == pytest.approx(40 / dryrun.LOCAL_EFFICIENCY)
     assert math.isclose(one / four, 4)
+    # On Beam (any Beam flag) the same job pays Beam's start-up and runner work.
+    beam = dryrun.local_wall_s(10_000, 0.004, 1, on_beam=True)
+    assert beam == pytest.approx(dryrun.BEAM_LOCAL_FIXED_S + 40 / dryrun.BEAM_LOCAL_EFFICIENCY)
+    assert beam > dryrun.local_wall_s(10_000, 0.004, 1)
 
 
 @pytest.mark.parametrize(
