@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import time
 from collections import Counter
 
@@ -110,7 +111,10 @@ def _convert(config: JobConfig, refs, counters: Counter) -> _Collected:
             _count(outcome, how, counters)
             result = outcome.result
             if isinstance(result, Converted):
-                collected.entries[result.split].append(result.entry)
+                entry = result.entry
+                # One string per spill file, not one per record (memory per image).
+                where = entry.data._replace(path=sys.intern(entry.data.path))
+                collected.entries[result.split].append(entry._replace(data=where))
             else:
                 collected.rejects.append(result)
         now = time.monotonic()
