@@ -25,6 +25,7 @@ Finalize    everything above -> rejects.jsonl, labels.txt, ..., dataset_info.jso
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import sys
 import time
@@ -181,20 +182,33 @@ def _plan(config: JobConfig, listed: _Listed, collected: _Collected) -> dict[str
 def _write_shards(
     config: JobConfig, collected: _Collected, plans: dict[str, books.SplitPlan], counters: Counter
 ) -> list[ShardInfo]:
-    """Each split's records, cut by its plan, sorted, into temp files."""
-    written = []
+    """Each split's records, cut by its plan, sorted, into temp files.
+
+    Shards are written on one thread per conversion process: copying from the
+    spill files, hashing and writing release the GIL, and the cores the
+    conversion used would otherwise sit idle at the end of the run.
+    """
+    tasks = []
     for split, entries in sorted(collected.entries.items()):
         plan = plans[split]
         by_shard = collections.defaultdict(list)
         for entry in entries:
             by_shard[plan.shard_of(entry.key)].append(entry)
         for shard, records in sorted(by_shard.items()):
-            info = write_shard(
-                config.output, split, shard, plan.shards, sort_entries(records), config.index_files
-            )
-            counters["shards_written"] += 1
-            counters["shard_bytes_written"] += info.num_bytes
-            written.append(info)
+            tasks.append((split, shard, plan.shards, records))
+
+    def write(task) -> ShardInfo:
+        split, shard, count, records = task
+        return write_shard(
+            config.output, split, shard, count, sort_entries(records), config.index_files
+        )
+
+    threads = max(1, min(config.conversion_processes, len(tasks)))
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        written = list(pool.map(write, tasks))
+    for info in written:
+        counters["shards_written"] += 1
+        counters["shard_bytes_written"] += info.num_bytes
     return written
 
 
