@@ -1,6 +1,7 @@
 """Corrupt JPEG data never reaches a record: rejected, or repaired when only extra bytes."""
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -88,10 +89,22 @@ def test_junk_in_the_header_does_not_hide_damage_behind_it(clean):
     assert "premature end of data segment" in _reason(both)
 
 
-def test_a_stalling_progressive_jpeg_is_refused_by_its_scan_count(clean):
-    scans = clean.count(b"\xff\xda")
-    many = clean[:-2] + b"\xff\xda" * (jpeg.MAX_SCANS + 1 - scans) + clean[-2:]
+def test_a_stalling_progressive_jpeg_is_refused_by_its_scan_count():
+    progressive = jpeg_bytes(photo(320, 240, seed=3), quality=90, progressive=True)
+    scans = progressive.count(b"\xff\xda")
+    assert 1 < scans <= jpeg.MAX_SCANS  # a normal progressive JPEG passes
+    assert images.convert(progressive, images.ImageSpec())
+    many = progressive[:-2] + b"\xff\xda" * (jpeg.MAX_SCANS + 1 - scans) + progressive[-2:]
     assert "scans" in _reason(many)
+
+
+def test_a_baseline_jpeg_with_many_scan_markers_is_rejected_quickly(clean):
+    """Scans are counted for progressive JPEGs only; a baseline one is read once anyway."""
+    many = clean[:-2] + b"\xff\xda" * (jpeg.MAX_SCANS * 20) + clean[-2:]
+    started = time.monotonic()
+    reason = _reason(many)
+    assert time.monotonic() - started < 5
+    assert reason.startswith("corrupt image"), reason
 
 
 def test_draft_size_matches_pillow_draft():
