@@ -255,6 +255,18 @@ def test_fast_exit_only_with_the_beam_it_was_checked_against(images, tmp_path, b
     assert contract.all_files(str(tmp_path / "o")) == normal
 
 
+def test_the_local_engine_exits_fast_without_reading_beams_version(images, tmp_path):
+    """No Beam in the process (no Beam flag): nothing of Beam's to check before os._exit."""
+    root, normal = images
+    argv = ["--input", str(root), "--output", str(tmp_path / "o"), "--quiet"]
+    patch = "beam_private.BEAM_VERSION = '0.0.0'\n"  # would make a Beam run exit normally
+    result = _run_python(_AS_MAIN.format(patch=patch, argv=argv))
+    assert result.returncode == 0, result.stderr
+    assert "interpreter teardown ran" not in result.stdout
+    assert "beam_private" not in result.stderr
+    assert contract.all_files(str(tmp_path / "o")) == normal
+
+
 # ------------------------------------------- multi_processing: the workers' stderr
 
 MULTI = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
