@@ -130,7 +130,9 @@ def test_verbose_shows_the_traceback(images, tmp_path):
 
 def test_ctrl_c_exits_130_with_how_to_go_on(tmp_path):
     root = tmp_path / "images"
-    make_class_folders(str(root), per_class=60, nested=False, size_range=(500, 800))
+    # Enough work that the run is still converting when interrupted (the local
+    # engine starts in a fraction of a second).
+    make_class_folders(str(root), per_class=150, nested=False, size_range=(500, 800))
     out = tmp_path / "o"
     process = _start("--input", str(root), "--output", str(out), "--local_processes", "2")
     # Interrupt once the pipeline runs, as a terminal does: the whole process group.
@@ -140,7 +142,7 @@ def test_ctrl_c_exits_130_with_how_to_go_on(tmp_path):
         if len(children) >= 2 and process.poll() is None:
             break
         time.sleep(0.05)
-    time.sleep(1.0)
+    time.sleep(0.3)
     assert process.poll() is None, "the run ended before it could be interrupted"
     os.killpg(process.pid, signal.SIGINT)
     status, err = _finish(process, timeout=60)
@@ -153,7 +155,9 @@ def test_ctrl_c_exits_130_with_how_to_go_on(tmp_path):
 
 def test_a_killed_cli_takes_its_workers_with_it(tmp_path):
     root = tmp_path / "images"
-    make_class_folders(str(root), per_class=60, nested=False, size_range=(500, 800))
+    # Enough work that the run is still converting when interrupted (the local
+    # engine starts in a fraction of a second).
+    make_class_folders(str(root), per_class=150, nested=False, size_range=(500, 800))
     process = _start(
         "--input", str(root), "--output", str(tmp_path / "o"), "--local_processes", "2"
     )
