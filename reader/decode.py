@@ -153,15 +153,23 @@ def center_crop_window(image_shape: tf.Tensor, size: Sequence[int], fraction: fl
     """The largest centred window of ``size``'s aspect ratio, scaled by ``fraction``.
 
     ``fraction=0.875`` is the classic ImageNet evaluation crop (224 out of 256).
+
+    Args:
+        image_shape: int32 ``[3]`` (``extract_jpeg_shape``'s), or ``[B, 3]`` for a
+            whole batch at once: the same elementwise float32 arithmetic, so the
+            same windows as one image at a time.
+
+    Returns:
+        int32 ``[y, x, height, width]``, or ``[B, 4]``.
     """
-    height = tf.cast(image_shape[0], tf.float32)
-    width = tf.cast(image_shape[1], tf.float32)
+    height = tf.cast(image_shape[..., 0], tf.float32)
+    width = tf.cast(image_shape[..., 1], tf.float32)
     scale = fraction * tf.minimum(height / size[0], width / size[1])
-    crop_h = tf.clip_by_value(tf.cast(tf.round(scale * size[0]), tf.int32), 1, image_shape[0])
-    crop_w = tf.clip_by_value(tf.cast(tf.round(scale * size[1]), tf.int32), 1, image_shape[1])
-    offset_y = (image_shape[0] - crop_h) // 2
-    offset_x = (image_shape[1] - crop_w) // 2
-    return tf.stack([offset_y, offset_x, crop_h, crop_w])
+    crop_h = tf.clip_by_value(tf.cast(tf.round(scale * size[0]), tf.int32), 1, image_shape[..., 0])
+    crop_w = tf.clip_by_value(tf.cast(tf.round(scale * size[1]), tf.int32), 1, image_shape[..., 1])
+    offset_y = (image_shape[..., 0] - crop_h) // 2
+    offset_x = (image_shape[..., 1] - crop_w) // 2
+    return tf.stack([offset_y, offset_x, crop_h, crop_w], axis=-1)
 
 
 def flip_draw(seed: tf.Tensor) -> tf.Tensor:

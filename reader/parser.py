@@ -295,6 +295,8 @@ class Parser:
         each float32 result into the batch.
         """
         count = tf.shape(encoded)[0]
+        if not train and self._augment.eval_crop == "center":
+            return self._decode_center_batch_native(encoded, count)
 
         def step(i, pixels, shapes, flips):
             image, flip = self._window(encoded[i], seeds[i] if train else None, train)
@@ -316,11 +318,62 @@ class Parser:
             (tf.constant(0), *arrays),
             parallel_iterations=self._parallel_iterations,
         )
+        return self._resize_native(encoded, pixels, count, shapes.stack(), flips.stack())
+
+    def _decode_center_batch_native(self, encoded: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+        """Evaluation's centre crops: the windows of the whole batch at once, then decode each.
+
+        A first loop reads each JPEG's header (``extract_jpeg_shape``), the
+        windows are computed for the batch in one set of vector ops (the same
+        float32 arithmetic as per image, so the same windows), and the decode
+        loop only slices its window and decodes: ~20 small ops per image fewer
+        than computing each window inside the loop. Nothing is mirrored, and
+        ``decode_and_crop_jpeg`` returns exactly its window's size, so neither
+        the flips nor the shapes need a loop.
+        """
+
+        def header(i, shapes):
+            return i + 1, shapes.write(i, tf.io.extract_jpeg_shape(encoded[i]))
+
+        _, shapes = tf.while_loop(
+            lambda i, *_: i < count,
+            header,
+            (tf.constant(0), tf.TensorArray(tf.int32, size=count, element_shape=[3])),
+            parallel_iterations=self._parallel_iterations,
+        )
+        windows = decode.center_crop_window(
+            shapes.stack(), self._size, self._augment.center_crop_fraction
+        )
+
+        def step(i, pixels):
+            image = tf.io.decode_and_crop_jpeg(encoded[i], windows[i], channels=3)
+            return i + 1, pixels.write(i, tf.reshape(image, [-1]))
+
+        _, pixels = tf.while_loop(
+            lambda i, *_: i < count,
+            step,
+            (
+                tf.constant(0),
+                tf.TensorArray(tf.uint8, size=count, infer_shape=False, element_shape=[None]),
+            ),
+            parallel_iterations=self._parallel_iterations,
+        )
+        return self._resize_native(
+            encoded, pixels, count, windows[:, 2:], tf.zeros([count], tf.bool)
+        )
+
+    def _resize_native(
+        self,
+        encoded: tf.Tensor,
+        pixels: tf.TensorArray,
+        count: tf.Tensor,
+        shapes: tf.Tensor,
+        flips: tf.Tensor,
+    ) -> tf.Tensor:
+        """The native op on a decode loop's windows: ``[B, H, W, 3]`` of the parser's dtype."""
         # concat() of an empty array has no element shape to go by.
         flat = tf.cond(count > 0, lambda: pixels.concat(), lambda: tf.zeros([0], tf.uint8))
-        images = native.resize_crops(
-            flat, shapes.stack(), flips.stack(), self._size, self._native_dtype
-        )
+        images = native.resize_crops(flat, shapes, flips, self._size, self._native_dtype)
         # The batch dimension is static when the remainder is dropped; the loop hides it.
         images.set_shape(encoded.shape[:1].concatenate([*self._size, 3]))
         return images
