@@ -221,6 +221,27 @@ def resize_crops(
     return module.imagerecords_resize_crops(pixels, shapes, flips, size=list(size), T=dtype)
 
 
+def resize_crop_list(
+    crops: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size, dtype: tf.DType = tf.float32
+) -> tf.Tensor:
+    """:func:`resize_crops` reading the crops from a ``TensorList`` (no concatenation).
+
+    Args:
+        crops: variant scalar, a ``TensorList`` of ``B`` uint8 tensors, crop ``i``'s
+            ``[h, w, 3]`` bytes (any shape of that many values) in element ``i``: the
+            ``flow`` of a ``tf.TensorArray`` written in a ``tf.while_loop`` inside a
+            ``tf.function`` (control flow v2).
+        shapes, flips, size, dtype: as for :func:`resize_crops`.
+
+    Raises:
+        NativeOpsError: the op is not available here.
+    """
+    module = ops()
+    if module is None:
+        raise NativeOpsError(unavailable_reason())
+    return module.imagerecords_resize_crop_list(crops, shapes, flips, size=list(size), T=dtype)
+
+
 def main() -> int:
     """``python -m reader.native``: build (or find) the op's library and load it."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")

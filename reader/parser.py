@@ -370,10 +370,20 @@ class Parser:
         shapes: tf.Tensor,
         flips: tf.Tensor,
     ) -> tf.Tensor:
-        """The native op on a decode loop's windows: ``[B, H, W, 3]`` of the parser's dtype."""
-        # concat() of an empty array has no element shape to go by.
-        flat = tf.cond(count > 0, lambda: pixels.concat(), lambda: tf.zeros([0], tf.uint8))
-        images = native.resize_crops(flat, shapes, flips, self._size, self._native_dtype)
+        """The native op on a decode loop's windows: ``[B, H, W, 3]`` of the parser's dtype.
+
+        In a ``tf.function`` (control flow v2, as in ``tf.data``) the array is a
+        ``TensorList`` holding each decoded window's own buffer, which the op reads
+        in place: no concatenation, i.e. no copy of every decoded byte.
+        """
+        if pixels.flow.dtype == tf.variant:
+            images = native.resize_crop_list(
+                pixels.flow, shapes, flips, self._size, self._native_dtype
+            )
+        else:
+            # concat() of an empty array has no element shape to go by.
+            flat = tf.cond(count > 0, lambda: pixels.concat(), lambda: tf.zeros([0], tf.uint8))
+            images = native.resize_crops(flat, shapes, flips, self._size, self._native_dtype)
         # The batch dimension is static when the remainder is dropped; the loop hides it.
         images.set_shape(encoded.shape[:1].concatenate([*self._size, 3]))
         return images

@@ -137,6 +137,52 @@ def test_op_same_size_is_an_exact_cast(op, shape):
     np.testing.assert_array_equal(mixed[0], _run_op(op, [other], [True], shape)[0])
 
 
+def _list_op(op, crops, flips, size, dtype=tf.float32):
+    """The TensorList variant, fed as the reader feeds it: a TensorArray's flow in a tf.function."""
+
+    @tf.function
+    def run(flat_crops, shapes, flips):
+        array = tf.TensorArray(tf.uint8, size=len(flat_crops), infer_shape=False)
+        for i, crop in enumerate(flat_crops):
+            array = array.write(i, crop)
+        assert array.flow.dtype == tf.variant
+        return op.imagerecords_resize_crop_list(array.flow, shapes, flips, size=list(size), T=dtype)
+
+    shapes = np.array([c.shape[:2] for c in crops], np.int32).reshape(-1, 2)
+    return run([c.reshape(-1) for c in crops], shapes, np.asarray(flips, bool)).numpy()
+
+
+def test_list_op_equals_the_packed_op(op):
+    """Reading the decode loop's TensorList in place gives the packed op's bytes."""
+    rng = np.random.default_rng(11)
+    crops = _crops(rng, 9, 80) + [np.full((7, 9, 3), 3, np.uint8)]
+    flips = rng.integers(0, 2, len(crops)).astype(bool)
+    for dtype in (tf.float32, tf.uint8):
+        flat = np.concatenate([c.reshape(-1) for c in crops])
+        shapes = np.array([c.shape[:2] for c in crops], np.int32)
+        want = op.imagerecords_resize_crops(flat, shapes, flips, size=[7, 9], T=dtype).numpy()
+        np.testing.assert_array_equal(_list_op(op, crops, flips, (7, 9), dtype), want)
+    assert _list_op(op, [], [], (4, 4)).shape == (0, 4, 4, 3)
+
+
+def test_list_op_rejects_inconsistent_inputs(op):
+    crop = np.zeros(12, np.uint8)  # a 2 x 2 x 3 crop
+
+    @tf.function
+    def run(count, shapes):
+        array = tf.TensorArray(tf.uint8, size=count, infer_shape=False)
+        for i in range(count):
+            array = array.write(i, crop)
+        flips = tf.zeros([len(shapes)], tf.bool)
+        return op.imagerecords_resize_crop_list(array.flow, shapes, flips, size=[4, 4])
+
+    assert run(1, [[2, 2]]).shape == (1, 4, 4, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="height \\* width \\* 3"):
+        run(1, [[2, 3]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one tensor per crop"):
+        run(1, [[2, 2], [2, 2]])
+
+
 def test_op_rejects_inconsistent_inputs(op):
     flat = np.zeros(10, np.uint8)
     with pytest.raises(tf.errors.InvalidArgumentError, match="sum"):

@@ -33,6 +33,8 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/variant.h"
+#include "tensorflow/core/kernels/tensor_list.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace imagerecords {
@@ -41,8 +43,19 @@ using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
+using ::tensorflow::TensorList;
 using ::tensorflow::TensorShape;
+using ::tensorflow::Variant;
 namespace shape_inference = ::tensorflow::shape_inference;
+
+absl::Status ResizeCropsShape(shape_inference::InferenceContext* c) {
+  std::vector<int32_t> size;
+  TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
+  shape_inference::ShapeHandle shapes;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &shapes));
+  c->set_output(0, c->MakeShape({c->Dim(shapes, 0), size[0], size[1], 3}));
+  return absl::OkStatus();
+}
 
 REGISTER_OP("ImagerecordsResizeCrops")
     .Input("pixels: uint8")   // [N]: the crops' HWC bytes one after the other, or
@@ -52,14 +65,20 @@ REGISTER_OP("ImagerecordsResizeCrops")
     .Attr("size: list(int) >= 2")
     .Attr("T: {float, uint8} = DT_FLOAT")
     .Output("images: T")  // [B, size[0], size[1], 3], values 0..255
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      std::vector<int32_t> size;
-      TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
-      shape_inference::ShapeHandle shapes;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &shapes));
-      c->set_output(0, c->MakeShape({c->Dim(shapes, 0), size[0], size[1], 3}));
-      return absl::OkStatus();
-    });
+    .SetShapeFn(ResizeCropsShape);
+
+// The same, reading the crops where a decode loop left them: a TensorList (a
+// TensorArray's flow in a tf.function) whose element i holds crop i's HWC bytes.
+// Saves concatenating the windows into one tensor first (a copy of every
+// decoded byte).
+REGISTER_OP("ImagerecordsResizeCropList")
+    .Input("crops: variant")  // scalar TensorList of uint8 tensors, B elements
+    .Input("shapes: int32")
+    .Input("flips: bool")
+    .Attr("size: list(int) >= 2")
+    .Attr("T: {float, uint8} = DT_FLOAT")
+    .Output("images: T")
+    .SetShapeFn(ResizeCropsShape);
 
 namespace {
 
@@ -264,10 +283,12 @@ void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t
   }
 }
 
+// Checks the shapes and flips and resizes every crop into a new batch; the
+// subclass says where each crop's bytes start (after checking they are there).
 template <typename Out>
-class ResizeCropsOp : public OpKernel {
+class ResizeCropsBase : public OpKernel {
  public:
-  explicit ResizeCropsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit ResizeCropsBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::vector<int32_t> size;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size));
     OP_REQUIRES(ctx, size.size() == 2 && size[0] > 0 && size[1] > 0,
@@ -277,11 +298,8 @@ class ResizeCropsOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& pixels = ctx->input(0);
     const Tensor& shapes = ctx->input(1);
     const Tensor& flips = ctx->input(2);
-    OP_REQUIRES(ctx, pixels.dims() == 1 || pixels.dims() == 2,
-                absl::InvalidArgumentError("pixels must be 1-D (packed) or 2-D (one row per crop)"));
     OP_REQUIRES(ctx, shapes.dims() == 2 && shapes.dim_size(1) == 2,
                 absl::InvalidArgumentError("shapes must be [B, 2]"));
     const int64_t batch = shapes.dim_size(0);
@@ -289,35 +307,24 @@ class ResizeCropsOp : public OpKernel {
                 absl::InvalidArgumentError("flips must be [B]"));
     const auto hw = shapes.matrix<int32_t>();
     const auto flip = flips.vec<bool>();
-    const bool rows = pixels.dims() == 2;
-    OP_REQUIRES(ctx, !rows || pixels.dim_size(0) == batch,
-                absl::InvalidArgumentError("2-D pixels must have one row per crop"));
-    // Where crop i starts; packed: right after crop i-1, rows: at i * row length.
-    std::vector<int64_t> offsets(batch + 1, 0);
-    const int64_t available = rows ? pixels.dim_size(1) : pixels.dim_size(0);
+    // Each crop's size in bytes; h, w < 2^31, so h * w * 3 < 2^63.
+    std::vector<int64_t> bytes(batch);
     for (int64_t i = 0; i < batch; ++i) {
       OP_REQUIRES(ctx, hw(i, 0) > 0 && hw(i, 1) > 0,
                   absl::InvalidArgumentError("every crop must be at least 1x1"));
-      // h, w < 2^31, so h * w * 3 < 2^63; checking against what pixels holds
-      // before adding keeps the running sum from overflowing.
-      const int64_t bytes = static_cast<int64_t>(hw(i, 0)) * hw(i, 1) * 3;
-      const int64_t room = rows ? available : available - offsets[i];
-      OP_REQUIRES(ctx, bytes <= room,
-                  absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
-      offsets[i + 1] = rows ? (i + 1) * available : offsets[i] + bytes;
+      bytes[i] = static_cast<int64_t>(hw(i, 0)) * hw(i, 1) * 3;
     }
-    OP_REQUIRES(ctx, rows || offsets[batch] == available,
-                absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
+    std::vector<const uint8_t*> starts(batch);
+    Starts(ctx, bytes, &starts);
+    if (!ctx->status().ok()) return;
 
     Tensor* images = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, out_h_, out_w_, 3}), &images));
-    const uint8_t* in = pixels.flat<uint8_t>().data();
     Out* out = images->flat<Out>().data();
     const int64_t image_len = out_h_ * out_w_ * 3;
     auto work = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        ResizeOne(in + offsets[i], hw(i, 0), hw(i, 1), flip(i), out_h_, out_w_,
-                  out + i * image_len);
+        ResizeOne(starts[i], hw(i, 0), hw(i, 1), flip(i), out_h_, out_w_, out + i * image_len);
       }
 #if defined(__SSE2__)
       _mm_sfence();  // the streamed rows are visible before this shard reports done
@@ -328,9 +335,74 @@ class ResizeCropsOp : public OpKernel {
     ::tensorflow::Shard(workers.num_threads, workers.workers, batch, image_len * 10, work);
   }
 
+ protected:
+  // Fills starts[i] with where crop i's bytes[i] bytes are, or fails ctx.
+  virtual void Starts(OpKernelContext* ctx, const std::vector<int64_t>& bytes,
+                      std::vector<const uint8_t*>* starts) = 0;
+
  private:
   int64_t out_h_;
   int64_t out_w_;
+};
+
+template <typename Out>
+class ResizeCropsOp : public ResizeCropsBase<Out> {
+ public:
+  using ResizeCropsBase<Out>::ResizeCropsBase;
+
+ protected:
+  void Starts(OpKernelContext* ctx, const std::vector<int64_t>& bytes,
+              std::vector<const uint8_t*>* starts) override {
+    const Tensor& pixels = ctx->input(0);
+    OP_REQUIRES(ctx, pixels.dims() == 1 || pixels.dims() == 2,
+                absl::InvalidArgumentError("pixels must be 1-D (packed) or 2-D (one row per crop)"));
+    const int64_t batch = static_cast<int64_t>(bytes.size());
+    const bool rows = pixels.dims() == 2;
+    OP_REQUIRES(ctx, !rows || pixels.dim_size(0) == batch,
+                absl::InvalidArgumentError("2-D pixels must have one row per crop"));
+    // Where crop i starts; packed: right after crop i-1, rows: at i * row length.
+    const int64_t available = rows ? pixels.dim_size(1) : pixels.dim_size(0);
+    const uint8_t* in = pixels.flat<uint8_t>().data();
+    int64_t offset = 0;
+    for (int64_t i = 0; i < batch; ++i) {
+      // Checking against what pixels holds before adding keeps the running sum
+      // from overflowing.
+      const int64_t room = rows ? available : available - offset;
+      OP_REQUIRES(ctx, bytes[i] <= room,
+                  absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
+      (*starts)[i] = in + (rows ? i * available : offset);
+      offset += bytes[i];
+    }
+    OP_REQUIRES(ctx, rows || offset == available,
+                absl::InvalidArgumentError("pixels does not hold sum(height * width * 3) bytes"));
+  }
+};
+
+template <typename Out>
+class ResizeCropListOp : public ResizeCropsBase<Out> {
+ public:
+  using ResizeCropsBase<Out>::ResizeCropsBase;
+
+ protected:
+  void Starts(OpKernelContext* ctx, const std::vector<int64_t>& bytes,
+              std::vector<const uint8_t*>* starts) override {
+    const Tensor& crops = ctx->input(0);
+    OP_REQUIRES(ctx, crops.dims() == 0,
+                absl::InvalidArgumentError("crops must be a scalar TensorList"));
+    const TensorList* list = crops.scalar<Variant>()().get<TensorList>();
+    OP_REQUIRES(ctx, list != nullptr,
+                absl::InvalidArgumentError("crops must be a TensorList"));
+    const int64_t batch = static_cast<int64_t>(bytes.size());
+    OP_REQUIRES(ctx, static_cast<int64_t>(list->tensors().size()) == batch,
+                absl::InvalidArgumentError("crops must hold one tensor per crop"));
+    for (int64_t i = 0; i < batch; ++i) {
+      const Tensor& crop = list->tensors()[i];
+      OP_REQUIRES(ctx, crop.dtype() == ::tensorflow::DT_UINT8 && crop.NumElements() == bytes[i],
+                  absl::InvalidArgumentError(
+                      "crop i of crops must be uint8 with height * width * 3 values"));
+      (*starts)[i] = crop.flat<uint8_t>().data();
+    }
+  }
 };
 
 }  // namespace
@@ -341,5 +413,12 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("ImagerecordsResizeCrops").Device(::tensorflow::DEVICE_CPU).TypeConstraint<uint8_t>("T"),
     ResizeCropsOp<uint8_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("ImagerecordsResizeCropList").Device(::tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
+    ResizeCropListOp<float>);
+REGISTER_KERNEL_BUILDER(Name("ImagerecordsResizeCropList")
+                            .Device(::tensorflow::DEVICE_CPU)
+                            .TypeConstraint<uint8_t>("T"),
+                        ResizeCropListOp<uint8_t>);
 
 }  // namespace imagerecords
