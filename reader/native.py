@@ -51,7 +51,7 @@ SOURCE = Path(__file__).parent / "native" / "resize_crops.cc"
 ENV_DISABLE = "IMAGERECORDS_NATIVE_OPS"
 ENV_CACHE_DIR = "IMAGERECORDS_CACHE_DIR"
 # -O3 without -march: the library may sit in a home directory shared by machines
-# with different CPUs, and SSE2 code already runs the op at memory speed.
+# with different CPUs; the op picks its AVX2 code at run time where the CPU has it.
 # -ffp-contract=off: no fused multiply-adds (aarch64 GCC emits them by default),
 # which would round differently from TensorFlow's own kernel.
 _OPT_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-w")

@@ -24,10 +24,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define IMAGERECORDS_AVX2 1
 #endif
 
 #include "tensorflow/core/framework/op.h"
@@ -232,6 +237,71 @@ void BlendRows(const float* __restrict top, const float* __restrict bottom, floa
   }
 }
 
+#if defined(IMAGERECORDS_AVX2)
+// AVX2 versions, chosen at run time (the library is built without -mavx2 so that
+// it runs on any x86-64). The same float operations on the same values in the
+// same order, twice as many lanes per instruction, and no fused multiply-add
+// (the "avx2" target does not include FMA): the same bits. The horizontal pass
+// is compute-bound (~0.04 of the op's ~0.10 ms per image), so it gains; the
+// blend is bound by writing the batch and gains little.
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+// One input row, as HorizontalRow, two output pixels per 8-lane operation.
+// lerp4[4 * x + j] = xs[x].lerp for j < 4, so pixels x and x+1 take one load.
+__attribute__((target("avx2"))) void HorizontalRowAvx2(const uint8_t* __restrict row,
+                                                       int64_t row_len,
+                                                       const std::vector<Tap>& xs,
+                                                       const float* __restrict lerp4,
+                                                       float* __restrict widened,
+                                                       float* __restrict out) {
+  for (int64_t k = 0; k < row_len; ++k) widened[k] = static_cast<float>(row[k]);
+  const int64_t width = static_cast<int64_t>(xs.size());
+  const Tap* taps = xs.data();
+  // Lanes 0-2: pixel x, 4-6: pixel x+1; moved to 0-2 and 3-5, then one store of
+  // 8 floats whose last two the next store overwrites (2 floats of padding).
+  const __m256i pack = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7);
+  int64_t x = 0;
+  for (; x + 2 <= width; x += 2) {
+    const Tap& a = taps[x];
+    const Tap& b = taps[x + 1];
+    const __m256 lo = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(widened + a.lower)),
+                                           _mm_loadu_ps(widened + b.lower), 1);
+    const __m256 hi = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(widened + a.upper)),
+                                           _mm_loadu_ps(widened + b.upper), 1);
+    const __m256 lerp = _mm256_loadu_ps(lerp4 + 4 * x);
+    const __m256 v = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_sub_ps(hi, lo), lerp));
+    _mm256_storeu_ps(out + 3 * x, _mm256_permutevar8x32_ps(v, pack));
+  }
+  for (; x < width; ++x) {
+    const Tap& t = taps[x];
+    const __m128 lo = _mm_loadu_ps(widened + t.lower);
+    const __m128 hi = _mm_loadu_ps(widened + t.upper);
+    _mm_storeu_ps(out + 3 * x, _mm_add_ps(lo, _mm_mul_ps(_mm_sub_ps(hi, lo), _mm_set1_ps(t.lerp))));
+  }
+}
+
+__attribute__((target("avx2"))) void BlendRowsAvx2(const float* __restrict top,
+                                                   const float* __restrict bottom, float lerp,
+                                                   int64_t len, float* __restrict dst) {
+  int64_t k = 0;
+  for (; k < len && (reinterpret_cast<uintptr_t>(dst + k) & 31) != 0; ++k) {
+    dst[k] = top[k] + (bottom[k] - top[k]) * lerp;
+  }
+  const __m256 lerp8 = _mm256_set1_ps(lerp);
+  for (; k + 8 <= len; k += 8) {
+    const __m256 t = _mm256_loadu_ps(top + k);
+    const __m256 b = _mm256_loadu_ps(bottom + k);
+    _mm256_stream_ps(dst + k, _mm256_add_ps(t, _mm256_mul_ps(_mm256_sub_ps(b, t), lerp8)));
+  }
+  for (; k < len; ++k) {
+    dst[k] = top[k] + (bottom[k] - top[k]) * lerp;
+  }
+}
+#endif
+
 template <typename Out>
 void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t out_h,
                int64_t out_w, Out* out) {
@@ -261,6 +331,16 @@ void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t
   // consecutive output rows mostly share their input rows.
   // Padding: HorizontalRow reads 4 floats at a tap and writes 1 float past a row.
   std::vector<float> buf(2 * (row_len + 4));
+#if defined(IMAGERECORDS_AVX2)
+  const bool avx2 = HasAvx2();
+  std::vector<float> lerp4;
+  if (avx2) {
+    lerp4.resize(4 * out_w + 8);
+    for (int64_t x = 0; x < out_w; ++x) {
+      for (int j = 0; j < 4; ++j) lerp4[4 * x + j] = xs[x].lerp;
+    }
+  }
+#endif
   std::vector<float> widened(in_stride + 4, 0.0f);
   float* slot[2] = {buf.data(), buf.data() + row_len + 4};
   int64_t held[2] = {-1, -1};
@@ -269,7 +349,15 @@ void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t
       if (held[s] == r) return slot[s];
     }
     const int s = (held[0] == keep) ? 1 : 0;  // never evict the row still needed
+#if defined(IMAGERECORDS_AVX2)
+    if (avx2) {
+      HorizontalRowAvx2(in + r * in_stride, in_stride, xs, lerp4.data(), widened.data(), slot[s]);
+    } else {
+      HorizontalRow(in + r * in_stride, in_stride, xs, widened.data(), slot[s]);
+    }
+#else
     HorizontalRow(in + r * in_stride, in_stride, xs, widened.data(), slot[s]);
+#endif
     held[s] = r;
     return slot[s];
   };
@@ -279,6 +367,14 @@ void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t
     const float* __restrict bottom = row(t.upper, t.lower);
     const float lerp = t.lerp;
     Out* __restrict dst = out + y * row_len;
+#if defined(IMAGERECORDS_AVX2)
+    if constexpr (std::is_same<Out, float>::value) {
+      if (avx2) {
+        BlendRowsAvx2(top, bottom, lerp, row_len, dst);
+        continue;
+      }
+    }
+#endif
     BlendRows(top, bottom, lerp, row_len, dst);
   }
 }
