@@ -307,9 +307,8 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     layout = listing.discover(args.input, args.manifest)
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    # (with_local_defaults gave the local engine its processes: one per core by default)
     engine = choose_engine(given_beam_args, layout, output)
-    if engine == LOCAL_ENGINE:
-        processes = args.local_processes or os.cpu_count() or 1
     spill_dir = spill.default_dir(output) if processes > 1 or engine == LOCAL_ENGINE else None
     workers_log = None if args.verbose or engine == LOCAL_ENGINE else _workers_log_path(output)
     if any(arg.startswith("--template_location") for arg in beam_args):
@@ -353,12 +352,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 
 def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:
     """Prints the summary of a finished run; its dataset_info."""
-    from beam_pipeline import listing
-    from beam_pipeline import output as output_files
+    from beam_pipeline import convert, listing
 
     seconds = time.monotonic() - started
-    with output_files.open_file(listing.join(output, metadata.INFO_FILE)) as stream:
-        info = json.load(stream)
+    info = json.loads(convert.read_bytes(listing.join(output, metadata.INFO_FILE)))
     cpu = summary.cpu_seconds() - cpu_started if local else None
     print(summary.format_summary(info, seconds, counted, cpu), flush=True)
     return info

@@ -32,10 +32,10 @@ import time
 from collections import Counter
 
 from beam_pipeline import books, duplicates, keys, listing, pooled
-from beam_pipeline.convert import Converted, Outcome, Rejection, ShardEntry
+from beam_pipeline.convert import Converted, Outcome, RecordBatch, Rejection, ShardEntry
 from beam_pipeline.finalize import Finalizer
 from beam_pipeline.job_config import JobConfig
-from beam_pipeline.shards import ShardInfo, sort_entries, write_shard
+from beam_pipeline.shards import ShardInfo, by_shard, sort_entries, write_shard
 
 _LOG_EVERY_S = 15.0  # progress line while converting
 
@@ -75,22 +75,9 @@ class _Collected:
 
 def _count(outcome: Outcome, how: str, counters: Counter) -> None:
     """The counters of ``pipeline._ConvertFn`` / ``_PooledConvertFn``, by the same names."""
-    result = outcome.result
-    if how == pooled.RESUMED:
-        counters["images_resumed"] += 1
-    elif how == pooled.AHEAD:
-        counters["images_converted_ahead"] += 1
-    if isinstance(result, Rejection):
-        counters["images_rejected"] += 1
-        return
-    counters["record_bytes"] += result.entry.size
-    if how == pooled.RESUMED:
-        return
-    counters["bytes_read"] += outcome.bytes_read
-    counters["images_converted"] += 1
-    counters["images_passed_through"] += outcome.passed_through
-    counters["images_repaired"] += outcome.repaired
-    counters["images_bad_profile"] += outcome.bad_profile
+    if how in pooled.HOW_COUNTERS:
+        counters[pooled.HOW_COUNTERS[how]] += 1
+    counters.update(pooled.outcome_counts(outcome, how != pooled.RESUMED))
 
 
 def _convert(config: JobConfig, refs, counters: Counter) -> _Collected:
@@ -188,14 +175,11 @@ def _write_shards(
     spill files, hashing and writing release the GIL, and the cores the
     conversion used would otherwise sit idle at the end of the run.
     """
-    tasks = []
-    for split, entries in sorted(collected.entries.items()):
-        plan = plans[split]
-        by_shard = collections.defaultdict(list)
-        for entry in entries:
-            by_shard[plan.shard_of(entry.key)].append(entry)
-        for shard, records in sorted(by_shard.items()):
-            tasks.append((split, shard, plan.shards, records))
+    tasks = [
+        (split, shard, plans[split].shards, list(batch.entries))
+        for split, entries in sorted(collected.entries.items())
+        for (_, shard), batch in by_shard(RecordBatch(split, tuple(entries)), plans)
+    ]
 
     def write(task) -> ShardInfo:
         split, shard, count, records = task

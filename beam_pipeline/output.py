@@ -61,15 +61,6 @@ def create(path: str) -> BinaryIO:
     return _filesystems().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-def open_file(path: str) -> BinaryIO:
-    """Opens a file for reading bytes as they are (no decompression), on any filesystem."""
-    if listing.is_local(path):
-        return open(path, "rb")
-    from apache_beam.io.filesystem import CompressionTypes
-
-    return _filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-
-
 def write_atomically(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path``: a temporary file beside it, then a rename.
 

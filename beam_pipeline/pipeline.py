@@ -177,13 +177,18 @@ class _ConvertFn(beam.DoFn):
 
     def __init__(self, config: JobConfig):
         self._args = (config.image, config.seed, config.layout.classes)
-        self._converted = Metrics.counter(NAMESPACE, "images_converted")
-        self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
-        self._passed = Metrics.counter(NAMESPACE, "images_passed_through")
-        self._repaired = Metrics.counter(NAMESPACE, "images_repaired")
-        self._bad_profile = Metrics.counter(NAMESPACE, "images_bad_profile")
-        self._bytes_in = Metrics.counter(NAMESPACE, "bytes_read")
-        self._bytes_out = Metrics.counter(NAMESPACE, "record_bytes")
+        self._counters = {
+            name: Metrics.counter(NAMESPACE, name)
+            for name in (
+                "images_converted",
+                "images_rejected",
+                "images_passed_through",
+                "images_repaired",
+                "images_bad_profile",
+                "bytes_read",
+                "record_bytes",
+            )
+        }
 
     def setup(self):
         self._count = 0
@@ -197,21 +202,13 @@ class _ConvertFn(beam.DoFn):
 
     def _emit(self, outcome: Outcome, converted_now: bool = True):
         """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
+        for name, count in pooled.outcome_counts(outcome, converted_now).items():
+            self._counters[name].inc(count)
         result = outcome.result
         if isinstance(result, Rejection):
-            self._rejected.inc()
             yield TaggedOutput(REJECTED, result)
             return
-        self._bytes_out.inc(result.entry.size)
         if converted_now:
-            self._bytes_in.inc(outcome.bytes_read)
-            self._converted.inc()
-            if outcome.passed_through:
-                self._passed.inc()
-            if outcome.repaired:
-                self._repaired.inc()
-            if outcome.bad_profile:
-                self._bad_profile.inc()
             self._count += 1
             now = time.monotonic()
             if now - self._last_log >= _LOG_EVERY_S:
@@ -240,8 +237,9 @@ class _PooledConvertFn(_ConvertFn):
         super().__init__(config)
         self._processes = processes
         self._spill_dir = config.spill_directory
-        self._ahead = Metrics.counter(NAMESPACE, "images_converted_ahead")
-        self._resumed = Metrics.counter(NAMESPACE, "images_resumed")
+        self._how = {
+            how: Metrics.counter(NAMESPACE, name) for how, name in pooled.HOW_COUNTERS.items()
+        }
 
     def setup(self):
         super().setup()
@@ -263,10 +261,8 @@ class _PooledConvertFn(_ConvertFn):
 
     def _emit_all(self, outcomes):
         for outcome, how in outcomes:
-            if how == pooled.RESUMED:
-                self._resumed.inc()
-            elif how == pooled.AHEAD:
-                self._ahead.inc()
+            if how in self._how:
+                self._how[how].inc()
             yield from self._emit(outcome, how != pooled.RESUMED)
 
     def start_bundle(self):

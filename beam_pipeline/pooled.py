@@ -27,6 +27,33 @@ AHEAD = "ahead"  # converted while the job was starting (local_pool.convert_ahea
 RESUMED = "resumed"  # converted, or rejected, by an interrupted run
 
 
+# The counter each way of coming about adds one to (the converted ones: outcome_counts).
+HOW_COUNTERS = {AHEAD: "images_converted_ahead", RESUMED: "images_resumed"}
+
+
+def outcome_counts(outcome: Outcome, converted_now: bool = True) -> dict[str, int]:
+    """The conversion counters one outcome adds to (those above zero), by name.
+
+    One definition for both engines: Beam's conversion steps increment
+    Metrics counters of these names, the local engine a Counter. An outcome
+    taken from an interrupted run (``converted_now`` false) counts only its
+    record's bytes, or its rejection.
+    """
+    result = outcome.result
+    if isinstance(result, Rejection):
+        return {"images_rejected": 1}
+    counts = {"record_bytes": result.entry.size}
+    if converted_now:
+        counts.update(
+            bytes_read=outcome.bytes_read,
+            images_converted=1,
+            images_passed_through=int(outcome.passed_through),
+            images_repaired=int(outcome.repaired),
+            images_bad_profile=int(outcome.bad_profile),
+        )
+    return {name: n for name, n in counts.items() if n}
+
+
 class _Picked:
     """Future-like: one image's outcome out of a chunk converted ahead of the job."""
 
