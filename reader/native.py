@@ -194,6 +194,14 @@ def unavailable_reason() -> str | None:
     return _load()[1]
 
 
+def _required_ops():
+    """The loaded op library; NativeOpsError (saying why) where it cannot be had."""
+    module = ops()
+    if module is None:
+        raise NativeOpsError(unavailable_reason())
+    return module
+
+
 def resize_crops(
     pixels: tf.Tensor, shapes: tf.Tensor, flips: tf.Tensor, size, dtype: tf.DType = tf.float32
 ) -> tf.Tensor:
@@ -215,10 +223,9 @@ def resize_crops(
     Raises:
         NativeOpsError: the op is not available here.
     """
-    module = ops()
-    if module is None:
-        raise NativeOpsError(unavailable_reason())
-    return module.imagerecords_resize_crops(pixels, shapes, flips, size=list(size), T=dtype)
+    return _required_ops().imagerecords_resize_crops(
+        pixels, shapes, flips, size=list(size), T=dtype
+    )
 
 
 def resize_crop_list(
@@ -236,10 +243,9 @@ def resize_crop_list(
     Raises:
         NativeOpsError: the op is not available here.
     """
-    module = ops()
-    if module is None:
-        raise NativeOpsError(unavailable_reason())
-    return module.imagerecords_resize_crop_list(crops, shapes, flips, size=list(size), T=dtype)
+    return _required_ops().imagerecords_resize_crop_list(
+        crops, shapes, flips, size=list(size), T=dtype
+    )
 
 
 def main() -> int:
