@@ -118,6 +118,24 @@ def test_draft_size_matches_pillow_draft():
         assert jpeg.draft_size(width, height, request) == image.size
 
 
+def test_a_colour_jpeg_decodes_to_rgb_sharing_the_decoders_buffer(clean):
+    # jpeg._rgb_sharing: the RGB image is the RGBX buffer itself, with the
+    # same pixels as Pillow's own decode, and resizes to the same bytes.
+    source = Image.open(io.BytesIO(clean))
+    decoded = jpeg.decode(clean, source).image
+    pillow = Image.open(io.BytesIO(clean)).convert("RGB")
+    assert decoded.mode == "RGB" and decoded.tobytes() == pillow.tobytes()
+    resized = (100, 75)
+    assert (
+        decoded.resize(resized, Image.BICUBIC, reducing_gap=3.0).tobytes()
+        == pillow.resize(resized, Image.BICUBIC, reducing_gap=3.0).tobytes()
+    )
+    pixels = simplejpeg.decode_jpeg(clean, "RGBX")
+    shared = jpeg._rgb_sharing(pixels)
+    pixels[0, 0, :3] = (1, 2, 3)  # a copy would not see this
+    assert shared.getpixel((0, 0)) == (1, 2, 3)
+
+
 def test_fuzzed_corpus_every_file_accounted_for_and_no_record_makes_tf_warn(tmp_path, capfd):
     from beam_pipeline.__main__ import main
     from tests import contract
