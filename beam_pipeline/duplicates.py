@@ -43,6 +43,19 @@ def dropped(members: Sequence[Member]) -> list[tuple[Member, str]]:
     return [(m, duplicate_reason(kept)) for m in sorted(members) if m != kept]
 
 
+def drop_copies(entries: Iterable, drops: dict[str, str]) -> tuple[list, list[tuple]]:
+    """Splits records (anything with an ``image_id``) into those kept and the
+    ``(record, reason)`` of each copy in ``drops`` (image ID -> reason)."""
+    kept, dropped_copies = [], []
+    for entry in entries:
+        reason = drops.get(entry.image_id)
+        if reason is None:
+            kept.append(entry)
+        else:
+            dropped_copies.append((entry, reason))
+    return kept, dropped_copies
+
+
 def leaks(groups: Iterable[Sequence[Member]], first_split: str) -> dict[str, int]:
     """Per split other than ``first_split``: images whose bytes are also in ``first_split``.
 

@@ -134,12 +134,8 @@ def _find_duplicates(config: JobConfig, collected: _Collected, counters: Counter
             m.image_id: reason for _, group in groups for m, reason in duplicates.dropped(group)
         }
         for split, entries in collected.entries.items():
-            kept = []
-            for entry in entries:
-                reason = drops.get(entry.image_id)
-                if reason is None:
-                    kept.append(entry)
-                    continue
+            kept, copies = duplicates.drop_copies(entries, drops)
+            for entry, reason in copies:
                 counters["images_dropped_as_duplicates"] += 1
                 collected.rejects.append(Rejection(entry.image_id, entry.path, split, reason))
             collected.entries[split] = kept

@@ -318,12 +318,8 @@ class _DropDuplicates(beam.DoFn):
         self._dropped = Metrics.counter(NAMESPACE, "images_dropped_as_duplicates")
 
     def process(self, batch: RecordBatch, drops: dict[str, str]):
-        kept = []
-        for entry in batch.entries:
-            reason = drops.get(entry.image_id)
-            if reason is None:
-                kept.append(entry)
-                continue
+        kept, copies = duplicates.drop_copies(batch.entries, drops)
+        for entry, reason in copies:
             self._dropped.inc()
             yield TaggedOutput(REJECTED, Rejection(entry.image_id, entry.path, batch.split, reason))
         if kept:

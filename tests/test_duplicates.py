@@ -48,6 +48,14 @@ def test_dedupe_keeps_the_smallest_id_and_names_it():
     ]
 
 
+def test_drop_copies_keeps_order_and_gives_each_copy_its_reason():
+    records = [Member(i, "train", 0) for i in ("a/1", "b/2", "c/3", "d/4")]
+    kept, copies = duplicates.drop_copies(records, {"b/2": "duplicate of a/1", "d/4": "x"})
+    assert kept == [records[0], records[2]]
+    assert copies == [(records[1], "duplicate of a/1"), (records[3], "x")]
+    assert duplicates.drop_copies(records, {}) == (records, [])
+
+
 def test_jsonl_is_sorted_and_names_classes():
     groups = [
         ("ff", [Member("z/2", "val", 1), Member("z/1", "train", 1)]),
