@@ -205,10 +205,12 @@ def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: st
 
 
 def _all_local(layout, output: str) -> bool:
-    """Input folder and output are local (a manifest may name gs:// images: not local)."""
+    """Every input image and the output are local (a manifest may name gs:// images)."""
     from beam_pipeline import listing
 
-    return layout.kind != "manifest" and listing.is_local(layout.root) and listing.is_local(output)
+    if layout.kind == "manifest":
+        return layout.manifest_all_local and listing.is_local(output)
+    return listing.is_local(layout.root) and listing.is_local(output)
 
 
 LOCAL_ENGINE = "local"
@@ -217,7 +219,8 @@ BEAM = "beam"
 
 def choose_engine(beam_args: list[str], layout, output: str) -> str:
     """:data:`LOCAL_ENGINE` for a job that names no Beam option and whose input
-    folder and output are local; :data:`BEAM` for every other job.
+    images (a folder, or every path of a manifest) and output are local;
+    :data:`BEAM` for every other job.
 
     The local engine runs the same stages with the same code as the Beam
     graph, without Beam (local_engine.py): the same bytes, ~2.5 s of CPU

@@ -88,6 +88,22 @@ class Layout:
     # Files outside any class folder (directly under the input, or under a
     # split folder), skipped and listed in skipped.jsonl.
     loose_files: tuple[str, ...] = ()
+    # A manifest whose every image path is on this machine (and which is too).
+    manifest_all_local: bool = False
+
+    @property
+    def sources(self) -> tuple:
+        """What listing reads: the manifest's path, or the class folders."""
+        return (self.manifest,) if self.kind == "manifest" else self.folders
+
+    def rows(self, source) -> Iterator:
+        """``(image_id, path, label, split)`` per image of one source, or Skipped."""
+        if self.kind == "manifest":
+            label_of = {name: i for i, name in enumerate(self.classes)}
+            for row in read_manifest(source, self.root):
+                yield row.image_id, row.path, label_of[row.label_name], row.split
+        else:
+            yield from list_folder(source, self.root)
 
     @property
     def split_names(self) -> tuple[str, ...]:
@@ -291,6 +307,8 @@ class ManifestRow(NamedTuple):
 
 
 def _open_text(path: str):
+    if is_local(path):  # no Beam: a local manifest can run on the local engine
+        return open(path, encoding="utf-8-sig", newline="")
     from apache_beam.io.filesystem import CompressionTypes
 
     raw = _filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
@@ -392,7 +410,9 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
     seen: set[str] = set()
     duplicates: list[str] = []
     count = 0
+    all_local = is_local(manifest)
     for row in read_manifest(manifest, root):
+        all_local = all_local and is_local(row.path)
         if row.label_name not in labels:
             check_class_name(row.label_name, f"--manifest {manifest}: label")
         labels.add(row.label_name)
@@ -411,6 +431,7 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         classes=tuple(sort_class_names(labels)),
         manifest=manifest,
         num_manifest_rows=count,
+        manifest_all_local=all_local,
     )
 
 

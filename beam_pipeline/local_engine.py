@@ -51,10 +51,10 @@ class _Listed:
 
 
 def _list_images(config: JobConfig, listed: _Listed, counters: Counter):
-    """Class folders -> ImageRef, in folder order; fills ``listed`` on the way."""
+    """Class folders (or the manifest) -> ImageRef, in order; fills ``listed`` on the way."""
     layout, seed, splits = config.layout, config.seed, config.splits
-    for folder in layout.folders:
-        for row in listing.list_folder(folder, layout.root):
+    for source in layout.sources:
+        for row in layout.rows(source):
             if isinstance(row, listing.Skipped):
                 listed.skipped.append(row)
                 continue

@@ -84,7 +84,7 @@ class _ListFn(beam.DoFn):
     def process(self, source):
         seed, splits = self._seed, self._splits
         pending: dict[str, list[int]] = {}
-        for row in self._rows(source):
+        for row in self._layout.rows(source):
             if isinstance(row, listing.Skipped):
                 yield TaggedOutput(SKIPPED, row)
                 continue
@@ -100,15 +100,6 @@ class _ListFn(beam.DoFn):
         for split, listed in pending.items():
             if listed:
                 yield TaggedOutput(LISTED, (split, books.KeyTally(listed=tuple(listed))))
-
-    def _rows(self, source):
-        layout = self._layout
-        if layout.kind == "manifest":
-            label_of = {name: i for i, name in enumerate(layout.classes)}
-            for row in listing.read_manifest(source, layout.root):
-                yield row.image_id, row.path, label_of[row.label_name], row.split
-        else:
-            yield from listing.list_folder(source, layout.root)
 
 
 class ListImages(beam.PTransform):

@@ -125,7 +125,38 @@ def test_which_engine_runs(messy, tmp_path):
     assert job.choose_engine([], layout, "gs://bucket/out") == job.BEAM
     manifest = tmp_path / "m.csv"
     manifest.write_text("path,label\ncat/cat_0000.jpg,cat\n")
+    local_manifest = listing.discover(root, str(manifest))
+    assert job.choose_engine([], local_manifest, out) == job.LOCAL_ENGINE
+    assert job.choose_engine([], local_manifest, "gs://bucket/out") == job.BEAM
+    manifest.write_text("path,label\ncat/cat_0000.jpg,cat\ngs://bucket/dog/1.jpg,dog\n")
     assert job.choose_engine([], listing.discover(root, str(manifest)), out) == job.BEAM
+
+
+def test_a_manifest_of_local_files_runs_locally_and_writes_what_beam_writes(messy, tmp_path):
+    root, bad = messy
+    manifest = tmp_path / "images.jsonl"
+    rows = [
+        '{"path": "cat/cat_0004.jpg", "label": "cat", "split": "val"}',
+        '{"path": "dog/copy of cat [1].jpg", "label": "dog"}',
+        '{"path": "dog/linked.jpg", "label": "dog"}',
+        '{"path": "cat/not there.jpg", "label": "cat"}',  # listed, never readable
+        f'{{"path": "{os.path.join(root, "dog", "alpha.png")}", "label": "dog"}}',  # absolute
+        *(f'{{"path": "{b}", "label": "fish"}}' for b in sorted(bad)[:3]),
+        *(f'{{"path": "cat/cat_{i:04d}.jpg", "label": "cat"}}' for i in (1, 2, 5, 7, 8, 10, 11)),
+        '{"path": "cat/batch1/cat_0003.jpg", "label": "cat", "split": "val"}',
+    ]
+    manifest.write_text("\n".join(rows) + "\n")
+    assert job.choose_engine([], listing.discover(root, str(manifest)), "out") == job.LOCAL_ENGINE
+    local, beam = _run_both(root, tmp_path, "--manifest", str(manifest), "--seed", "5")
+    written = contract.all_files(local)
+    assert written == contract.all_files(beam)
+    rejected = {r["id"] for r in contract.read_rejects(local)}
+    assert "cat/not there.jpg" in rejected
+    by_split = contract.check_output(local, root)
+    ids = {i for rows in by_split.values() for i in contract.ids(rows)}
+    assert len(ids | rejected) == len(rows)
+    assert rejected == {"cat/not there.jpg", *sorted(bad)[:3]}
+    assert {"cat/cat_0004.jpg", "cat/batch1/cat_0003.jpg"} <= set(contract.ids(by_split["val"]))
 
 
 def test_a_lost_record_fails_the_books_and_names_it(messy, tmp_path, capsys, monkeypatch):
