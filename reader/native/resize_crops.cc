@@ -40,6 +40,8 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/variant.h"
 #include "tensorflow/core/kernels/tensor_list.h"
+#include "tensorflow/core/lib/random/philox_random.h"
+#include "tensorflow/core/lib/random/random_distributions_utils.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace imagerecords {
@@ -85,7 +87,62 @@ REGISTER_OP("ImagerecordsResizeCropList")
     .Output("images: T")
     .SetShapeFn(ResizeCropsShape);
 
+// ImagerecordsFlipDraws: reader.decode.flip_draw (tf.random.stateless_uniform([],
+// seed) < 0.5) for a whole batch of seeds in one op, the same draws: on the CPU
+// stateless_uniform's default algorithm is Philox, keyed by
+// StatelessRandomGetKeyCounter's scramble of the seed (one Philox round from a
+// fixed key), and its value is the first 32-bit output made a float in [0, 1).
+// Replaces ~6 ops per image inside the training decode loop.
+REGISTER_OP("ImagerecordsFlipDraws")
+    .Input("seeds: int64")  // [B, 2]: each image's flip seed
+    .Output("flips: bool")  // [B]
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle seeds;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &seeds));
+      c->set_output(0, c->Vector(c->Dim(seeds, 0)));
+      return absl::OkStatus();
+    });
+
 namespace {
+
+class FlipDrawsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& seeds = ctx->input(0);
+    OP_REQUIRES(ctx, seeds.dims() == 2 && seeds.dim_size(1) == 2,
+                absl::InvalidArgumentError("seeds must be [B, 2]"));
+    const auto seed = seeds.matrix<int64_t>();
+    Tensor* flips = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({seeds.dim_size(0)}), &flips));
+    auto flip = flips->vec<bool>();
+    using ::tensorflow::random::PhiloxRandom;
+    for (int64_t i = 0; i < seeds.dim_size(0); ++i) {
+      // GenerateKey (stateless_random_ops.cc): the seed scrambled into a key and
+      // counter by one Philox round.
+      const uint64_t s0 = static_cast<uint64_t>(seed(i, 0));
+      const uint64_t s1 = static_cast<uint64_t>(seed(i, 1));
+      PhiloxRandom::Key key;
+      PhiloxRandom::ResultType counter;
+      key[0] = 0x3ec8f720;
+      key[1] = 0x02461e29;
+      counter[0] = static_cast<uint32_t>(s0);
+      counter[1] = static_cast<uint32_t>(s0 >> 32);
+      counter[2] = static_cast<uint32_t>(s1);
+      counter[3] = static_cast<uint32_t>(s1 >> 32);
+      const PhiloxRandom::ResultType mix = PhiloxRandom(counter, key)();
+      key[0] = mix[0];
+      key[1] = mix[1];
+      counter[0] = counter[1] = 0;
+      counter[2] = mix[2];
+      counter[3] = mix[3];
+      // StatelessRandomUniformV2 of shape []: the first output of the first group.
+      const float uniform = ::tensorflow::random::Uint32ToFloat(PhiloxRandom(counter, key)()[0]);
+      flip(i) = uniform * 1.0f + 0.0f < 0.5f;  // rnd * (maxval - minval) + minval < 0.5
+    }
+  }
+};
 
 struct Tap {
   int64_t lower;  // index of the first input sample (already x3 for columns)
@@ -536,6 +593,8 @@ class ResizeCropListOp : public ResizeCropsBase<Out> {
 
 }  // namespace
 
+REGISTER_KERNEL_BUILDER(Name("ImagerecordsFlipDraws").Device(::tensorflow::DEVICE_CPU),
+                        FlipDrawsOp);
 REGISTER_KERNEL_BUILDER(
     Name("ImagerecordsResizeCrops").Device(::tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
     ResizeCropsOp<float>);
