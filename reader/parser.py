@@ -189,19 +189,24 @@ class Parser:
             return tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
         return tf.io.decode_jpeg(encoded, channels=3)  # "resize": the whole image
 
+    def _random_crop_window(
+        self, encoded: tf.Tensor, seed: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(uint8 [h, w, 3] decoded random window, int32 [y, x, h, w] window)`` of one JPEG."""
+        window = decode.random_crop_window(
+            tf.io.extract_jpeg_shape(encoded),
+            seed,
+            self._augment.crop_area_range,
+            self._augment.crop_aspect_ratio_range,
+        )
+        return tf.io.decode_and_crop_jpeg(encoded, window, channels=3), window
+
     def _window(
         self, encoded: tf.Tensor, seeds: tf.Tensor | None, train: bool
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """``(uint8 [h, w, 3] decoded window, bool scalar: mirror it)`` of one JPEG."""
         if self._random_crop(train):
-            shape = tf.io.extract_jpeg_shape(encoded)
-            window = decode.random_crop_window(
-                shape,
-                seeds[0],
-                self._augment.crop_area_range,
-                self._augment.crop_aspect_ratio_range,
-            )
-            image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+            image, _ = self._random_crop_window(encoded, seeds[0])
         else:
             image = self._eval_window(encoded)
         return image, self._flip(seeds, train)
@@ -297,28 +302,39 @@ class Parser:
         count = tf.shape(encoded)[0]
         if not train and self._augment.eval_crop == "center":
             return self._decode_center_batch_native(encoded, count)
+        # The flips of the whole batch in one op (the same draws as flip_draw per
+        # image), so the loop only decodes: fewer ops and one array fewer per image.
+        if self._flips(train):
+            flips = native.flip_draws(seeds[:, 1])
+        else:
+            flips = tf.zeros([count], tf.bool)
+        random_crop = self._random_crop(train)
+        crop_seeds = seeds[:, 0] if random_crop else None
 
-        def step(i, pixels, shapes, flips):
-            image, flip = self._window(encoded[i], seeds[i] if train else None, train)
-            return (
-                i + 1,
-                pixels.write(i, tf.reshape(image, [-1])),
-                shapes.write(i, tf.shape(image)[:2]),
-                flips.write(i, flip),
-            )
+        def step(i, pixels, shapes):
+            if random_crop:
+                # decode_and_crop_jpeg returns exactly its window: the loop keeps the
+                # window, whose last two values are the crop's shape.
+                image, shape = self._random_crop_window(encoded[i], crop_seeds[i])
+            else:
+                image = self._eval_window(encoded[i])
+                shape = tf.shape(image)[:2]
+            return i + 1, pixels.write(i, tf.reshape(image, [-1])), shapes.write(i, shape)
 
         arrays = (
             tf.TensorArray(tf.uint8, size=count, infer_shape=False, element_shape=[None]),
-            tf.TensorArray(tf.int32, size=count, element_shape=[2]),
-            tf.TensorArray(tf.bool, size=count, element_shape=[]),
+            tf.TensorArray(tf.int32, size=count, element_shape=[4 if random_crop else 2]),
         )
-        _, pixels, shapes, flips = tf.while_loop(
+        _, pixels, shapes = tf.while_loop(
             lambda i, *_: i < count,
             step,
             (tf.constant(0), *arrays),
             parallel_iterations=self._parallel_iterations,
         )
-        return self._resize_native(encoded, pixels, count, shapes.stack(), flips.stack())
+        shapes = shapes.stack()
+        if random_crop:
+            shapes = shapes[:, 2:]
+        return self._resize_native(encoded, pixels, count, shapes, flips)
 
     def _decode_center_batch_native(self, encoded: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
         """Evaluation's centre crops: the windows of the whole batch at once, then decode each.

@@ -200,6 +200,20 @@ def test_op_on_an_empty_batch(op):
     assert got.shape == (0, 8, 8, 3)
 
 
+def test_flip_draws_are_flip_draw_per_seed(op):
+    """The batch-wide flip op draws what decode.flip_draw draws for each seed."""
+    from reader import decode
+
+    rng = np.random.default_rng(5)
+    seeds = rng.integers(-(2**63), 2**63 - 1, size=(600, 2), dtype=np.int64)
+    seeds[:6] = [[0, 0], [1, 2], [-1, -1], [-(2**63), 0], [2**63 - 1, 2**63 - 1], [7, -7]]
+    got = native.flip_draws(tf.constant(seeds)).numpy()
+    want = np.array([bool(decode.flip_draw(tf.constant(s))) for s in seeds])
+    np.testing.assert_array_equal(got, want)
+    assert 0.4 < want.mean() < 0.6
+    assert native.flip_draws(tf.zeros([0, 2], tf.int64)).shape == (0,)
+
+
 def _read(fixture, training, **kwargs):
     ds = reader.make_dataset(
         fixture.path,
