@@ -105,7 +105,8 @@ def _rgb_sharing(pixels: np.ndarray) -> Image.Image:
     try:
         core = Image.core.map_buffer(pixels, (width, height), "raw", 0, ("RGB", 0, 1))
     except (AttributeError, TypeError, ValueError):
-        return Image.frombuffer("RGBX", (width, height), pixels, "raw", "RGBX", 0, 1).convert("RGB")
+        # The copy, as before (fromarray of RGB does not map the buffer).
+        return Image.fromarray(np.ascontiguousarray(pixels[..., :3]), "RGB")
     image = Image.new("RGB", (0, 0))._new(core)
     image.readonly = 1  # as frombuffer's images: Pillow copies before writing
     return image

@@ -136,6 +136,20 @@ def test_a_colour_jpeg_decodes_to_rgb_sharing_the_decoders_buffer(clean):
     assert shared.getpixel((0, 0)) == (1, 2, 3)
 
 
+def test_a_pillow_that_refuses_the_mapping_gets_a_copy(clean, monkeypatch):
+    pixels = simplejpeg.decode_jpeg(clean, "RGBX")
+    expected = jpeg._rgb_sharing(pixels).tobytes()
+
+    def refuse(*args):
+        raise ValueError("unknown raw mode")
+
+    monkeypatch.setattr(jpeg.Image.core, "map_buffer", refuse)
+    copied = jpeg._rgb_sharing(pixels)
+    assert copied.mode == "RGB" and copied.tobytes() == expected
+    pixels[0, 0, :3] = (1, 2, 3)
+    assert copied.getpixel((0, 0)) != (1, 2, 3)  # a copy, not the buffer
+
+
 def test_fuzzed_corpus_every_file_accounted_for_and_no_record_makes_tf_warn(tmp_path, capfd):
     from beam_pipeline.__main__ import main
     from tests import contract
