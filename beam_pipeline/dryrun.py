@@ -268,11 +268,7 @@ def _census_remote(layout: listing.Layout, seed: int, fractions) -> Census:
 
 
 def _census_manifest(layout: listing.Layout, seed: int, fractions) -> Census:
-    label_of = {name: i for i, name in enumerate(layout.classes)}
-    refs = [
-        (row.image_id, row.path, label_of[row.label_name], row.split)
-        for row in listing.read_manifest(layout.manifest, layout.root)
-    ]
+    refs = list(layout.rows(layout.manifest))  # (image_id, path, label, split)
     return _finish_census(refs, {}, None, seed, fractions)
 
 

@@ -160,15 +160,12 @@ def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:
     if not wanted:
         return {}
     layout = config.layout
-    if layout.kind == "manifest":
-        ids = (row.image_id for row in listing.read_manifest(layout.manifest, layout.root))
-    else:
-        ids = (
-            entry[0]
-            for folder in layout.folders
-            for entry in listing.list_folder(folder, layout.root)
-            if not isinstance(entry, listing.Skipped)
-        )
+    ids = (
+        row[0]
+        for source in layout.sources
+        for row in layout.rows(source)
+        if not isinstance(row, listing.Skipped)
+    )
     found = {}
     for image_id in ids:
         key = keys.order_key(config.seed, image_id)
