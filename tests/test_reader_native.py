@@ -77,6 +77,32 @@ def test_op_equals_tf_image_resize_bit_for_bit(op, size, max_side):
         np.testing.assert_array_equal(image, want)
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.uint8])
+def test_every_horizontal_path_equals_tf_image_resize(op, dtype):
+    """Crop widths either side of where the op changes its horizontal pass.
+
+    On AVX2 machines the pass fetches 8 output values' samples with one 16-byte
+    load and a byte shuffle when they fit in 16 bytes: crops from 6 pixels wide
+    to about 1.3x the output width (here every width up to 299 and some wider
+    ones, e.g. 302); narrower and wider crops take the per-pixel path. The last
+    crop of the batch ends the input tensor, so its windows must stop at its
+    row's end.
+    """
+    rng = np.random.default_rng(11)
+    widths = [5, 6, 7, 31, 100, 223, 224, 225, 259, 260, 290, 299, 300, 302, 336, 449, 8]
+    crops = [rng.integers(0, 256, (int(rng.integers(2, 300)), w, 3), np.uint8) for w in widths]
+    for flips in (np.zeros(len(crops), bool), np.ones(len(crops), bool)):
+        flat = np.concatenate([c.reshape(-1) for c in crops])
+        shapes = np.array([c.shape[:2] for c in crops], np.int32)
+        got = op.imagerecords_resize_crops(flat, shapes, flips, size=[224, 224], T=dtype).numpy()
+        for image, crop, flip in zip(got, crops, flips, strict=True):
+            source = crop[:, ::-1] if flip else crop
+            want = tf.image.resize(tf.cast(source, tf.float32), [224, 224], method="bilinear")
+            if dtype == tf.uint8:
+                want = tf.saturate_cast(tf.round(want), tf.uint8)
+            np.testing.assert_array_equal(image, want.numpy(), err_msg=f"width {crop.shape[1]}")
+
+
 @pytest.mark.parametrize("size, max_side", [((224, 224), 400), ((33, 17), 33)], ids=["224", "odd"])
 def test_uint8_op_is_the_rounded_float_op(op, size, max_side):
     """T=uint8: tf.saturate_cast(tf.round(float result)), half to even included."""
