@@ -343,15 +343,18 @@ __attribute__((target("avx2"))) void HorizontalRowAvx2(const uint8_t* __restrict
 // The horizontal pass with the gather done on bytes: output values are taken 8
 // at a time (x3 channels laid end to end, so 8 values span 2-3 pixels); when
 // the input bytes all 8 read (their lower and upper samples) lie within 16
-// consecutive bytes of the row, one 16-byte load and one byte shuffle fetch
-// them, and the arithmetic runs on 8 contiguous values, stored without
-// overlap. The same float operations on the same values as HorizontalRow
-// (each byte widened exactly to float, then lo + (hi - lo) * lerp): the same
-// bits. Without the per-row widening pass and the per-pixel loads and
-// permutes, it does about half the work per value.
+// consecutive bytes of the row, one 16-byte load and two byte shuffles (lower,
+// upper) fetch them, and the arithmetic runs on 8 contiguous values, stored
+// without overlap. The same float operations on the same values as
+// HorizontalRow (each byte widened exactly to float, then lo + (hi - lo) *
+// lerp): the same bits. Without the per-row widening pass and the per-pixel
+// loads and permutes, it does about half the work per value (op alone: 0.126
+// -> 0.086 ms per training image, then 0.121 -> 0.114 for the shuffles that
+// widen too; docs/performance.md, "Session 8").
 struct GatherPlan {
   std::vector<int64_t> base;  // per block of 8 values: where its 16-byte window starts
-  std::vector<uint8_t> ctrl;  // per block: 8 lower then 8 upper byte offsets in the window
+  std::vector<uint8_t> ctrl;  // per block: 32 bytes placing each lower sample in the low byte
+                              // of its 32-bit lane (0x80: zero), then 32 for the upper ones
   std::vector<float> lerp;    // per value
 };
 
@@ -362,7 +365,7 @@ bool PlanGather(const std::vector<Tap>& xs, int64_t row_len, GatherPlan* plan) {
   const int64_t blocks = (len + 7) / 8;
   if (row_len < 16) return false;
   plan->base.resize(blocks);
-  plan->ctrl.assign(16 * blocks, 0);
+  plan->ctrl.assign(64 * blocks, 0x80);
   plan->lerp.assign(8 * blocks, 0.0f);
   for (int64_t j = 0; j < blocks; ++j) {
     int64_t low = row_len, high = -1;
@@ -378,8 +381,11 @@ bool PlanGather(const std::vector<Tap>& xs, int64_t row_len, GatherPlan* plan) {
     plan->base[j] = base;
     for (int64_t k = 8 * j; k < std::min(len, 8 * j + 8); ++k) {
       const Tap& t = xs[k / 3];
-      plan->ctrl[16 * j + (k - 8 * j)] = static_cast<uint8_t>(t.lower + k % 3 - base);
-      plan->ctrl[16 * j + 8 + (k - 8 * j)] = static_cast<uint8_t>(t.upper + k % 3 - base);
+      // Lane e of the 256-bit shuffle takes its byte from the window copy in its
+      // own 128-bit half; both halves hold the same window.
+      const int64_t e = k - 8 * j;
+      plan->ctrl[64 * j + 4 * e] = static_cast<uint8_t>(t.lower + k % 3 - base);
+      plan->ctrl[64 * j + 32 + 4 * e] = static_cast<uint8_t>(t.upper + k % 3 - base);
       plan->lerp[k] = t.lerp;
     }
   }
@@ -387,6 +393,11 @@ bool PlanGather(const std::vector<Tap>& xs, int64_t row_len, GatherPlan* plan) {
 }
 
 // Writes 8 * blocks values: up to 7 past the row's 3 * width (padding).
+// Each byte b is made a float without a conversion instruction: placed in the
+// low byte of a lane holding 2^23's bit pattern it reads as 2^23 + b, exactly;
+// subtracting 2^23 gives b, and the difference of two such values is the
+// difference of the bytes, exactly (all below 2^24). So lo and hi - lo are the
+// same floats as float(lo) and float(hi) - float(lo).
 __attribute__((target("avx2"))) void HorizontalRowGatherAvx2(const uint8_t* __restrict row,
                                                              const GatherPlan& plan,
                                                              float* __restrict out) {
@@ -394,14 +405,22 @@ __attribute__((target("avx2"))) void HorizontalRowGatherAvx2(const uint8_t* __re
   const int64_t* base = plan.base.data();
   const uint8_t* ctrl = plan.ctrl.data();
   const float* lerp = plan.lerp.data();
+  const __m256i magic_bits = _mm256_set1_epi32(0x4B000000);  // 2^23 as a float
+  const __m256 magic = _mm256_castsi256_ps(magic_bits);
   for (int64_t j = 0; j < blocks; ++j) {
-    const __m128i window = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + base[j]));
-    const __m128i bytes =
-        _mm_shuffle_epi8(window, _mm_loadu_si128(reinterpret_cast<const __m128i*>(ctrl + 16 * j)));
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(bytes, bytes)));
+    const __m256i window = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + base[j])));
+    const __m256i lo_bits = _mm256_or_si256(
+        _mm256_shuffle_epi8(window, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ctrl + 64 * j))),
+        magic_bits);
+    const __m256i hi_bits = _mm256_or_si256(
+        _mm256_shuffle_epi8(window, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ctrl + 64 * j + 32))),
+        magic_bits);
+    const __m256 lo_biased = _mm256_castsi256_ps(lo_bits);
+    const __m256 lo = _mm256_sub_ps(lo_biased, magic);
+    const __m256 diff = _mm256_sub_ps(_mm256_castsi256_ps(hi_bits), lo_biased);
     const __m256 w = _mm256_loadu_ps(lerp + 8 * j);
-    _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(lo, _mm256_mul_ps(_mm256_sub_ps(hi, lo), w)));
+    _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(lo, _mm256_mul_ps(diff, w)));
   }
 }
 
