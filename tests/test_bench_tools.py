@@ -17,10 +17,10 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench import settings
-from bench.tools import profile_converter, profile_reader
+from bench.tools import profile_converter, profile_op, profile_reader
 
 REPO = Path(__file__).resolve().parent.parent
-TOOLS = ["profile_converter", "profile_reader", "dryrun_scale"]
+TOOLS = ["profile_converter", "profile_reader", "profile_op", "dryrun_scale"]
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -55,5 +55,24 @@ def test_only_a_full_bench_run_writes_the_committed_results():
         assert bench_main.results_folder(bench_main.parse_args(argv)) == full
     quick = bench_main.results_folder(bench_main.parse_args(["--quick"]))
     assert quick != full and _ignored(quick)
-    for folder in (profile_converter.PROFILE_DIR, profile_reader.PROFILE_DIR, settings.CACHE_DIR):
+    for folder in (
+        profile_converter.PROFILE_DIR,
+        profile_reader.PROFILE_DIR,
+        profile_op.PROFILE_DIR,
+        settings.CACHE_DIR,
+    ):
         assert _ignored(folder), folder
+
+
+def test_profile_op_decodes_the_readers_training_windows(tmp_path):
+    """The op profiler's input: real decoded random windows, laid end to end."""
+    from tests.shard_fixtures import write_dataset
+
+    records = Path(write_dataset(tmp_path / "ds", per_class=6, max_side=90).path)
+    pixels, shapes = profile_op.training_windows(records, 5)
+    hw = shapes.numpy()
+    assert hw.shape == (5, 2) and (hw > 0).all() and (hw <= 90).all()
+    assert pixels.dtype.name == "uint8" and pixels.shape[0] == int((hw[:, 0] * hw[:, 1] * 3).sum())
+    # Different seeds draw different windows somewhere in the batch.
+    _, other = profile_op.training_windows(records, 5, seed=1)
+    assert (other.numpy() != hw).any()
