@@ -233,7 +233,19 @@ void CastRow(const uint8_t* __restrict row, int64_t width, bool flip, float* __r
 
 void CastRow(const uint8_t* __restrict row, int64_t width, bool flip, uint8_t* __restrict dst) {
   if (!flip) {
-    std::memcpy(dst, row, 3 * width);
+    // Streamed, as the float32 rows and the blends are: memcpy's plain stores
+    // read every destination line of the batch first (op alone on 224 px
+    // crops, one thread: 0.045 -> 0.021-0.027 ms per image).
+    int64_t k = 0;
+    const int64_t len = 3 * width;
+#if defined(__SSE2__)
+    for (; k < len && (reinterpret_cast<uintptr_t>(dst + k) & 15) != 0; ++k) dst[k] = row[k];
+    for (; k + 16 <= len; k += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
+    }
+#endif
+    std::memcpy(dst + k, row + k, len - k);
     return;
   }
   for (int64_t x = 0; x < width; ++x) {
