@@ -81,15 +81,18 @@ def test_op_equals_tf_image_resize_bit_for_bit(op, size, max_side):
 def test_every_horizontal_path_equals_tf_image_resize(op, dtype):
     """Crop widths either side of where the op changes its horizontal pass.
 
-    On AVX2 machines the pass fetches 8 output values' samples with one 16-byte
-    load and a byte shuffle when they fit in 16 bytes: crops from 6 pixels wide
-    to about 1.3x the output width (here every width up to 299 and some wider
-    ones, e.g. 302); narrower and wider crops take the per-pixel path. The last
-    crop of the batch ends the input tensor, so its windows must stop at its
-    row's end.
+    On AVX2 machines the pass fetches 8 output values' samples with byte
+    shuffles of a 16-byte window when they fit in one (crops from 6 pixels wide
+    to about 1.3x the output width: here every width up to 299, and some wider,
+    e.g. 302 and 336), else of a 32-byte window (from 11 pixels wide to about
+    3.3x: here up to 747); narrower and wider crops take the per-pixel path.
+    The last crop of the batch ends the input tensor, so its windows must stop
+    at its row's end.
     """
     rng = np.random.default_rng(11)
-    widths = [5, 6, 7, 31, 100, 223, 224, 225, 259, 260, 290, 299, 300, 302, 336, 449, 8]
+    # 16-byte window: 6-299 (and 302, 336); 32-byte: up to 747; per pixel: 5, 748, 900.
+    widths = [5, 6, 7, 10, 11, 31, 100, 224, 225, 259, 299, 300, 302, 336, 449, 600, 747]
+    widths += [748, 900, 8]
     crops = [rng.integers(0, 256, (int(rng.integers(2, 300)), w, 3), np.uint8) for w in widths]
     for flips in (np.zeros(len(crops), bool), np.ones(len(crops), bool)):
         flat = np.concatenate([c.reshape(-1) for c in crops])

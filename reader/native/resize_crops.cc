@@ -363,21 +363,30 @@ __attribute__((target("avx2"))) void HorizontalRowAvx2(const uint8_t* __restrict
 // loads and permutes, it does about half the work per value (op alone: 0.126
 // -> 0.086 ms per training image, then 0.121 -> 0.114 for the shuffles that
 // widen too; docs/performance.md, "Session 8").
+//
+// Crops up to about 3.3x the output width (downscaled crops of larger records)
+// take the same pass with a 32-byte window: two 16-byte halves, each sample
+// shuffled out of the half that holds it, the two results OR-ed together.
 struct GatherPlan {
-  std::vector<int64_t> base;  // per block of 8 values: where its 16-byte window starts
-  std::vector<uint8_t> ctrl;  // per block: 32 bytes placing each lower sample in the low byte
-                              // of its 32-bit lane (0x80: zero), then 32 for the upper ones
-  std::vector<float> lerp;    // per value
+  int window = 16;            // bytes one block's samples lie within: 16 or 32
+  std::vector<int64_t> base;  // per block of 8 values: where its window starts
+  // Per block, 32 bytes per shuffle placing each sample in the low byte of its
+  // 32-bit lane (0x80: zero): lower then upper samples; with a 32-byte window
+  // each is two shuffles, one per half (a sample's byte in one, 0x80 in the other).
+  std::vector<uint8_t> ctrl;
+  std::vector<float> lerp;  // per value
 };
 
-// False when some block needs more than 16 bytes (a crop about 1.3x wider
-// than the output, or less than 6 pixels wide): the caller keeps HorizontalRow.
-bool PlanGather(const std::vector<Tap>& xs, int64_t row_len, GatherPlan* plan) {
+// False when some block's samples span more than `window` bytes, or the row is
+// shorter than the window: the caller tries the next window or keeps HorizontalRow.
+bool PlanGather(const std::vector<Tap>& xs, int64_t row_len, int window, GatherPlan* plan) {
   const int64_t len = 3 * static_cast<int64_t>(xs.size());
   const int64_t blocks = (len + 7) / 8;
-  if (row_len < 16) return false;
+  if (row_len < window) return false;
+  const int64_t per_block = 2 * 32 * (window / 16);  // ctrl bytes per block
+  plan->window = window;
   plan->base.resize(blocks);
-  plan->ctrl.assign(64 * blocks, 0x80);
+  plan->ctrl.assign(per_block * blocks, 0x80);
   plan->lerp.assign(8 * blocks, 0.0f);
   for (int64_t j = 0; j < blocks; ++j) {
     int64_t low = row_len, high = -1;
@@ -388,16 +397,21 @@ bool PlanGather(const std::vector<Tap>& xs, int64_t row_len, GatherPlan* plan) {
     }
     // The window may not run past the row's end (the last row of the last crop
     // ends the input tensor); starting it earlier keeps every byte inside.
-    const int64_t base = std::min(low, row_len - 16);
-    if (high - base > 15) return false;
+    const int64_t base = std::min(low, row_len - window);
+    if (high - base > window - 1) return false;
     plan->base[j] = base;
+    uint8_t* ctrl = plan->ctrl.data() + per_block * j;
     for (int64_t k = 8 * j; k < std::min(len, 8 * j + 8); ++k) {
       const Tap& t = xs[k / 3];
-      // Lane e of the 256-bit shuffle takes its byte from the window copy in its
-      // own 128-bit half; both halves hold the same window.
+      // Lane e of a 256-bit shuffle takes its byte from the copy of the 16-byte
+      // half in its own 128-bit half; both halves hold the same bytes.
       const int64_t e = k - 8 * j;
-      plan->ctrl[64 * j + 4 * e] = static_cast<uint8_t>(t.lower + k % 3 - base);
-      plan->ctrl[64 * j + 32 + 4 * e] = static_cast<uint8_t>(t.upper + k % 3 - base);
+      const int64_t samples[2] = {t.lower + k % 3 - base, t.upper + k % 3 - base};
+      for (int which = 0; which < 2; ++which) {
+        const int64_t offset = samples[which];
+        const int64_t half = offset / 16;  // 0, or 1 in the second half of a 32-byte window
+        ctrl[(which * (window / 16) + half) * 32 + 4 * e] = static_cast<uint8_t>(offset % 16);
+      }
       plan->lerp[k] = t.lerp;
     }
   }
@@ -410,9 +424,12 @@ bool PlanGather(const std::vector<Tap>& xs, int64_t row_len, GatherPlan* plan) {
 // subtracting 2^23 gives b, and the difference of two such values is the
 // difference of the bytes, exactly (all below 2^24). So lo and hi - lo are the
 // same floats as float(lo) and float(hi) - float(lo).
+template <int kWindow>
 __attribute__((target("avx2"))) void HorizontalRowGatherAvx2(const uint8_t* __restrict row,
                                                              const GatherPlan& plan,
                                                              float* __restrict out) {
+  constexpr int kHalves = kWindow / 16;
+  constexpr int kPerBlock = 2 * 32 * kHalves;
   const int64_t blocks = static_cast<int64_t>(plan.base.size());
   const int64_t* base = plan.base.data();
   const uint8_t* ctrl = plan.ctrl.data();
@@ -420,17 +437,24 @@ __attribute__((target("avx2"))) void HorizontalRowGatherAvx2(const uint8_t* __re
   const __m256i magic_bits = _mm256_set1_epi32(0x4B000000);  // 2^23 as a float
   const __m256 magic = _mm256_castsi256_ps(magic_bits);
   for (int64_t j = 0; j < blocks; ++j) {
-    const __m256i window = _mm256_broadcastsi128_si256(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + base[j])));
-    const __m256i lo_bits = _mm256_or_si256(
-        _mm256_shuffle_epi8(window, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ctrl + 64 * j))),
-        magic_bits);
-    const __m256i hi_bits = _mm256_or_si256(
-        _mm256_shuffle_epi8(window, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ctrl + 64 * j + 32))),
-        magic_bits);
-    const __m256 lo_biased = _mm256_castsi256_ps(lo_bits);
+    const uint8_t* c = ctrl + kPerBlock * j;
+    __m256i halves[kHalves];
+    for (int h = 0; h < kHalves; ++h) {
+      halves[h] = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + base[j] + 16 * h)));
+    }
+    __m256i bits[2];
+    for (int which = 0; which < 2; ++which) {
+      bits[which] = magic_bits;
+      for (int h = 0; h < kHalves; ++h) {
+        const __m256i select =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + (which * kHalves + h) * 32));
+        bits[which] = _mm256_or_si256(bits[which], _mm256_shuffle_epi8(halves[h], select));
+      }
+    }
+    const __m256 lo_biased = _mm256_castsi256_ps(bits[0]);
     const __m256 lo = _mm256_sub_ps(lo_biased, magic);
-    const __m256 diff = _mm256_sub_ps(_mm256_castsi256_ps(hi_bits), lo_biased);
+    const __m256 diff = _mm256_sub_ps(_mm256_castsi256_ps(bits[1]), lo_biased);
     const __m256 w = _mm256_loadu_ps(lerp + 8 * j);
     _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(lo, _mm256_mul_ps(diff, w)));
   }
@@ -523,7 +547,8 @@ void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t
 #if defined(IMAGERECORDS_AVX2)
   const bool avx2 = HasAvx2();
   GatherPlan plan;
-  const bool gather = avx2 && PlanGather(xs, in_stride, &plan);
+  const bool gather =
+      avx2 && (PlanGather(xs, in_stride, 16, &plan) || PlanGather(xs, in_stride, 32, &plan));
   std::vector<float> lerp4;
   if (avx2 && !gather) {
     lerp4.resize(4 * out_w + 8);
@@ -542,7 +567,11 @@ void ResizeOne(const uint8_t* in, int64_t in_h, int64_t in_w, bool flip, int64_t
     const int s = (held[0] == keep) ? 1 : 0;  // never evict the row still needed
 #if defined(IMAGERECORDS_AVX2)
     if (gather) {
-      HorizontalRowGatherAvx2(in + r * in_stride, plan, slot[s]);
+      if (plan.window == 16) {
+        HorizontalRowGatherAvx2<16>(in + r * in_stride, plan, slot[s]);
+      } else {
+        HorizontalRowGatherAvx2<32>(in + r * in_stride, plan, slot[s]);
+      }
     } else if (avx2) {
       HorizontalRowAvx2(in + r * in_stride, in_stride, xs, lerp4.data(), widened.data(), slot[s]);
     } else {
