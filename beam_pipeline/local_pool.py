@@ -39,7 +39,11 @@ def _ready() -> bool:
 
 
 def _init_worker(parent: int, die_with_parent: bool) -> None:
+    # Forked with SIGINT blocked (see new()): ignoring it discards one that came
+    # in between, and unblocking then lets nothing through.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # A worker is disposable: one stuck in native code past the image time
     # limit ends itself, and the pool rejects that image (deadline.py).
     deadline.allow_hard_exit()
@@ -74,13 +78,22 @@ def new(processes: int) -> concurrent.futures.ProcessPoolExecutor:
         initargs=(os.getpid(), in_main_thread),
     )
     _all.add(executor)
-    # Ignored from the fork itself, not only from the initializer on: no window.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+    # SIGINT is blocked, not ignored, while the workers are forked: a child is
+    # born with it blocked and ignores it from its initializer on (no window in
+    # which a Ctrl-C kills a worker mid-start), while one sent to this process
+    # meanwhile stays pending and is raised here once unblocked. (Ignoring it
+    # here instead lost a Ctrl-C that came while the workers were starting: the
+    # run then went on to the end.) A fork executor starts all its workers at
+    # the first submit.
+    block = in_main_thread and hasattr(signal, "pthread_sigmask")
+    if block:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        executor.submit(_ready).result()  # a fork executor starts all workers at first submit
+        ready = executor.submit(_ready)
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGINT, previous)
+        if block:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    ready.result()
     return executor
 
 

@@ -177,6 +177,55 @@ def test_shutdown_all_stops_a_started_pool():
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+_CTRL_C_WHILE_WORKERS_START = """
+import os, signal, sys, threading, time
+import psutil
+from beam_pipeline import local_pool
+
+real_init = local_pool._init_worker
+
+def slow_init(*args):  # a loaded machine: the workers take a while to start
+    real_init(*args)
+    time.sleep(2)
+
+local_pool._init_worker = slow_init
+# Ctrl-C reaches the whole process group: the workers too.
+threading.Timer(0.7, lambda: os.killpg(os.getpgid(0), signal.SIGINT)).start()
+try:
+    local_pool.new(2)
+except KeyboardInterrupt:
+    children = psutil.Process().children()
+    alive = [c for c in children if c.status() != psutil.STATUS_ZOMBIE]
+    local_pool.shutdown_all()
+    print("interrupted", len(alive))
+    sys.exit(0)
+print("swallowed")
+sys.exit(1)
+"""
+
+
+def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
+    """A Ctrl-C that comes while the pool's workers are still starting stops the run.
+
+    The parent used to ignore SIGINT until its workers had started, so a Ctrl-C
+    in that window (long on a loaded machine) was dropped and the run went on.
+    The workers, which get the same Ctrl-C, must survive it (the parent stops them).
+    """
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(_CTRL_C_WHILE_WORKERS_START)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # its own process group, so the Ctrl-C reaches only it
+    )
+    assert result.returncode == 0 and result.stdout.split() == ["interrupted", "2"], (
+        result.stdout + result.stderr
+    )
+
+
 @pytest.mark.parametrize("value, quiet", [("--quiet=true", True), ("--quiet=false", False)])
 def test_quiet_with_a_value(images, tmp_path, value, quiet):
     logger = logging.getLogger("beam_pipeline")
