@@ -13,10 +13,18 @@ import re
 import sys
 import traceback
 
-from beam_pipeline import errors, job
-from beam_pipeline.arguments import build_parser, parse_args
-from beam_pipeline.errors import BooksDoNotBalance, UsageError
-from beam_pipeline.job import run
+try:
+    from beam_pipeline import errors, job
+    from beam_pipeline.arguments import build_parser, parse_args
+    from beam_pipeline.errors import BooksDoNotBalance, UsageError
+    from beam_pipeline.job import run
+except KeyboardInterrupt:
+    # Ctrl-C while the modules load (the first few tenths of a second), before
+    # main() can report it: the same one line and status, not a traceback.
+    if __name__ != "__main__":
+        raise
+    print("error: interrupted before the job started; nothing was written", file=sys.stderr)
+    sys.exit(130)
 
 __all__ = ["build_parser", "main", "parse_args", "run"]
 

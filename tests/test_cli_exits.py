@@ -215,7 +215,7 @@ def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     script.write_text(_CTRL_C_WHILE_WORKERS_START)
     result = subprocess.run(
         [sys.executable, str(script)],
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -224,6 +224,37 @@ def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     assert result.returncode == 0 and result.stdout.split() == ["interrupted", "2"], (
         result.stdout + result.stderr
     )
+
+
+_CTRL_C_WHILE_IMPORTING = """
+import runpy, sys
+
+class CtrlC:  # Ctrl-C lands while the CLI's modules are being imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "beam_pipeline.job":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["beam_pipeline", "--input", sys.argv[1] + "/in", "--output", sys.argv[1] + "/out"]
+runpy.run_module("beam_pipeline", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path):
+    script = tmp_path / "ctrl_c_import.py"
+    script.write_text(_CTRL_C_WHILE_IMPORTING)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: interrupted before the job started; nothing was written"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("value, quiet", [("--quiet=true", True), ("--quiet=false", False)])
