@@ -50,6 +50,14 @@ def _assert_no_process_left(sid: int) -> None:
     assert not left, f"processes of the CLI outlived it: {left}"
 
 
+def _default_sigint() -> None:
+    # A test run started in the background of a non-interactive shell (`make
+    # test &`, some CI runners) inherits SIGINT ignored, and so would the CLI:
+    # Python then never raises KeyboardInterrupt. The CLI gets what a terminal
+    # gives it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "beam_pipeline", *args],
@@ -58,6 +66,7 @@ def _start(*args: str) -> subprocess.Popen:
         text=True,
         cwd=ROOT,
         start_new_session=True,  # its own session: children are found even when orphaned
+        preexec_fn=_default_sigint,
     )
 
 
@@ -220,6 +229,7 @@ def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
         text=True,
         timeout=120,
         start_new_session=True,  # its own process group, so the Ctrl-C reaches only it
+        preexec_fn=_default_sigint,
     )
     assert result.returncode == 0 and result.stdout.split() == ["interrupted", "2"], (
         result.stdout + result.stderr
