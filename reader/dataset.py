@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -87,6 +87,11 @@ def decoded_cache_bytes(info: DatasetInfo, split: str, num_records: int | None =
     else:
         return None, "unknown: dataset_info.json gives neither the stored size nor the bytes"
     return int(n * per_image), how
+
+
+def _remote(files: Sequence[str]) -> bool:
+    """Whether any of ``files`` is on a URL-style filesystem (``gs://``, ``s3://``, ...)."""
+    return any("://" in f for f in files)
 
 
 def _interleave_parallelism(num_parallel_calls: int, cycle_length: int) -> int:
@@ -265,12 +270,15 @@ class InputReader:
             return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
         per_pipeline = -(-len(self._files) // num_pipelines)
         cycle_length = cfg.cycle_length or min(per_pipeline, 16)
-        if cycle_length == 1:
-            # One shard per cycle (a pipeline with one shard: small splits, many
-            # hosts, the benchmark's sets): the shards one after the other, exactly
-            # the interleave's order, read on the consumer's thread. The parallel
-            # interleave hands every record between threads: ~20-60 us of CPU per
-            # record against ~4 for this (docs/performance.md, "Round 4").
+        if cycle_length == 1 and not _remote(self._files):
+            # One local shard per cycle (a pipeline with one shard: small splits,
+            # many hosts, the benchmark's sets): the shards one after the other,
+            # exactly the interleave's order, read on the consumer's thread. The
+            # parallel interleave hands every record between threads: ~20-60 us
+            # of CPU per record against ~4 for this (docs/performance.md, "Round
+            # 4"). On gs:// the interleave stays even for one shard: each 8 MB
+            # refill is a network round trip, which its thread overlaps with the
+            # decoding instead of stalling the batches behind it.
             return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
         return files.interleave(
             lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER_BYTES),

@@ -74,6 +74,13 @@ out["converted_eval"] = read_eval(converted)
 # Training mode: parallel interleave over the shards, so concurrent tunnels.
 train = reader.make_dataset(url, "train", batch_size=8, image_size=32, training=True, seed=1)
 out["train_batches"] = [list(images.shape) for images, _ in train.take(3)]
+# One shard per pipeline (the converter's small output): read by the interleave's
+# own thread on gs://, not on the consumer's.
+one = reader.make_dataset(converted, "train", batch_size=4, image_size=32, training=True, seed=1)
+out["one_shard_train"] = {
+    "shards": len(reader.load_info(converted).files("train")),
+    "batches": [list(images.shape) for images, _ in one.take(4)],
+}
 
 try:
     reader.load_info(unfinished)
@@ -180,6 +187,8 @@ def test_reader_reads_the_converters_gcs_output(converted, seen):
 
 def test_reader_training_mode_over_gcs(seen):
     assert seen["train_batches"] == [[8, 32, 32, 3]] * 3
+    # A one-shard split of ~9 records, repeated past its end.
+    assert seen["one_shard_train"] == {"shards": 1, "batches": [[4, 32, 32, 3]] * 4}
 
 
 def test_unfinished_dataset_is_refused_with_the_reason(seen):

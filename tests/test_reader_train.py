@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 
 import numpy as np
@@ -393,3 +394,38 @@ def test_flip_before_resize_equals_flip_after():
         np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=1e-3)
         flipped += not np.allclose(reference.numpy(), resized.numpy(), atol=1e-3)
     assert 0 < flipped < 16  # both outcomes were checked
+
+
+def _read_ops(ds: tf.data.Dataset) -> set[str]:
+    """The reading ops in a dataset's graph (which files are read, and how)."""
+    graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    ops = {node.op for node in graph.node} | {
+        node.op for function in graph.library.function for node in function.node_def
+    }
+    return {op for op in ops if "Interleave" in op or op.startswith("TFRecordDataset")}
+
+
+def test_one_shard_training_reads_in_the_background_only_on_gs(tmp_path):
+    """One local shard: read on the consumer's thread; one gs:// shard: a parallel interleave.
+
+    On gs:// every refill of the read buffer is a network round trip; the
+    interleave's own thread overlaps it with the decoding.
+    """
+    one_shard = write_dataset(tmp_path / "ds", per_class=8, shards={"train": 1})
+    local = reader.load_info(one_shard.path)
+    split = local.split("train")
+    remote_shards = tuple(
+        dataclasses.replace(s, path="gs://bucket/ds/" + s.file) for s in split.shards
+    )
+    remote = dataclasses.replace(
+        local,
+        path="gs://bucket/ds",
+        splits={**local.splits, "train": dataclasses.replace(split, shards=remote_shards)},
+    )
+    assert remote.files("train")[0].startswith("gs://")
+
+    def read_ops(info):
+        return _read_ops(reader.make_dataset(info, "train", 4, SIZE, training=True))
+
+    assert not any("Interleave" in op for op in read_ops(local))
+    assert any("ParallelInterleave" in op for op in read_ops(remote))
