@@ -266,7 +266,11 @@ class InputReader:
         if not cfg.training:
             # Evaluation reads the shards one after the other, so records come in
             # shard order (the converter's permutation). The decode step, not the
-            # reading, is the bottleneck, and it runs in parallel downstream.
+            # reading, is the bottleneck, and it runs in parallel downstream. On
+            # gs:// a one-file, deterministic interleave reads the same order on
+            # its own thread, ahead of the consumer (see below).
+            if _remote(self._files):
+                return self._read_ahead(files, cycle_length=1, deterministic=True)
             return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
         per_pipeline = -(-len(self._files) // num_pipelines)
         cycle_length = cfg.cycle_length or min(per_pipeline, 16)
@@ -280,12 +284,19 @@ class InputReader:
             # refill is a network round trip, which its thread overlaps with the
             # decoding instead of stalling the batches behind it.
             return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
+        return self._read_ahead(files, cycle_length, cfg.is_deterministic)
+
+    def _read_ahead(
+        self, files: tf.data.Dataset, cycle_length: int, deterministic: bool
+    ) -> tf.data.Dataset:
+        """``cycle_length`` shards at a time, read by the interleave's threads."""
+        cfg = self._config
         return files.interleave(
             lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER_BYTES),
             cycle_length=cycle_length,
             block_length=cfg.block_length,
             num_parallel_calls=_interleave_parallelism(cfg.num_parallel_calls, cycle_length),
-            deterministic=cfg.is_deterministic,
+            deterministic=deterministic,
         )
 
     def _read_then_shard(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
