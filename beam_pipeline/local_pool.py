@@ -39,11 +39,7 @@ def _ready() -> bool:
 
 
 def _init_worker(parent: int, die_with_parent: bool) -> None:
-    # Forked with SIGINT blocked (see new()): ignoring it discards one that came
-    # in between, and unblocking then lets nothing through.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # A worker is disposable: one stuck in native code past the image time
     # limit ends itself, and the pool rejects that image (deadline.py).
     deadline.allow_hard_exit()
@@ -78,23 +74,36 @@ def new(processes: int) -> concurrent.futures.ProcessPoolExecutor:
         initargs=(os.getpid(), in_main_thread),
     )
     _all.add(executor)
-    # SIGINT is blocked, not ignored, while the workers are forked: a child is
-    # born with it blocked and ignores it from its initializer on (no window in
-    # which a Ctrl-C kills a worker mid-start), while one sent to this process
-    # meanwhile stays pending and is raised here once unblocked. (Ignoring it
-    # here instead lost a Ctrl-C that came while the workers were starting: the
-    # run then went on to the end.) A fork executor starts all its workers at
-    # the first submit.
-    block = in_main_thread and hasattr(signal, "pthread_sigmask")
-    if block:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # While the workers are forked (a fork executor starts them all at the first
+    # submit), a Ctrl-C is noted, not acted on: a child is born with this
+    # handler, so one that reaches it before its initializer ignores SIGINT is
+    # harmless, and this process does not stop half-way through starting them.
+    # It is acted on right after, as the previous handler would have. (SIGINT
+    # used to be ignored until the workers were up, which dropped a Ctrl-C that
+    # came meanwhile: the run went on to the end.)
+    previous = signal.getsignal(signal.SIGINT) if in_main_thread else None
+    # Left alone: an ignored SIGINT, and a handler not set from Python (None).
+    note = previous not in (None, signal.SIG_IGN)
+    noted = []
+    if note:
+        signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
     try:
         ready = executor.submit(_ready)
     finally:
-        if block:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if note:
+            signal.signal(signal.SIGINT, previous)
+    if noted:
+        _act_on_sigint(previous)
     ready.result()
     return executor
+
+
+def _act_on_sigint(handler) -> None:
+    """Does what ``handler`` (SIGINT's disposition) does with a SIGINT."""
+    if callable(handler):
+        handler(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def start(processes: int) -> None:

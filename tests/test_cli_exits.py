@@ -236,6 +236,48 @@ def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     )
 
 
+_CTRL_C_WHILE_FORKING = """
+import concurrent.futures, os, signal, sys, time
+import psutil
+from beam_pipeline import local_pool
+
+real_submit = concurrent.futures.ProcessPoolExecutor.submit
+
+def submit(self, *args, **kwargs):  # Ctrl-C lands while the workers are being forked
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    return real_submit(self, *args, **kwargs)
+
+concurrent.futures.ProcessPoolExecutor.submit = submit
+try:
+    local_pool.new(2)
+except KeyboardInterrupt:
+    children = psutil.Process().children()
+    started = len([c for c in children if c.status() != psutil.STATUS_ZOMBIE])
+    local_pool.shutdown_all()
+    print("interrupted after starting", started)
+    sys.exit(0)
+print("swallowed")
+sys.exit(1)
+"""
+
+
+def test_ctrl_c_while_the_workers_are_forked_is_raised_after(tmp_path):
+    """Noted during the fork, raised once both workers exist (none half-started)."""
+    script = tmp_path / "ctrl_c_fork.py"
+    script.write_text(_CTRL_C_WHILE_FORKING)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_default_sigint,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["interrupted", "after", "starting", "2"]
+
+
 _CTRL_C_WHILE_IMPORTING = """
 import runpy, sys
 
