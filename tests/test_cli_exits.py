@@ -186,6 +186,21 @@ def test_shutdown_all_stops_a_started_pool():
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+def _run_script(tmp_path, text: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Runs ``text`` as a Python script from the repository, SIGINT at its default."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_default_sigint,
+        **kwargs,
+    )
+
+
 _CTRL_C_WHILE_WORKERS_START = """
 import os, signal, sys, threading, time
 import psutil
@@ -220,17 +235,8 @@ def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     in that window (long on a loaded machine) was dropped and the run went on.
     The workers, which get the same Ctrl-C, must survive it (the parent stops them).
     """
-    script = tmp_path / "ctrl_c.py"
-    script.write_text(_CTRL_C_WHILE_WORKERS_START)
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,  # its own process group, so the Ctrl-C reaches only it
-        preexec_fn=_default_sigint,
-    )
+    # Its own process group, so the Ctrl-C reaches only it.
+    result = _run_script(tmp_path, _CTRL_C_WHILE_WORKERS_START, start_new_session=True)
     assert result.returncode == 0 and result.stdout.split() == ["interrupted", "2"], (
         result.stdout + result.stderr
     )
@@ -264,16 +270,7 @@ sys.exit(1)
 
 def test_ctrl_c_while_the_workers_are_forked_is_raised_after(tmp_path):
     """Noted during the fork, raised once both workers exist (none half-started)."""
-    script = tmp_path / "ctrl_c_fork.py"
-    script.write_text(_CTRL_C_WHILE_FORKING)
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=_default_sigint,
-    )
+    result = _run_script(tmp_path, _CTRL_C_WHILE_FORKING)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.split() == ["interrupted", "after", "starting", "2"]
 
@@ -293,15 +290,7 @@ runpy.run_module("beam_pipeline", run_name="__main__", alter_sys=True)
 
 
 def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path):
-    script = tmp_path / "ctrl_c_import.py"
-    script.write_text(_CTRL_C_WHILE_IMPORTING)
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run_script(tmp_path, _CTRL_C_WHILE_IMPORTING, str(tmp_path))
     assert result.returncode == 130, result.stderr
     assert result.stderr.splitlines() == [
         "error: interrupted before the job started; nothing was written"
