@@ -144,6 +144,17 @@ class FlipDrawsOp : public OpKernel {
   }
 };
 
+// One value of a blend, as TensorFlow's kernel computes it: lo + (hi - lo) * lerp
+// (no fused multiply-add: the library is built with -ffp-contract=off).
+inline float Lerp(float lo, float hi, float lerp) { return lo + (hi - lo) * lerp; }
+
+// A float result as the uint8 batch holds it: rounded half to even (SSE's
+// default rounding mode, and std::nearbyint's) and saturated, i.e.
+// tf.saturate_cast(tf.round(value), tf.uint8).
+inline uint8_t RoundToByte(float value) {
+  return static_cast<uint8_t>(std::min(255.0f, std::max(0.0f, std::nearbyint(value))));
+}
+
 struct Tap {
   int64_t lower;  // index of the first input sample (already x3 for columns)
   int64_t upper;
@@ -190,9 +201,9 @@ void HorizontalRow(const uint8_t* __restrict row, int64_t row_len, const std::ve
     const float* lo = widened + t.lower;
     const float* hi = widened + t.upper;
     const float lerp = t.lerp;
-    out[3 * x + 0] = lo[0] + (hi[0] - lo[0]) * lerp;
-    out[3 * x + 1] = lo[1] + (hi[1] - lo[1]) * lerp;
-    out[3 * x + 2] = lo[2] + (hi[2] - lo[2]) * lerp;
+    out[3 * x + 0] = Lerp(lo[0], hi[0], lerp);
+    out[3 * x + 1] = Lerp(lo[1], hi[1], lerp);
+    out[3 * x + 2] = Lerp(lo[2], hi[2], lerp);
   }
 #endif
 }
@@ -266,7 +277,7 @@ void BlendRows(const float* __restrict top, const float* __restrict bottom, floa
   int64_t k = 0;
 #if defined(__SSE2__)
   for (; k < len && (reinterpret_cast<uintptr_t>(dst + k) & 15) != 0; ++k) {
-    dst[k] = top[k] + (bottom[k] - top[k]) * lerp;
+    dst[k] = Lerp(top[k], bottom[k], lerp);
   }
   const __m128 lerp4 = _mm_set1_ps(lerp);
   for (; k + 4 <= len; k += 4) {
@@ -276,13 +287,12 @@ void BlendRows(const float* __restrict top, const float* __restrict bottom, floa
   }
 #endif
   for (; k < len; ++k) {
-    dst[k] = top[k] + (bottom[k] - top[k]) * lerp;
+    dst[k] = Lerp(top[k], bottom[k], lerp);
   }
 }
 
-// The uint8 batch: the same float value as BlendRows, rounded half to even
-// (SSE's default rounding mode; std::nearbyint's too) and saturated, i.e.
-// tf.saturate_cast(tf.round(float_result), tf.uint8).
+// The uint8 batch: the same float value as BlendRows, RoundToByte'd (cvtps2dq
+// rounds half to even in the default mode, the packs saturate).
 void BlendRows(const float* __restrict top, const float* __restrict bottom, float lerp,
                int64_t len, uint8_t* __restrict dst) {
   int64_t k = 0;
@@ -301,8 +311,7 @@ void BlendRows(const float* __restrict top, const float* __restrict bottom, floa
   }
 #endif
   for (; k < len; ++k) {
-    const float v = std::nearbyint(top[k] + (bottom[k] - top[k]) * lerp);
-    dst[k] = static_cast<uint8_t>(std::min(255.0f, std::max(0.0f, v)));
+    dst[k] = RoundToByte(Lerp(top[k], bottom[k], lerp));
   }
 }
 
@@ -465,7 +474,7 @@ __attribute__((target("avx2"))) void BlendRowsAvx2(const float* __restrict top,
                                                    int64_t len, float* __restrict dst) {
   int64_t k = 0;
   for (; k < len && (reinterpret_cast<uintptr_t>(dst + k) & 31) != 0; ++k) {
-    dst[k] = top[k] + (bottom[k] - top[k]) * lerp;
+    dst[k] = Lerp(top[k], bottom[k], lerp);
   }
   const __m256 lerp8 = _mm256_set1_ps(lerp);
   for (; k + 8 <= len; k += 8) {
@@ -474,7 +483,7 @@ __attribute__((target("avx2"))) void BlendRowsAvx2(const float* __restrict top,
     _mm256_stream_ps(dst + k, _mm256_add_ps(t, _mm256_mul_ps(_mm256_sub_ps(b, t), lerp8)));
   }
   for (; k < len; ++k) {
-    dst[k] = top[k] + (bottom[k] - top[k]) * lerp;
+    dst[k] = Lerp(top[k], bottom[k], lerp);
   }
 }
 
@@ -490,8 +499,7 @@ __attribute__((target("avx2"))) void BlendRowsAvx2(const float* __restrict top,
                                                    int64_t len, uint8_t* __restrict dst) {
   int64_t k = 0;
   for (; k < len && (reinterpret_cast<uintptr_t>(dst + k) & 31) != 0; ++k) {
-    const float v = std::nearbyint(top[k] + (bottom[k] - top[k]) * lerp);
-    dst[k] = static_cast<uint8_t>(std::min(255.0f, std::max(0.0f, v)));
+    dst[k] = RoundToByte(Lerp(top[k], bottom[k], lerp));
   }
   const __m256 lerp8 = _mm256_set1_ps(lerp);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -508,8 +516,7 @@ __attribute__((target("avx2"))) void BlendRowsAvx2(const float* __restrict top,
                         _mm256_permutevar8x32_epi32(bytes, order));
   }
   for (; k < len; ++k) {
-    const float v = std::nearbyint(top[k] + (bottom[k] - top[k]) * lerp);
-    dst[k] = static_cast<uint8_t>(std::min(255.0f, std::max(0.0f, v)));
+    dst[k] = RoundToByte(Lerp(top[k], bottom[k], lerp));
   }
 }
 #endif
