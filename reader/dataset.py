@@ -30,13 +30,13 @@ import logging
 import math
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import tensorflow as tf
 
 from reader import decode, native
 from reader.config import AUGMENT_FIELDS, AUTOTUNE, AugmentConfig, ReaderConfig
-from reader.info import DatasetInfo, load_info, too_few_for_a_batch
+from reader.info import DatasetInfo, is_url, load_info, too_few_for_a_batch
 from reader.parser import Parser
 
 _LOG = logging.getLogger(__name__)
@@ -87,11 +87,6 @@ def decoded_cache_bytes(info: DatasetInfo, split: str, num_records: int | None =
     else:
         return None, "unknown: dataset_info.json gives neither the stored size nor the bytes"
     return int(n * per_image), how
-
-
-def _remote(files: Sequence[str]) -> bool:
-    """Whether any of ``files`` is on a URL-style filesystem (``gs://``, ``s3://``, ...)."""
-    return any("://" in f for f in files)
 
 
 def _interleave_parallelism(num_parallel_calls: int, cycle_length: int) -> int:
@@ -166,6 +161,9 @@ class InputReader:
         self._files = list(info.files(config.split))
         if not self._files:
             raise ValueError(f"split {config.split!r} of {info.path} has no shards")
+        # Shards live in the dataset folder: on gs:// every read buffer refill is a
+        # network round trip, worth a thread that reads ahead (_shard_then_read).
+        self._remote = is_url(info.path)
         native_dtype = None
         if _use_native_ops(config):
             # uint8 batches come out of the op rounded; float ones are normalised after it.
@@ -269,12 +267,12 @@ class InputReader:
             # reading, is the bottleneck, and it runs in parallel downstream. On
             # gs:// a one-file, deterministic interleave reads the same order on
             # its own thread, ahead of the consumer (see below).
-            if _remote(self._files):
+            if self._remote:
                 return self._read_ahead(files, cycle_length=1, deterministic=True)
             return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
         per_pipeline = -(-len(self._files) // num_pipelines)
         cycle_length = cfg.cycle_length or min(per_pipeline, 16)
-        if cycle_length == 1 and not _remote(self._files):
+        if cycle_length == 1 and not self._remote:
             # One local shard per cycle (a pipeline with one shard: small splits,
             # many hosts, the benchmark's sets): the shards one after the other,
             # exactly the interleave's order, read on the consumer's thread. The

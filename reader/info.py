@@ -40,13 +40,18 @@ class IncompleteDatasetError(FileNotFoundError):
     """The folder has no ``dataset_info.json``: the conversion did not finish (or never ran)."""
 
 
+def is_url(path: str) -> bool:
+    """Whether ``path`` is on a URL-style filesystem (``gs://``, ``s3://``, ...)."""
+    return "://" in path
+
+
 def join_path(base: str, name: str) -> str:
     """Joins a file name onto a local or URL-style (``gs://``) directory.
 
     ``os.path.join`` would use ``\\`` on Windows for ``gs://`` paths; URL-style
     paths always take ``/``.
     """
-    if "://" in base:
+    if is_url(base):
         return posixpath.join(base, name)
     return tf.io.gfile.join(base, name)
 
