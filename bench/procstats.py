@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
 import subprocess
 import tempfile
 import threading
@@ -59,6 +60,12 @@ class ProcResult:
     peak_proc_rss_mb: float
     stdout: str
     stderr: str
+
+
+def process_cpu_s() -> float:
+    """CPU seconds (user + system, all threads) this process has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:

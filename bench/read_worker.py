@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 import traceback
 from pathlib import Path
 
+from bench.procstats import process_cpu_s
 from bench.read_pipelines import BUILDERS, VARIANTS
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _time_epochs(pipeline, warmup: int, epochs: int) -> tuple[list[float], list[int], float]:
@@ -35,22 +30,22 @@ def _time_epochs(pipeline, warmup: int, epochs: int) -> tuple[list[float], list[
     if pipeline.infinite:
         iterator = iter(pipeline.dataset)
         for epoch in range(warmup + epochs):
-            start, cpu_start, images = time.perf_counter(), _cpu_s(), 0
+            start, cpu_start, images = time.perf_counter(), process_cpu_s(), 0
             while images < pipeline.epoch_images:
                 images += int(next(iterator)[0].shape[0])
             if epoch >= warmup:
                 seconds.append(time.perf_counter() - start)
                 counts.append(images)
-                cpu += _cpu_s() - cpu_start
+                cpu += process_cpu_s() - cpu_start
     else:
         for epoch in range(warmup + epochs):
-            start, cpu_start, images = time.perf_counter(), _cpu_s(), 0
+            start, cpu_start, images = time.perf_counter(), process_cpu_s(), 0
             for batch in pipeline.dataset:
                 images += int(batch[0].shape[0])
             if epoch >= warmup:
                 seconds.append(time.perf_counter() - start)
                 counts.append(images)
-                cpu += _cpu_s() - cpu_start
+                cpu += process_cpu_s() - cpu_start
     return seconds, counts, cpu
 
 

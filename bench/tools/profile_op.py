@@ -23,19 +23,14 @@ Written to ``bench/results/raw/profile/op.txt`` and printed.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 from pathlib import Path
 
 from bench.converters import imagerecords_output
+from bench.procstats import process_cpu_s
 from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, RESULTS_DIR
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def training_windows(records: Path, count: int, seed: int = 0):
@@ -106,10 +101,10 @@ def main(argv: list[str] | None = None) -> None:
     times = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, (fn, pixels, hw, mirror, _) in variants.items():
-            start = _cpu_s()
+            start = process_cpu_s()
             for _ in range(args.calls):
                 fn(pixels, hw, mirror)
-            times[name].append(1000 * (_cpu_s() - start) / (args.calls * batch))
+            times[name].append(1000 * (process_cpu_s() - start) / (args.calls * batch))
     mean_h = float(tf.reduce_mean(tf.cast(shapes[:, 0], tf.float32)))
     mean_w = float(tf.reduce_mean(tf.cast(shapes[:, 1], tf.float32)))
     lines = [

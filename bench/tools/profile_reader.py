@@ -21,20 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
 from bench.converters import imagerecords_output
 from bench.data import list_images
+from bench.procstats import process_cpu_s
 from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, RESULTS_DIR
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _measure(ds, images_per_epoch: int, epochs: int) -> tuple[float, float]:
@@ -50,9 +45,9 @@ def _measure(ds, images_per_epoch: int, epochs: int) -> tuple[float, float]:
         return got
 
     pull(images_per_epoch)
-    cpu0, t0 = _cpu_s(), time.perf_counter()
+    cpu0, t0 = process_cpu_s(), time.perf_counter()
     got = pull(images_per_epoch * epochs)
-    wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    wall, cpu = time.perf_counter() - t0, process_cpu_s() - cpu0
     return got / wall, 1000 * cpu / got
 
 
