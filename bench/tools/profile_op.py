@@ -14,8 +14,9 @@ resize arithmetic.
 
 Why it matters: the training floor of ``make bench`` (``decode_and_crop_jpeg``
 of each window) writes the uint8 crops, ~100 KB per image; a float32 batch at
-224 px is 602 KB per image, and on a 2-core VM that write alone is a large part
-of the 10 % a 0.9x ratio leaves (docs/performance.md, "Session 8").
+224 px is 602 KB per image. Whether that write adds to the arithmetic or
+overlaps with it depends on the host and its load (docs/performance.md,
+"Session 8" and its correction in "Session 9").
 
 Written to ``bench/results/raw/profile/op.txt`` and printed.
 """
