@@ -38,8 +38,9 @@ def training_windows(records: Path, count: int, seed: int = 0):
     """``(flat uint8 pixels, int32 [count, 2] shapes)`` of ``count`` decoded random windows."""
     import tensorflow as tf
 
-    from reader import decode
+    from reader import AugmentConfig, decode
 
+    augment = AugmentConfig()  # the reader's default crop distribution
     files = sorted(str(p) for p in records.glob("train-*"))
     pixels, shapes = [], []
     for i, record in enumerate(tf.data.TFRecordDataset(files).take(count)):
@@ -47,8 +48,8 @@ def training_windows(records: Path, count: int, seed: int = 0):
         window = decode.random_crop_window(
             tf.io.extract_jpeg_shape(encoded),
             tf.constant([seed, i], tf.int64),
-            area_range=(0.08, 1.0),
-            aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=augment.crop_area_range,
+            aspect_ratio_range=augment.crop_aspect_ratio_range,
         )
         image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
         pixels.append(tf.reshape(image, [-1]))
