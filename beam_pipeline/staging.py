@@ -7,7 +7,7 @@ memory would hold the whole shard (100-300 MB, up to 1 GB with
 ``--target_shard_mb``) once per shard being written at the same time. Instead
 each record goes to a temporary file on local disk as it arrives, the same
 way the local pool's spill files hold them, and only its key and position
-stay in memory (about 50 bytes per record, in flat arrays); the records are
+stay in memory (under 100 bytes per record, in flat arrays); the records are
 then copied out of that file in key order by ``shards.write_shard``.
 
 Pure: no Beam, no TensorFlow.
@@ -65,12 +65,12 @@ class _Staged:
         self._source_of_path = {self.path: 0}
         self._keys = array("Q")
         self._labels = array("q")
-        self._source = array("l")
+        self._source = array("i")
         self._offsets = array("q")
         self._sizes = array("q")
         # The image ID, staged too: it orders records whose keys are equal.
         self._id_offsets = array("q")
-        self._id_sizes = array("l")
+        self._id_sizes = array("i")
 
     def __enter__(self) -> _Staged:
         return self
