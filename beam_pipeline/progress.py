@@ -45,7 +45,6 @@ class Phase:
         self.skipped = 0
         self.extra: dict[str, int] = {}
         self.started = time.monotonic()
-        self._last_plain = self.started
         self._bar = None
         if reporter.interactive:
             self._bar = tqdm(
@@ -57,6 +56,8 @@ class Phase:
                 dynamic_ncols=True,
                 leave=True,
             )
+        # A log's first line comes one interval in; a terminal's as soon as there is news.
+        self._next_draw = self.started + (0 if self._bar is not None else reporter.plain_interval_s)
 
     def set_total(self, total: int) -> None:
         self.total = total
@@ -65,21 +66,31 @@ class Phase:
             self._bar.refresh()
 
     def update(self, n: int = 1, skipped: int = 0, **extra: int) -> None:
-        """``n`` more units done, ``skipped`` of them found done already; named counts beside."""
+        """``n`` more units done, ``skipped`` of them found done already; named counts beside.
+
+        Called once per finished image on a million-image run, so it only adds
+        up, and draws when the interval has passed (~0.5 us a call, not 13).
+        """
         self.done += n
         self.skipped += skipped
         for name, value in extra.items():
             if value:
                 self.extra[name] = self.extra.get(name, 0) + value
+        now = time.monotonic()
+        if now >= self._next_draw:
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
         if self._bar is not None:
-            if extra:
+            self._next_draw = now + REDRAW_INTERVAL_S
+            if self.extra:
                 self._bar.set_postfix_str(self._extras(), refresh=False)
-            self._bar.update(n)
+            self._bar.update(self.done - self._bar.n)
         elif self._reporter.enabled:
-            now = time.monotonic()
-            if now - self._last_plain >= self._reporter.plain_interval_s:
-                self._last_plain = now
-                self._reporter.say(self.line(now))
+            self._next_draw = now + self._reporter.plain_interval_s
+            self._reporter.say(self.line(now))
+        else:
+            self._next_draw = float("inf")
 
     def rate(self, now: float) -> float:
         """Units per second done by this run (what an earlier run did is not counted)."""
@@ -111,6 +122,8 @@ class Phase:
         if self._bar is not None:
             if self.total is not None and self.total != self._bar.total:
                 self._bar.total = self.total
+            self._bar.set_postfix_str(self._extras(), refresh=False)
+            self._bar.update(self.done - self._bar.n)
             self._bar.close()
             self._bar = None
             return
