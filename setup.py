@@ -14,6 +14,8 @@ INSTALL_REQUIRES = [
     "google-cloud-storage>=2.10",
     "google-crc32c>=1.5",
     "protobuf>=4.21",
+    # Progress of a long local run: a live line on a terminal (beam_pipeline/progress.py).
+    "tqdm>=4.66",
 ]
 
 TEST_REQUIRES = [

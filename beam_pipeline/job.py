@@ -234,7 +234,7 @@ def choose_engine(beam_args: list[str], layout, output: str) -> str:
 
 def _run_local_engine(args, layout, processes: int, say) -> dict[str, int]:
     """Runs the job on the local engine; its counters."""
-    from beam_pipeline import local_engine, local_pool
+    from beam_pipeline import local_engine, local_pool, progress
 
     # Fork first, while this process has no other thread (see local_pool).
     local_pool.start(processes)
@@ -245,7 +245,7 @@ def _run_local_engine(args, layout, processes: int, say) -> dict[str, int]:
         "--runner DirectRunner runs the same job on Beam)"
     )
     with _collector_skips_the_graph():
-        return local_engine.run(config)
+        return local_engine.run(config, progress.Reporter(enabled=not args.quiet))
 
 
 def _workers_log_path(output: str) -> str:

@@ -532,3 +532,26 @@ def _local_files(layout: Layout, limit: int, max_bytes: int) -> list[tuple[str, 
                 return found
             found.append((path, folder))
     return found
+
+
+def estimate_image_count(layout: Layout) -> int:
+    """About how many images listing will yield: for a progress total, not for the books.
+
+    A plain walk, about 1 µs a file against listing's 13 µs (no stat, no
+    per-file checks beyond the name), so that a total is known long before
+    the listing, which runs only as fast as conversion pulls it, is done.
+    Files that listing skips for what a stat shows (not regular, unreadable)
+    are counted; the progress total is set to the exact count at the end.
+    """
+    if layout.kind == "manifest":
+        return layout.num_manifest_rows
+    if not is_local(layout.root):
+        return 0
+    count = 0
+    for folder in layout.folders:
+        for _, dirnames, filenames in os.walk(folder.path):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            count += sum(
+                1 for name in filenames if not name.startswith(".") and skip_reason(name) is None
+            )
+    return count
