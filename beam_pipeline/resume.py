@@ -1,18 +1,22 @@
 """A job's own leftovers in --output: recognised, so that the same command carries on.
 
 At start the CLI writes a marker, ``OUTPUT/.imagerecords-tmp/job.json``,
-holding the settings that decide the records' bytes, split and label (seed,
-image settings, splits, input, classes). The marker is the last file a
-successful run deletes, after ``dataset_info.json`` is written. So an
-output folder is one of:
+holding the settings that decide the records' bytes, split and label (the
+fields of JobConfig and ImageSpec declared so, settings.py: input, classes,
+seed, splits, image settings) and the per-image time limit. The marker is
+the last file a successful run deletes, after ``dataset_info.json`` is
+written. So an output folder is one of:
 
 * empty: a new run;
 * finished (``dataset_info.json``): replacing it needs ``--overwrite``;
 * unfinished (the marker, no ``dataset_info.json``): a run that failed or was
   killed. With the same settings, the rerun resumes it: the records in its
-  spill files are used, not converted again; with other settings it is
-  refused (``--overwrite`` starts afresh), so records of two configurations
-  never mix;
+  spill files are used, not converted again, and so are the rejections the
+  same bytes would get again (a file that could not be read, or timed out,
+  is never spilled: ``convert.is_transient``); with other settings, or a
+  lower time limit, it is refused (``--overwrite`` starts afresh), so records
+  of two configurations never mix and the result is what an uninterrupted
+  run of the rerun's command gives;
 * anything else: refused without ``--overwrite``, as it holds files this
   job did not write.
 

@@ -173,10 +173,10 @@ def test_a_rejection_the_same_bytes_would_get_again_is_spilled_a_transient_one_i
         if isinstance(o.result, convert.Rejection)
     }
     assert reasons["a/not-there-yet.jpg"].startswith("cannot read: FileNotFoundError")
-    assert convert.is_transient(reasons["a/not-there-yet.jpg"])
-    assert not any(convert.is_transient(reasons[i]) for i in bad)
-    assert convert.is_transient(convert.timeout_reason(1))
     index = spill.load_index(spill_dir)
     spill.forget_indexes()
     assert sorted(index) == sorted(ids + list(bad))  # all but the unreadable one
     assert {i for i, item in index.items() if item.reason} == set(bad)
+    assert convert.is_transient(reasons["a/not-there-yet.jpg"])
+    assert not any(convert.is_transient(reasons[i]) for i in bad)
+    assert convert.is_transient(convert.timeout_reason(1))
