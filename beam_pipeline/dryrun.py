@@ -337,7 +337,7 @@ def convert_sample(
         if ref[1] in prefetched:
             data = prefetched[ref[1]]
             if isinstance(data, Exception):
-                reason = f"cannot read: {type(data).__name__}: {data}"
+                reason = f"{convert.CANNOT_READ}{type(data).__name__}: {data}"
                 decoded = convert.Decoded(0, "", None, reason)
             else:
                 decoded = convert.decode_data(data, spec)
