@@ -196,14 +196,7 @@ def parse_args(argv: list[str]):
         raise UsageError("--input is required (or --manifest FILE)")
     try:
         args.split_fractions = keys.parse_splits(args.splits)
-        args.image_spec = images.ImageSpec(
-            resize=args.resize,
-            size=args.image_size,
-            upscale=args.upscale,
-            jpeg_quality=args.jpeg_quality,
-            resample=args.resample,
-            timeout_s=args.image_timeout_s,
-        )
+        args.image_spec = images.ImageSpec.from_flags(vars(args))
     except ValueError as error:
         raise UsageError(str(error)) from None
     if not args.target_shard_mb > 0:

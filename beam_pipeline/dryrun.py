@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from beam_pipeline import convert, images, keys, listing
+from beam_pipeline import convert, images, keys, listing, settings
 from beam_pipeline.errors import UsageError
 
 SAMPLE_SIZE = 300
@@ -337,7 +337,7 @@ def convert_sample(
         if ref[1] in prefetched:
             data = prefetched[ref[1]]
             if isinstance(data, Exception):
-                reason = f"cannot read: {type(data).__name__}: {data}"
+                reason = f"{convert.CANNOT_READ}{type(data).__name__}: {data}"
                 decoded = convert.Decoded(0, "", None, reason)
             else:
                 decoded = convert.decode_data(data, spec)
@@ -498,8 +498,7 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
     say()
     say(
         f"sample: {sample.converted} images converted in memory "
-        f"({args.image_spec.resize} {args.image_spec.size}, JPEG quality "
-        f"{args.image_spec.jpeg_quality})"
+        f"({settings.describe(settings.image_settings(args.image_spec))})"
     )
     say(
         f"{'split':<12}{'images':>10}{'records':>10}{'rejects':>9}{'output':>11}{'shards':>8}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from beam_pipeline import books, duplicates, errors, keys, listing, metadata
+from beam_pipeline import books, duplicates, errors, keys, listing, metadata, settings
 from beam_pipeline import output as output_files
 from beam_pipeline.errors import BooksDoNotBalance
 from beam_pipeline.job_config import JobConfig, output_path
@@ -98,39 +98,26 @@ class Finalizer:
         return kept
 
     def _info(self, placed, rejects, skipped, groups) -> dict:
-        """The dataset_info.json object (docs/format.md section 7)."""
+        """The dataset_info.json object (docs/format.md section 7).
+
+        The settings in it are those the config declares (settings.info_values).
+        """
         config = self._config
         rejected_by_split = Counter(r.split for r in rejects)
         splits = metadata.split_order(
             config.split_names, [row["split"] for row in placed] + list(rejected_by_split)
         )
-        spec = config.image
+        declared = settings.info_values(config)
         info = metadata.build_info(
-            source=config.layout.manifest or config.layout.root,
-            seed=config.seed,
-            classes=config.layout.classes,
-            image={
-                "resize": spec.resize,
-                "size": spec.size,
-                "upscale": spec.upscale,
-                "jpeg_quality": spec.jpeg_quality,
-                "format": "jpeg",
-                "channels": 3,
-                # Embedded colour profiles are applied (docs/images.md).
-                "color_space": "sRGB",
-            },
+            source=declared["source"],
+            seed=declared["seed"],
+            classes=declared["classes"],
+            image={**declared["image"], **metadata.IMAGE_FACTS},
             splits=splits,
             shards=placed,
             rejected_by_split=rejected_by_split,
             skipped_reasons=[s.reason for s in skipped],
-            config={
-                "layout": config.layout.kind,
-                "splits": config.splits if config.layout.kind != "presplit" else None,
-                "target_shard_mb": config.target_shard_bytes / 2**20,
-                "min_shards": config.min_shards,
-                "max_reject_fraction": config.max_reject_fraction,
-                "dedupe": config.dedupe,
-            },
+            config=declared["config"],
         )
         info["duplicates"] = duplicates.info_block(
             [members for _, members in groups], _first_split(splits)

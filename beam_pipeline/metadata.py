@@ -16,6 +16,14 @@ INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
 REJECTS_FILE = "rejects.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
+# What every stored image is, whatever the settings: dataset_info.json's
+# "image" block ends with these, after the settings (settings.info_values).
+IMAGE_FACTS = {
+    "format": "jpeg",
+    "channels": 3,
+    # Embedded colour profiles are applied (docs/images.md).
+    "color_space": "sRGB",
+}
 # A job's temporary files live under OUTPUT/TMP_DIR (hidden: readers never list it).
 TMP_DIR = ".imagerecords-tmp"
 

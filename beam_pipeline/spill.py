@@ -16,23 +16,28 @@ image, the framed TFRecord exactly as the shard will hold it::
 Both parts carry CRC32C checks, so a file cut short by a SIGKILL or a reboot
 (a torn last write, zeros after a power cut) is read up to its last whole,
 intact entry. That is what makes a run resumable: :func:`load_index` finds
-every image a killed run already converted - or rejected - and the rerun
-converts only the rest.
+every image a killed run already converted - or rejected for a reason the
+same bytes would get again (not an unreadable file or a timeout:
+``convert.is_transient``) - and the rerun converts only the rest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import struct
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from beam_pipeline import metadata, records
 
+# The spill files' format, part of the resume key (resume.key): a rerun never
+# reads another format's files. 2: records carry their source's sha256
+# (duplicates); 3: rejections are spilled only when the same bytes would get
+# them again (convert.is_transient), and the key holds --resample.
+FORMAT = 3
 RECORD, REJECTION = 1, 2
 SUFFIX = ".spill"
 SETTINGS_FILE = "job.json"
@@ -218,25 +223,3 @@ class Reader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-
-# ------------------------------------------------------------- settings
-
-
-def settings_digest(settings: Mapping[str, object]) -> str:
-    """A stable digest of the settings that decide a record's bytes, split and label."""
-    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def describe_change(old: Mapping[str, object], new: Mapping[str, object]) -> str:
-    """``"image_size 256 -> 128, seed 42 -> 7"``: what differs between two settings."""
-    changed = []
-    for name in sorted(set(old) | set(new)):
-        if old.get(name) != new.get(name):
-            before, after = old.get(name), new.get(name)
-            if isinstance(before, (list, dict)) or isinstance(after, (list, dict)):
-                changed.append(f"{name} changed")
-            else:
-                changed.append(f"{name} {before} -> {after}")
-    return ", ".join(changed)

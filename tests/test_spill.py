@@ -157,18 +157,26 @@ def test_default_spill_dir_is_local(monkeypatch, tmp_path):
     assert a.startswith(str(tmp_path)) and a != b and a == spill.default_dir("gs://b/out1")
 
 
-@pytest.mark.parametrize(
-    "old, new, expected",
-    [
-        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 256}, ""),
-        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 128}, "image_size 256 -> 128"),
-        (
-            {"seed": 1, "splits": {"a": 1.0}},
-            {"seed": 7, "splits": {"a": 0.5, "b": 0.5}},
-            "seed 1 -> 7, splits changed",
-        ),
-    ],
-)
-def test_describe_change(old, new, expected):
-    assert spill.describe_change(old, new) == expected
-    assert (spill.settings_digest(old) == spill.settings_digest(new)) == (not expected)
+def test_a_rejection_the_same_bytes_would_get_again_is_spilled_a_transient_one_is_not(tmp_path):
+    """An unreadable file (a real failing open(), here: not there yet) is retried on resume."""
+    root = tmp_path / "images"
+    ids = make_class_folders(str(root), classes=("a",), per_class=2, nested=False)
+    bad = add_bad_files(str(root), "a")  # bad image data: deterministic rejections
+    missing = str(root / "a" / "not-there-yet.jpg")
+    refs = [(i, str(root / i), 0, "train") for i in sorted(ids + list(bad))]
+    refs.append(("a/not-there-yet.jpg", missing, 0, "train"))
+    spill_dir = str(tmp_path / "spill")
+    outcomes = convert.spill_chunk(refs, images.ImageSpec(size=16), 42, ("a",), spill_dir)
+    reasons = {
+        o.result.image_id: o.result.reason
+        for o in outcomes
+        if isinstance(o.result, convert.Rejection)
+    }
+    assert reasons["a/not-there-yet.jpg"].startswith("cannot read: FileNotFoundError")
+    index = spill.load_index(spill_dir)
+    spill.forget_indexes()
+    assert sorted(index) == sorted(ids + list(bad))  # all but the unreadable one
+    assert {i for i, item in index.items() if item.reason} == set(bad)
+    assert convert.is_transient(reasons["a/not-there-yet.jpg"])
+    assert not any(convert.is_transient(reasons[i]) for i in bad)
+    assert convert.is_transient(convert.timeout_reason(1))
