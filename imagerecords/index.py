@@ -24,6 +24,7 @@ from imagerecords import storage
 from imagerecords.info import Shard
 
 HEADER_BYTES = 12  # length (uint64) + masked CRC32C of the length
+FOOTER_BYTES = FRAME_OVERHEAD - HEADER_BYTES  # masked CRC32C of the data
 # Bytes per request when scanning a gs:// shard: few requests, bounded memory.
 GCS_SCAN_WINDOW = 8 << 20
 

@@ -21,13 +21,14 @@ Grain and a PyTorch example); this module only locates, checks and parses.
 from __future__ import annotations
 
 import bisect
+import logging
 import operator
 from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 
-from beam_pipeline.records import FEATURE_TYPES, Example, is_intact
+from beam_pipeline.records import Example, is_intact
 from imagerecords import index as index_lib
 from imagerecords import info as info_lib
 from imagerecords import storage
@@ -48,7 +49,6 @@ FIELD_NAMES: dict[str, str] = {
 }
 # Bytes features that stay bytes; the others are UTF-8 text and come back as str.
 BINARY_KEYS = frozenset({"image/encoded"})
-assert set(FIELD_NAMES) == set(FEATURE_TYPES), "every record key needs a field name"
 
 # Concurrent requests of one batch on gs:// (the storage client's HTTP pool
 # keeps 10 connections); local reads are page-cache copies and run in turn.
@@ -101,6 +101,15 @@ class RecordSource:
         self.parse = parse
         self.info_path, self.info = info_lib.find_info(dataset, self._files)
         self.shards = info_lib.split_shards(dataset, self.info_path, self.info, split)
+        unindexed = [s for s in self.shards if s.index_path is None and storage.is_gcs(s.path)]
+        if unindexed:
+            logging.getLogger(__name__).warning(
+                "%s has no index files: reading its %d shards of %r once to find the records "
+                "(convert with --index_files to skip this)",
+                dataset,
+                len(unindexed),
+                split,
+            )
         with ThreadPoolExecutor(INDEX_THREADS) as pool:
             self._offsets: list[array] = list(
                 pool.map(lambda s: index_lib.shard_offsets(self._files, s), self.shards)
@@ -192,7 +201,7 @@ class RecordSource:
                     else "; file too short"
                 )
             )
-        payload = framed[12:-4]
+        payload = framed[index_lib.HEADER_BYTES : len(framed) - index_lib.FOOTER_BYTES]
         return parse_record(payload) if self.parse else payload
 
     def close(self) -> None:

@@ -123,6 +123,14 @@ def test_every_record_once_with_tensorflows_values(converted, variant):
     assert sorted(seen) == sorted(converted.ids)
 
 
+def test_every_record_key_has_a_field_name():
+    from beam_pipeline.records import FEATURE_TYPES
+    from imagerecords.source import FIELD_NAMES
+
+    assert set(FIELD_NAMES) == set(FEATURE_TYPES)
+    assert len(set(FIELD_NAMES.values())) == len(FIELD_NAMES)
+
+
 def test_scanned_offsets_equal_the_index_files(converted):
     """The framing scan finds exactly the offsets the converter wrote to .idx."""
     info_path, info = info_lib.find_info(str(converted.indexed))
@@ -530,12 +538,15 @@ def test_gcs_reads_are_ranged_and_bounded_per_batch(converted, gcs_emulator, cou
     }
 
 
-def test_gcs_without_index_files_scans_each_shard_once(converted, gcs_emulator, counted_gcs):
+def test_gcs_without_index_files_scans_each_shard_once(
+    converted, gcs_emulator, counted_gcs, caplog
+):
     bucket = gcs_emulator.create_bucket()
     url = f"gs://{bucket}/plain"
     gcs_emulator.upload_dir(converted.plain, url)
     counted_gcs.clear()
     source = RecordSource(url, "train")
+    assert f"{url} has no index files: reading its 3 shards of 'train' once" in caplog.text
     small = all(s.num_bytes <= index_lib.GCS_SCAN_WINDOW for s in source.shards)
     assert small and len(counted_gcs) == len(info_lib.INFO_FILES) + len(source.shards)
     local = RecordSource(str(converted.plain), "train")
