@@ -183,7 +183,14 @@ class RecordSource:
         else:
             parts = [read_run(run) for run in runs]
         found = {key: value for part in parts for key, value in part.items()}
-        return [found[key] for key in located]
+        out, seen = [], set()
+        for key in located:
+            value = found[key]
+            if key in seen and isinstance(value, dict):
+                value = dict(value)  # a repeated index gets its own dict to transform
+            seen.add(key)
+            out.append(value)
+        return out
 
     # Grain's batched-read protocol (SupportsBatchedReadRandomAccessDataSource).
     _getitems = __getitems__
