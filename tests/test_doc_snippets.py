@@ -176,18 +176,20 @@ def test_markers_are_well_formed():
 # The child: runs the blocks of one file in order in one namespace, one JSON
 # line per block on stdout.
 _CHILD = r"""
-import json, sys, traceback
+import json, sys, time, traceback
 blocks = json.load(open(sys.argv[1], encoding="utf-8"))
 namespace = {"__name__": "__main__"}
 for block in blocks:
     result = {"name": block["name"], "ok": True}
     print("SNIPPET-START " + block["name"], flush=True)
+    start = time.process_time()
     try:
         for given in block["given"]:
             exec(compile(given, "<given for " + block["name"] + ">", "exec"), namespace)
         exec(compile(block["code"], block["path"], "exec"), namespace)
     except BaseException:  # report it and go on with the next block
         result = {"name": block["name"], "ok": False, "error": traceback.format_exc()}
+    result["cpu_s"] = round(time.process_time() - start, 1)
     print("SNIPPET-RESULT " + json.dumps(result), flush=True)
 """
 
