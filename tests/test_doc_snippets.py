@@ -31,6 +31,11 @@ per line:
 Anything else after ``snippet:`` is an error, and so is a marker that no
 ```python fence follows: ``test_markers_are_well_formed`` names them.
 
+``test_readme_dry_run_sample_is_what_the_command_prints`` compares the
+README's dry-run sample with what that command prints on the same photos,
+every number (and the input path) masked: the lines, words and layout must
+match.
+
 ``test_links_and_named_sections_resolve`` checks the references between the
 docs: every Markdown link of README.md and docs/*.md reaches its file and
 section, and every mention such as ``docs/performance.md, "Local engine"``
