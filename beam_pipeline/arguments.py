@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
     add(
+        "--reuse",
+        metavar="OLD",
+        help="A finished dataset of this input made with the same image settings (local or "
+        "gs://; only read): an image whose source file has the SHA-256 its record names is "
+        "copied from it, not converted again. The output is what a full conversion writes",
+    )
+    add(
         "--dedupe",
         **_FLAG,
         help="Keep one image of each group of identical source files (the smallest ID); "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from beam_pipeline import deadline, images, keys, records, spill
+from beam_pipeline import deadline, images, keys, records, reuse, spill
 
 
 class SpillLocation(NamedTuple):
@@ -69,6 +69,7 @@ class Outcome(NamedTuple):
     passed_through: bool
     repaired: bool = False  # extra bytes dropped, re-encoded clean
     bad_profile: bool = False  # unusable colour profile, pixels kept
+    reused: bool = False  # the record was taken from --reuse's dataset, not converted
 
 
 def read_bytes(path: str) -> bytes:
@@ -112,14 +113,21 @@ def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
     try:
         data = read_bytes(path)
     except Exception as error:  # an unreadable file is a rejection, not a crash
-        return Decoded(0, "", None, f"{CANNOT_READ}{type(error).__name__}: {error}")
+        return unreadable(error)
     return decode_data(data, spec, path)
 
 
-def decode_data(data: bytes, spec: images.ImageSpec, what: str = "an image") -> Decoded:
+def unreadable(error: Exception) -> Decoded:
+    return Decoded(0, "", None, f"{CANNOT_READ}{type(error).__name__}: {error}")
+
+
+def decode_data(
+    data: bytes, spec: images.ImageSpec, what: str = "an image", sha256: str | None = None
+) -> Decoded:
     """Converts one file's bytes, already read; never raises for a bad image.
 
-    ``what`` names the file in the time limit's log line.
+    ``what`` names the file in the time limit's log line; ``sha256``: the
+    bytes' hash, when the caller has it already.
     """
     try:
         with deadline.limit(spec.timeout_s, what):
@@ -128,7 +136,7 @@ def decode_data(data: bytes, spec: images.ImageSpec, what: str = "an image") -> 
         return Decoded(len(data), "", None, str(rejection))
     except deadline.ImageTimeout:
         return Decoded(len(data), "", None, timeout_reason(spec.timeout_s))
-    return Decoded(len(data), hashlib.sha256(data).hexdigest(), converted, None)
+    return Decoded(len(data), sha256 or hashlib.sha256(data).hexdigest(), converted, None)
 
 
 def timeout_reason(seconds: float) -> str:
@@ -141,18 +149,14 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
     if decoded.converted is None:
         return Outcome(Rejection(image_id, path, split, decoded.reason), decoded.bytes_read, False)
     converted = decoded.converted
-    payload = records.make_example(
-        {
-            "image/encoded": converted.jpeg,
-            "image/format": b"jpeg",
-            "image/height": converted.height,
-            "image/width": converted.width,
-            "image/channels": 3,
-            "image/class/label": label,
-            "image/class/text": classes[label],
-            "image/filename": image_id,
-            "image/key/sha256": decoded.sha256,
-        }
+    payload = records.image_record(
+        converted.jpeg,
+        converted.height,
+        converted.width,
+        label,
+        classes[label],
+        image_id,
+        decoded.sha256,
     )
     framed = records.frame_record(payload)
     key = keys.order_key(seed, image_id)
@@ -167,33 +171,89 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
 
 
 def convert_ref(
-    ref: tuple[str, str, int, str], spec: images.ImageSpec, seed: int, classes: tuple[str, ...]
+    ref: tuple[str, str, int, str],
+    spec: images.ImageSpec,
+    seed: int,
+    classes: tuple[str, ...],
+    old: reuse.OldRecord | None = None,
+    by_reference: bool = False,
 ) -> Outcome:
     """Reads, converts and serializes one image; never raises for a bad image.
 
     Args:
         ref: ``(image_id, path, label, split)`` (a ``listing.ImageRef`` or plain tuple).
+        old: ``--reuse``'s record of the same ID: taken over when the source
+            file's SHA-256 is the one it names (:func:`reuse_or_convert`).
+        by_reference: a reused record of a local OLD may stay where it is (the
+            entry points into OLD's shard); else its bytes are read.
     """
+    if old is not None:
+        return reuse_or_convert(ref, old, spec, seed, classes, by_reference)
     return finish(ref, decode_path(ref[1], spec), seed, classes)
 
 
-def convert_chunk(refs, *args) -> list[Outcome]:
-    """Converts a few images in one task (a few per task amortise the IPC, ~15% here)."""
-    return [convert_ref(ref, *args) for ref in refs]
+def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes, by_reference) -> Outcome:
+    """The record OLD holds for ``ref``'s ID when the source has not changed; else
+    a conversion of the bytes already read (a changed image costs one read, as in
+    a full run). Either way the bytes a full conversion would write."""
+    image_id, path, label, split = ref
+    try:
+        data = read_bytes(path)
+    except Exception as error:  # an unreadable file is a rejection, as in a full run
+        return finish(ref, unreadable(error), seed, classes)
+    sha256 = hashlib.sha256(data).hexdigest()
+    if sha256 == old.sha256:
+        record = _old_record(old, label, classes[label], by_reference)
+        if record is not None:
+            size = old.size if isinstance(record, SpillLocation) else len(record)
+            key = keys.order_key(seed, image_id)
+            entry = ShardEntry(key, image_id, label, size, record, path, sha256)
+            return Outcome(Converted(split, entry), len(data), False, reused=True)
+    return finish(ref, decode_data(data, spec, path, sha256), seed, classes)
 
 
-def spill_chunk(refs, spec, seed, classes, spill_dir: str) -> list[Outcome]:
+def _old_record(
+    old: reuse.OldRecord, label: int, class_name: str, by_reference: bool
+) -> bytes | SpillLocation | None:
+    """OLD's record with this label (relabelled when it differs), None if unreadable."""
+    same = label == old.label and class_name == old.class_name
+    if same and by_reference and reuse.is_local(old):
+        return SpillLocation(old.shard, old.offset)  # copied once, by the shard writer
+    framed = reuse.read_record(old)
+    if framed is None or same:
+        return framed
+    return reuse.relabel(framed, label, class_name)
+
+
+def convert_chunk(refs, spec, seed, classes, olds=None, by_reference=False) -> list[Outcome]:
+    """Converts a few images in one task (a few per task amortise the IPC, ~15% here).
+
+    ``olds``: ``--reuse``'s record for each ref (or None), when there is one.
+    """
+    if olds is None:
+        return [convert_ref(ref, spec, seed, classes) for ref in refs]
+    return [
+        convert_ref(ref, spec, seed, classes, old, by_reference)
+        for ref, old in zip(refs, olds, strict=True)
+    ]
+
+
+def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Outcome]:
     """Runs in a local pool process: converts a few images, appends their records
     (and rejections, so that a resumed run need not decode them again) to this
     process's spill file, and returns references in place of the record bytes.
 
     A transient rejection (:func:`is_transient`) is returned but not spilled:
-    a resumed run converts that image again.
+    a resumed run converts that image again. A record reused from a local
+    ``--reuse`` dataset is not spilled either: its reference points into
+    that dataset's shard (a resumed run checks the image again).
     """
-    outcomes = convert_chunk(refs, spec, seed, classes)
+    outcomes = convert_chunk(refs, spec, seed, classes, olds, by_reference=True)
     entries = {}  # index in outcomes -> spill entry
     for index, outcome in enumerate(outcomes):
         result = outcome.result
+        if isinstance(result, Converted) and isinstance(result.entry.data, SpillLocation):
+            continue  # a reused record that stays in OLD's shard
         if isinstance(result, Converted):
             e = result.entry
             entries[index] = spill.encode(
@@ -209,7 +269,7 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str) -> list[Outcome]:
     spilled = []
     for index, outcome in enumerate(outcomes):
         result = outcome.result
-        if isinstance(result, Converted):
+        if isinstance(result, Converted) and index in entries:
             e = result.entry
             # The framed record is the entry's tail.
             where = SpillLocation(writer.path, offsets[index] + len(entries[index]) - e.size)

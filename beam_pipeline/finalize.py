@@ -25,8 +25,10 @@ class Finalizer:
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def run(self, shards, rejects, plans, skipped, groups) -> str:
+    def run(self, shards, rejects, plans, skipped, groups, reused: int = 0) -> str:
         """Everything the job produced -> a JSON line of records per split.
+
+        ``reused``: records taken from --reuse's dataset (its ``reuse`` block).
 
         Raises:
             BooksDoNotBalance: see :meth:`_check_books`.
@@ -41,6 +43,9 @@ class Finalizer:
         kept = self._check_books(plans, list(shards), rejects)
         placed = place_shards(kept, self._config.output)
         info = self._info(placed, rejects, skipped, groups)
+        if self._config.reuse:
+            # Describes the run, not the data: all else is what a full conversion writes.
+            info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
         self._publish(info)
         return json.dumps({s: split["num_examples"] for s, split in info["splits"].items()})
 

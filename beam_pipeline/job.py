@@ -59,6 +59,16 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
     resume.check(out, overwrite)
 
 
+def check_reuse(args, output: str) -> None:
+    """--reuse: a finished dataset of the same image settings, not --output. Reads
+    only its metadata (reuse.py)."""
+    from beam_pipeline import reuse, settings
+
+    if args.reuse:
+        old = reuse.open_old(args.reuse)
+        reuse.check(old, output, settings.image_settings(args.image_spec))
+
+
 def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
     """Says what the run does with an earlier run's files; returns the resumable records."""
     from beam_pipeline import spill
@@ -106,6 +116,7 @@ def config_from_args(args, layout, conversion_processes: int):
         index_files=args.index_files,
         conversion_processes=conversion_processes,
         dedupe=args.dedupe,
+        reuse=listing.normalize_root(args.reuse) if args.reuse else None,
     )
 
 
@@ -269,7 +280,8 @@ def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done:
 
     # Fork before Beam's runner and gRPC start threads (see local_pool).
     local_pool.start(processes)
-    if layout.kind != "manifest" and listing.is_local(layout.root):
+    # (Under --reuse most images need no conversion: none is begun ahead.)
+    if layout.kind != "manifest" and listing.is_local(layout.root) and not args.reuse:
         refs = listing.local_refs(
             layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES, args.seed, args.split_fractions
         )
@@ -310,6 +322,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     layout = listing.discover(args.input, args.manifest)
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    check_reuse(args, output)
     # (with_local_defaults gave the local engine its processes: one per core by default)
     engine = choose_engine(given_beam_args, layout, output)
     spill_dir = spill.default_dir(output) if processes > 1 or engine == LOCAL_ENGINE else None

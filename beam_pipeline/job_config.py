@@ -103,6 +103,17 @@ class JobConfig:
         ),
     )
 
+    # --reuse: a finished dataset whose records of unchanged images are copied
+    # (reuse.py); the output is the same bytes a full conversion writes.
+    reuse: str | None = _field(
+        default=None,
+        metadata=settings.does_not_decide(
+            "a reused record is the bytes a conversion would write: it decides how "
+            "records are made, not what they are",
+            name="reuse",
+        ),
+    )
+
     def __post_init__(self):
         """The CLI's value checks, so that code building a JobConfig gets the same errors."""
         if not self.output:

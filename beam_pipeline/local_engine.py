@@ -15,7 +15,9 @@ the same job on Beam.
 Stages, with what passes between them:
 
 List        class folders -> ImageRef per image + listed order keys per split + Skipped
-Convert     ImageRef -> Outcome (a ShardEntry that points into a spill file, or a Rejection)
+(Reuse)     with --reuse OLD: OLD's shards -> reuse.Index (image ID -> OldRecord), on the pool
+Convert     ImageRef (+ OLD's record of its ID) -> Outcome (a ShardEntry that points into a
+            spill file, or into OLD's shard for a reused record; or a Rejection)
 Duplicates  ShardEntries -> (sha256, [Member]) groups; with --dedupe, the copies rejected
 Plan        listed / written / rejected keys per split -> SplitPlan (books + shard plan)
 Write       ShardEntries of one shard, sorted -> ShardInfo of a temp file
@@ -29,7 +31,7 @@ import concurrent.futures
 import sys
 from collections import Counter
 
-from beam_pipeline import books, duplicates, keys, listing, pooled, progress
+from beam_pipeline import books, duplicates, keys, listing, pooled, progress, reuse
 from beam_pipeline.convert import Converted, Outcome, RecordBatch, Rejection, ShardEntry
 from beam_pipeline.finalize import Finalizer
 from beam_pipeline.job_config import JobConfig
@@ -74,27 +76,45 @@ def _count(outcome: Outcome, how: str, counters: Counter) -> None:
     counters.update(pooled.outcome_counts(outcome, how != pooled.RESUMED))
 
 
-def _convert(config: JobConfig, refs, counters: Counter, shown: progress.Phase) -> _Collected:
-    """ImageRefs -> records (spill references) and rejections, on the local pool."""
-    image = config.image
-    converter = pooled.PoolConverter(
-        image,
-        config.seed,
-        config.layout.classes,
-        config.spill_directory,
-        config.conversion_processes,
-    )
+def _read_old(
+    config: JobConfig, converter: pooled.PoolConverter, shown: progress.Reporter
+) -> reuse.Index:
+    """--reuse's dataset, scanned on the pool (a process per shard): its records by ID."""
+    old = reuse.open_old(config.reuse)
+    with shown.phase(f"reading {old.path}", len(old.shards), "shards") as phase:
+
+        def run(fn, *args):
+            future = converter.run_aside(fn, *args)
+            future.add_done_callback(lambda _: phase.update(1))
+            return future
+
+        return reuse.build_index(old, run)
+
+
+def _convert(
+    config: JobConfig,
+    refs,
+    counters: Counter,
+    shown: progress.Phase,
+    converter: pooled.PoolConverter,
+    old: reuse.Index | None,
+) -> _Collected:
+    """ImageRefs -> records (spill references) and rejections, on the local pool.
+
+    ``old``: --reuse's records: each image goes to the pool with the one of its ID.
+    """
     # The total comes from a quick count on a pool process: listing itself only
     # runs as fast as conversion pulls it.
     estimate = converter.run_aside(listing.estimate_image_count, config.layout)
     collected = _Collected()
 
     def collect(outcomes):
-        done = resumed = rejected = 0
+        done = resumed = rejected = reused = 0
         for outcome, how in outcomes:
             _count(outcome, how, counters)
             done += 1
             resumed += how == pooled.RESUMED
+            reused += outcome.reused
             result = outcome.result
             if isinstance(result, Converted):
                 entry = result.entry
@@ -107,14 +127,15 @@ def _convert(config: JobConfig, refs, counters: Counter, shown: progress.Phase) 
         if shown.total is None and estimate.done() and not estimate.exception():
             shown.set_total(max(estimate.result(), shown.done))
         if done:
-            shown.update(done, skipped=resumed, resumed=resumed, rejected=rejected)
+            shown.update(done, skipped=resumed, resumed=resumed, rejected=rejected, reused=reused)
 
-    try:
+    if old is None:
         for ref in refs:
             collect(converter.add(ref))
-        collect(converter.finish())
-    finally:
-        converter.close()
+    else:
+        for ref in refs:
+            collect(converter.add(ref, old.get(ref.image_id)))
+    collect(converter.finish())
     return collected
 
 
@@ -211,14 +232,34 @@ def run(config: JobConfig, shown: progress.Reporter = progress.SILENT) -> dict[s
     """
     counters: Counter = Counter()
     listed = _Listed()
-    with shown.phase("converting") as phase:
-        collected = _convert(config, _list_images(config, listed, counters), counters, phase)
-        phase.set_total(counters["images_listed"])  # the exact count, now that listing is done
+    converter = pooled.PoolConverter(
+        config.image,
+        config.seed,
+        config.layout.classes,
+        config.spill_directory,
+        config.conversion_processes,
+    )
+    try:
+        old = _read_old(config, converter, shown) if config.reuse else None
+        with shown.phase("converting") as phase:
+            refs = _list_images(config, listed, counters)
+            collected = _convert(config, refs, counters, phase, converter, old)
+            phase.set_total(counters["images_listed"])  # the exact count, now that listing is done
+        del old  # its arrays are not needed past here (peak memory is at the shard writing)
+    finally:
+        converter.close()
     groups = _find_duplicates(config, collected, counters)
     plans = _plan(config, listed, collected)
     planned = sum(plan.shards for plan in plans.values())
     shown.step(f"planned {planned} shards in {len(plans)} splits")
     shards = _write_shards(config, collected, plans, counters, shown)
     shown.step("publishing: the lists, the books, the shards renamed, dataset_info.json last")
-    Finalizer(config).run(shards, collected.rejects, plans.items(), listed.skipped, groups)
+    Finalizer(config).run(
+        shards,
+        collected.rejects,
+        plans.items(),
+        listed.skipped,
+        groups,
+        reused=counters[pooled.REUSED_COUNTER],
+    )
     return {name: value for name, value in counters.items() if value}

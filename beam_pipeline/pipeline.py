@@ -2,7 +2,9 @@
 
 ListImages      PBegin -> ImageRef ("refs") + (split, KeyTally) of listed keys ("listed")
                 + Skipped ("skipped")
-ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected")
+ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected"); with --reuse
+                OLD, each ImageRef first meets OLD's record of its ID (MatchOld), and
+                a count of the records taken over goes to "reused"
 FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; with
                 --dedupe also the batches without the copies + a Rejection per copy
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
@@ -24,7 +26,7 @@ import time
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsDict, AsList, TaggedOutput
+from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipeline import (
@@ -34,6 +36,7 @@ from beam_pipeline import (
     listing,
     metadata,
     pooled,
+    reuse,
 )
 from beam_pipeline.convert import (
     Converted,
@@ -56,6 +59,7 @@ from beam_pipeline.staging import write_staged_shard
 NAMESPACE = "imagerecords"
 TMP_DIR = metadata.TMP_DIR
 REJECTED = "rejected"
+REUSED = "reused"
 LISTED = "listed"
 SKIPPED = "skipped"
 _LOG_EVERY_S = 15.0  # progress line per converting worker
@@ -162,8 +166,21 @@ class _Batcher:
         return batches
 
 
+def _candidate(element) -> tuple[tuple, reuse.OldRecord | None]:
+    """(ref, OLD's record or None) of a conversion step's element: an ImageRef, or a
+    reuse.Candidate under --reuse."""
+    if isinstance(element, reuse.Candidate):
+        return tuple(element.ref), element.old
+    return tuple(element), None
+
+
 class _ConvertFn(beam.DoFn):
-    """ImageRef -> RecordBatch, or Rejection on the ``rejected`` output; converts inline."""
+    """ImageRef -> RecordBatch, or Rejection on the ``rejected`` output; converts inline.
+
+    Under --reuse the elements are reuse.Candidates, and each bundle sends the
+    number of records it took from OLD to the ``reused`` output (exact, unlike
+    a metric: a retried bundle's outputs are dropped with it).
+    """
 
     def __init__(self, config: JobConfig):
         self._args = (config.image, config.seed, config.layout.classes)
@@ -177,6 +194,7 @@ class _ConvertFn(beam.DoFn):
                 "images_bad_profile",
                 "bytes_read",
                 "record_bytes",
+                pooled.REUSED_COUNTER,
             )
         }
 
@@ -186,9 +204,11 @@ class _ConvertFn(beam.DoFn):
 
     def start_bundle(self):
         self._batcher = _Batcher()
+        self._reused = 0
 
-    def process(self, ref):
-        yield from self._emit(convert_ref(tuple(ref), *self._args))
+    def process(self, element):
+        ref, old = _candidate(element)
+        yield from self._emit(convert_ref(ref, *self._args, old))
 
     def _emit(self, outcome: Outcome, converted_now: bool = True):
         """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
@@ -198,6 +218,7 @@ class _ConvertFn(beam.DoFn):
         if isinstance(result, Rejection):
             yield TaggedOutput(REJECTED, result)
             return
+        self._reused += outcome.reused
         if converted_now:
             self._count += 1
             now = time.monotonic()
@@ -212,6 +233,8 @@ class _ConvertFn(beam.DoFn):
     def finish_bundle(self):
         for batch in self._batcher.flush():
             yield GlobalWindows.windowed_value(batch)
+        if self._reused:
+            yield TaggedOutput(REUSED, GlobalWindows.windowed_value(self._reused))
 
 
 class _PooledConvertFn(_ConvertFn):
@@ -259,8 +282,8 @@ class _PooledConvertFn(_ConvertFn):
         super().start_bundle()
         self._converter.start()
 
-    def process(self, ref):
-        yield from self._emit_all(self._converter.add(ref))
+    def process(self, element):
+        yield from self._emit_all(self._converter.add(*_candidate(element)))
 
     def finish_bundle(self):
         for output in self._emit_all(self._converter.finish()):
@@ -276,8 +299,48 @@ class _PooledConvertFn(_ConvertFn):
             converter.close()
 
 
+def _pair_with_old(element):
+    """(image ID, {"ref": [ImageRef], "old": [OldRecord]}) -> reuse.Candidate per ref."""
+    _, found = element
+    olds = list(found["old"])
+    for ref in found["ref"]:
+        yield reuse.Candidate(ref, olds[0] if olds else None)
+
+
+class MatchOld(beam.PTransform):
+    """ImageRef -> reuse.Candidate: each image with --reuse's record of its ID, if any.
+
+    OLD's shards are scanned on the workers, one element per shard (nothing of
+    OLD passes through the launching machine), and joined to the listed
+    images by ID: ~150 bytes an image through the shuffle, not the records,
+    which the conversion step reads from OLD only for the images unchanged.
+    """
+
+    def __init__(self, old: reuse.OldDataset):
+        super().__init__()
+        self._old = old
+
+    def expand(self, refs):
+        classes = self._old.classes
+        old = (
+            refs.pipeline
+            | "OldShards" >> beam.Create(list(self._old.shards), reshuffle=False)
+            | "SpreadShards" >> beam.Reshuffle()
+            # (shard, bytes) -> (image ID, OldRecord) per record
+            | "ScanShard"
+            >> beam.FlatMapTuple(lambda path, size: reuse.iter_shard(path, size, classes))
+        )
+        by_id = refs | "ById" >> beam.Map(lambda ref: (ref.image_id, ref))
+        return (
+            {"ref": by_id, "old": old}
+            | "JoinById" >> beam.CoGroupByKey()
+            | "PairWithOld" >> beam.FlatMap(_pair_with_old)
+        )
+
+
 class ConvertImages(beam.PTransform):
-    """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output."""
+    """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output (and, under
+    --reuse, per bundle the number of records taken from OLD on ``reused``)."""
 
     def __init__(self, config: JobConfig):
         super().__init__()
@@ -288,7 +351,9 @@ class ConvertImages(beam.PTransform):
         fn = (
             _PooledConvertFn(self._config, processes) if processes > 1 else _ConvertFn(self._config)
         )
-        return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, main="batches")
+        if self._config.reuse:
+            refs = refs | "MatchOld" >> MatchOld(reuse.open_old(self._config.reuse))
+        return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, REUSED, main="batches")
 
 
 # ------------------------------------------------------------------ duplicates
@@ -493,8 +558,8 @@ class _Finalize(beam.DoFn):
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def process(self, _, shards, rejects, plans, skipped, groups):
-        yield Finalizer(self._config).run(shards, rejects, plans, skipped, groups)
+    def process(self, _, shards, rejects, plans, skipped, groups, reused=0):
+        yield Finalizer(self._config).run(shards, rejects, plans, skipped, groups, reused)
 
 
 # ----------------------------------------------------------------------- graph
@@ -514,6 +579,10 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
         "rejected": rejects,
     } | "PlanShards" >> PlanShards(config)
     shards = {"batches": batches, "plans": plans} | "WriteShards" >> WriteShards(config)
+    reused = {}
+    if config.reuse:
+        total = converted[REUSED] | "ReusedTotal" >> beam.CombineGlobally(sum)
+        reused["reused"] = AsSingleton(total)
     return (
         pipeline
         | "Start" >> beam.Create([None], reshuffle=False)
@@ -525,5 +594,6 @@ def build(pipeline: beam.Pipeline, config: JobConfig):
             plans=AsList(plans),
             skipped=AsList(listed[SKIPPED]),
             groups=AsList(found["groups"]),
+            **reused,
         )
     )

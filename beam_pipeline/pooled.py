@@ -5,7 +5,9 @@ The conversion step of both local engines: ``pipeline._PooledConvertFn``
 process appends its records to its own spill file and sends back a
 reference, so record bytes never pass through this process (docs/scale.md).
 Images an earlier, interrupted run already spilled are taken from its spill
-files instead of being converted again. Results may come back in any order;
+files instead of being converted again; with ``--reuse``, each image comes
+with OLD's record of its ID, which the pool process takes over when the
+source is unchanged (``convert.reuse_or_convert``). Results may come back in any order;
 shard contents are sorted later, so output bytes do not change. A worker
 that dies (a decoder crash) costs the one image that killed it, which
 becomes a rejection; the others are converted again.
@@ -29,6 +31,8 @@ RESUMED = "resumed"  # converted, or rejected, by an interrupted run
 
 # The counter each way of coming about adds one to (the converted ones: outcome_counts).
 HOW_COUNTERS = {AHEAD: "images_converted_ahead", RESUMED: "images_resumed"}
+# A record taken from --reuse's dataset instead of being converted (outcome_counts).
+REUSED_COUNTER = "images_reused"
 
 
 def outcome_counts(outcome: Outcome, converted_now: bool = True) -> dict[str, int]:
@@ -37,13 +41,16 @@ def outcome_counts(outcome: Outcome, converted_now: bool = True) -> dict[str, in
     One definition for both engines: Beam's conversion steps increment
     Metrics counters of these names, the local engine a Counter. An outcome
     taken from an interrupted run (``converted_now`` false) counts only its
-    record's bytes, or its rejection.
+    record's bytes, or its rejection; one taken from ``--reuse``'s dataset
+    counts the source bytes read to check it, and :data:`REUSED_COUNTER`.
     """
     result = outcome.result
     if isinstance(result, Rejection):
         return {"images_rejected": 1}
     counts = {"record_bytes": result.entry.size}
-    if converted_now:
+    if outcome.reused:
+        counts.update({"bytes_read": outcome.bytes_read, REUSED_COUNTER: 1})
+    elif converted_now:
         counts.update(
             bytes_read=outcome.bytes_read,
             images_converted=1,
@@ -76,6 +83,7 @@ class PoolConverter:
     """
 
     CHUNK = 8
+    REUSE_CHUNK = 64
 
     def __init__(
         self,
@@ -95,10 +103,14 @@ class PoolConverter:
     def start(self) -> None:
         """Forgets what is in flight (a runner discards a failed bundle's outputs)."""
         self._chunk: list[tuple] = []
-        self._pending: collections.deque = collections.deque()  # (refs, future, how)
+        # (chunk of (ref, old) pairs, future, how)
+        self._pending: collections.deque = collections.deque()
 
-    def add(self, ref) -> Iterator[tuple[Outcome, str]]:
-        """Queues one ``(image_id, path, label, split)``; yields whatever has finished."""
+    def add(self, ref, old=None) -> Iterator[tuple[Outcome, str]]:
+        """Queues one ``(image_id, path, label, split)``; yields whatever has finished.
+
+        ``old``: ``--reuse``'s record of the image's ID (``reuse.OldRecord``), if any.
+        """
         ref = tuple(ref)
         image_id, path, label, split = ref
         earlier = self._done.get(image_id)
@@ -107,10 +119,12 @@ class PoolConverter:
             return
         ahead = local_pool.claim(path)
         if ahead is not None and ahead[2] == ref:  # converted while the job was starting
-            self._pending.append(([ref], _Picked(*ahead[:2]), AHEAD))
+            self._pending.append(([(ref, None)], _Picked(*ahead[:2]), AHEAD))
         else:
-            self._chunk.append(ref)
-            if len(self._chunk) >= self.CHUNK:
+            self._chunk.append((ref, old))
+            # Reuse checks are ~50x cheaper than conversions: bigger chunks
+            # keep the IPC per image small.
+            if len(self._chunk) >= (self.CHUNK if old is None else self.REUSE_CHUNK):
                 self._submit()
         # Keep every process busy, but bound what is in flight (memory).
         while self._pending and (
@@ -131,9 +145,17 @@ class PoolConverter:
         """Runs ``fn(*args)`` on a pool process beside the conversions (a quick count, say)."""
         return self._executor.submit(fn, *args)
 
+    def _task(self, executor, chunk):
+        """Submits a chunk of (ref, old) pairs to ``executor``."""
+        refs = [ref for ref, _ in chunk]
+        olds = [old for _, old in chunk]
+        if any(old is not None for old in olds):
+            return executor.submit(spill_chunk, refs, *self._task_args, olds)
+        return executor.submit(spill_chunk, refs, *self._task_args)
+
     def _submit(self) -> None:
         if self._chunk:
-            future = self._executor.submit(spill_chunk, self._chunk, *self._task_args)
+            future = self._task(self._executor, self._chunk)
             self._pending.append((self._chunk, future, CONVERTED))
             self._chunk = []
 
@@ -152,13 +174,13 @@ class PoolConverter:
         self._executor.shutdown(wait=False, cancel_futures=True)
         local_pool.drop_ahead()  # those futures died with the pool
         executor = None
-        for index, (refs, _, how) in enumerate(self._pending):
+        for index, (chunk, _, how) in enumerate(self._pending):
             outcomes = []
-            for ref in refs:
+            for ref, old in chunk:
                 executor = executor or local_pool.new(self._processes)
                 started = time.monotonic()
                 try:
-                    outcomes += executor.submit(spill_chunk, [ref], *self._task_args).result()
+                    outcomes += self._task(executor, [(ref, old)]).result()
                 except concurrent.futures.process.BrokenProcessPool:
                     image_id, path, _, split = ref
                     reason = "crashed the image decoder (its worker process died)"
@@ -170,6 +192,6 @@ class PoolConverter:
                     executor = None
             finished = concurrent.futures.Future()
             finished.set_result(outcomes)
-            self._pending[index] = (refs, finished, how)
+            self._pending[index] = (chunk, finished, how)
         self._executor = executor or local_pool.new(self._processes)
         return self._pending[0][1].result()

@@ -106,6 +106,36 @@ def make_example(values: Mapping[str, bytes | int | str]) -> bytes:
     return example.SerializeToString(deterministic=True)
 
 
+def image_record(
+    jpeg: bytes,
+    height: int,
+    width: int,
+    label: int,
+    class_name: str | bytes,
+    image_id: str | bytes,
+    sha256: str | bytes,
+) -> bytes:
+    """One image's serialized Example (docs/format.md section 6): the one builder of records.
+
+    A conversion calls it with what it made; a reused record whose label
+    changed (``reuse.relabel``) with what its old record holds, so the two
+    are the same bytes whenever their values are the same.
+    """
+    return make_example(
+        {
+            "image/encoded": jpeg,
+            "image/format": b"jpeg",
+            "image/height": height,
+            "image/width": width,
+            "image/channels": 3,
+            "image/class/label": label,
+            "image/class/text": class_name,
+            "image/filename": image_id,
+            "image/key/sha256": sha256,
+        }
+    )
+
+
 def parse_example(data: bytes) -> dict[str, bytes | int]:
     """Inverse of :func:`make_example` (used by tools and tests, not by the reader)."""
     example = Example.FromString(data)

@@ -58,6 +58,12 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
     stored = settings.image_settings_from_info(info, images.ImageSpec)
     if stored:
         lines.append(f"images stored with {settings.describe(stored)}")
+    reused = info.get("reuse")
+    if reused:
+        lines.append(
+            f"reused {reused['images_reused']} records of {reused['dataset']} "
+            "(their sources unchanged); the others were converted"
+        )
     skipped = info.get("skipped", {})
     if skipped.get("count"):
         reasons = ", ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
