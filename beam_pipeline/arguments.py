@@ -104,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         listing.SKIP_UNREADABLE_FLAG,
         **_FLAG,
-        help="Convert the other classes when a local class folder cannot be read, and list "
-        "that folder in skipped.jsonl (its class stays in labels.txt, with the images it "
-        "has elsewhere); default: such a folder stops the job before it starts",
+        help="When a local class folder cannot be read, list it in skipped.jsonl (its class "
+        "keeps its place in labels.txt) and convert the rest; default: such a folder stops "
+        "the job before it starts",
     )
     add(
         "--dedupe",
