@@ -491,7 +491,7 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
         for line, path, label, split in rows:
             if not path or not label:
                 raise UsageError(f"--manifest {manifest}:{line}: needs a path and a label")
-            if not is_text(path):  # a JSON "\\udcff" escape: no file has that name
+            if not is_text(path):  # a JSON "\udcff" escape: no file has that name
                 raise UsageError(
                     f"--manifest {manifest}:{line}: the path {shown(path)} is not valid UTF-8"
                 )
