@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 
-from beam_pipeline import beam_options, images, keys
+from beam_pipeline import beam_options, images, keys, listing
 from beam_pipeline.errors import UsageError
 
 EXAMPLE = (
@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="A finished dataset of this input made with the same image settings (local or "
         "gs://; only read): an image whose source file has the SHA-256 its record names is "
         "copied from it, not converted again. The output is what a full conversion writes",
+    )
+    add(
+        listing.SKIP_UNREADABLE_FLAG,
+        **_FLAG,
+        help="When a local class folder cannot be read, list it in skipped.jsonl (its class "
+        "keeps its place in labels.txt) and convert the rest; default: such a folder stops "
+        "the job before it starts",
     )
     add(
         "--dedupe",
