@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from beam_pipeline import convert, images, keys, listing, settings
+from beam_pipeline import convert, images, keys, listing, reuse, settings
 from beam_pipeline.errors import UsageError
 
 SAMPLE_SIZE = 300
@@ -411,8 +411,14 @@ def _machine_from_args(beam_args: Sequence[str]) -> str:
     return found.group(1) if found else DEFAULT_MACHINE_TYPE
 
 
-def report(args, beam_args, layout, output_problem: str | None, out=None) -> dict:
-    """Lists, samples, estimates and prints; returns the numbers (for tests and tools)."""
+def report(
+    args, beam_args, layout, output_problem: str | None, out=None, old: reuse.OldDataset = None
+) -> dict:
+    """Lists, samples, estimates and prints; returns the numbers (for tests and tools).
+
+    ``old``: --reuse's dataset: what the run would reuse, convert and drop is
+    counted (reuse.forecast) and the time estimates are for that run.
+    """
     started = time.perf_counter()
     out = out or sys.stdout
     say = lambda text="": print(text, file=out)  # noqa: E731
@@ -437,9 +443,15 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
     splits = estimate_splits(found, sample, split_names, target, args.min_shards)
     total_images = len(found.refs)
     cpu_per_image = sample.cpu_s / max(1, sample.converted)
+    ahead = None
+    if old is not None:
+        index = reuse.build_index(old)
+        budget = reuse.FORECAST_BUDGET_S
+        ahead = reuse.forecast(found.refs, index, layout.classes, args.seed, budget)
+    run_cpu_per_image = ahead.cpu_per_image(cpu_per_image) if ahead else cpu_per_image
     processes = args.local_processes or os.cpu_count() or 1
     total_bytes = sum(s.bytes for s in splits)
-    cost = dataflow_cost(total_images, cpu_per_image, total_bytes, machine)
+    cost = dataflow_cost(total_images, run_cpu_per_image, total_bytes, machine)
 
     say(f"dry run: nothing was written. Input {layout.root} ({layout.kind} layout)")
     if output_problem:
@@ -471,6 +483,8 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
     if odd:
         shown = ", ".join(f"{ext} {n:,}" for ext, n in sorted(odd.items(), key=lambda x: -x[1]))
         say(f"other extensions (converted if the content is an image): {shown}")
+    if ahead:
+        say(ahead.describe(old))
     say()
     say(
         f"sample: {sample.converted} images converted in memory "
@@ -508,7 +522,7 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
         f"{cpu_per_image * 1000:.1f} ms CPU per image{read_note}"
     )
     on_beam = bool(beam_args)  # any Beam flag: the job runs on Beam (job.choose_engine)
-    wall = local_wall_s(total_images, cpu_per_image, processes, on_beam)
+    wall = local_wall_s(total_images, run_cpu_per_image, processes, on_beam)
     engine = "Beam DirectRunner" if on_beam else "local engine"
     say(f"local run ({engine}, {processes} conversion processes): about {_fmt_duration(wall)}")
     say(
@@ -535,6 +549,7 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
         "local_wall_s": wall,
         "dataflow": dataclasses.asdict(cost),
         "skipped": {why: len(paths) for why, paths in found.skipped.items()},
+        **({"reuse": dataclasses.asdict(ahead)} if ahead else {}),
     }
 
 
@@ -552,4 +567,11 @@ def run(args, beam_args, check_output) -> dict:
         check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     except UsageError as error:
         problem = str(error)
-    return report(args, beam_args, layout, problem)
+    old = None
+    if args.reuse:
+        try:
+            old = reuse.open_old(args.reuse)
+            reuse.check(old, output, settings.image_settings(args.image_spec))
+        except UsageError as error:
+            problem, old = problem or str(error), None
+    return report(args, beam_args, layout, problem, old=old)

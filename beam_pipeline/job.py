@@ -321,8 +321,8 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     # processes can start (and start converting) while Beam loads.
     layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
     output = listing.normalize_root(args.output)
+    check_reuse(args, output)  # first: an --output that is OLD is refused as such
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
-    check_reuse(args, output)
     # (with_local_defaults gave the local engine its processes: one per core by default)
     engine = choose_engine(given_beam_args, layout, output)
     spill_dir = spill.default_dir(output) if processes > 1 or engine == LOCAL_ENGINE else None
@@ -339,7 +339,8 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
                 return _finish(output, started, cpu_started, counted, True)
             if processes > 1:
                 _start_local_pool(args, layout, processes, spill_dir, done)
-                beam_private.import_beam_for_local_run(uses_gcs=not _all_local(layout, output))
+                uses_gcs = not _all_local(layout, output) or listing.is_gcs(args.reuse or "")
+                beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
             # pipeline.py imports Beam: the config is made after the pool started.
             config = config_from_args(args, layout, processes)
             _describe_input(layout, say)

@@ -429,6 +429,29 @@ class Forecast:
     def exact(self) -> bool:
         return self.checked == self.in_old
 
+    def cpu_per_image(self, converting_s: float) -> float:
+        """CPU per listed image of the reuse run: conversions for the new and changed
+        images, a read and a hash for the reused ones."""
+        total = self.in_old + self.new
+        spent = (self.new + self.changed) * converting_s + self.reused * self.hash_cpu_s
+        return spent / total if total else 0.0
+
+    def describe(self, old: OldDataset) -> str:
+        """The dry run's line: what the run would reuse, convert and drop."""
+        approx = "" if self.exact else "~"
+        scale = self.in_old / self.checked if self.checked else 0.0
+        relabelled = self.relabelled * scale
+        text = (
+            f"reuse {old.path} ({old.records:,} records): "
+            f"reused {approx}{self.reused:,.0f} unchanged"
+            + (f" ({approx}{relabelled:,.0f} with a new label)" if self.relabelled else "")
+            + f"; converted {approx}{self.changed:,.0f} changed and {self.new:,} without a "
+            f"record there (new, or rejected by it); dropped {self.dropped:,} no longer listed"
+        )
+        if not self.exact:
+            text += f" (from {self.checked:,} of {self.in_old:,} sources hashed)"
+        return text
+
 
 def _source_sha256(path: str) -> str | None:
     try:
@@ -442,6 +465,10 @@ def _source_sha256(path: str) -> str | None:
     except Exception:  # unreadable: the run rejects it (converted, in the count)
         return None
     return hashlib.sha256(data).hexdigest()
+
+
+# Wall time the dry run spends hashing sources before it extrapolates.
+FORECAST_BUDGET_S = 10.0
 
 
 def forecast(

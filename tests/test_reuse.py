@@ -1,0 +1,339 @@
+"""``--reuse OLD``: a grown folder's dataset is byte for byte a full conversion's.
+
+One folder history serves every test: OLD is converted from the folder as it
+was; then images are added, one is changed (same name, new bytes), one is
+removed, a class is added whose name sorts first (every label number shifts,
+so every reused record is rewritten with its new label) and a bad image
+appears. Each ``--reuse`` run is compared, file by file, with a full
+conversion of the folder as it is now; the only difference allowed is
+dataset_info.json's ``reuse`` block, which describes the run. The counters
+show that only the new and changed images were converted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+# Beam with its GCS filesystem, as a CLI process whose paths are on gs:// has it: a
+# local run in this process would import Beam without it (beam_private), for good.
+import apache_beam.io.gcp.gcsfilesystem  # noqa: F401
+import pytest
+from PIL import Image
+
+from beam_pipeline import convert, images, metadata, records, reuse, settings
+from beam_pipeline.__main__ import main
+from tests import contract
+from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
+
+COMMON = ["--quiet", "--max_reject_fraction", "0.5", "--image_size", "64"]
+DIRECT = ["--runner", "DirectRunner"]
+
+
+@dataclasses.dataclass
+class History:
+    before: Path  # the folder OLD was made from
+    after: Path  # the same folder grown
+    old: Path  # the dataset of `before`
+    full: Path  # a full conversion of `after`
+    reused: int  # images of `after` whose record OLD holds unchanged
+    converted: int  # new and changed images that convert
+    rejected: int
+
+
+def _convert(input_path, output, *extra) -> int:
+    return main(["--input", str(input_path), "--output", str(output), *COMMON, *extra])
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {k: hashlib.sha256(v).hexdigest() for k, v in contract.all_files(str(folder)).items()}
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> History:
+    base = tmp_path_factory.mktemp("reuse")
+    before = base / "before"
+    ids = make_class_folders(str(before), per_class=8, seed=5, size_range=(60, 140))
+    add_bad_files(str(before))  # rejected by OLD: converted (and rejected) again
+    old = base / "old"
+    assert _convert(before, old) == 0
+    after = base / "after"
+    shutil.copytree(before, after)
+    (after / ids[1]).unlink()  # removed
+    changed = after / ids[-1]  # same name, new bytes
+    changed.write_bytes(jpeg_bytes(photo(90, 70, seed=99)))
+    (after / "cat" / "new.jpg").write_bytes(jpeg_bytes(photo(100, 80, seed=100)))
+    Image.new("RGB", (70, 90), (30, 60, 90)).save(after / "fish" / "new.png")
+    make_class_folders(str(after), classes=("bird",), per_class=3, seed=6, size_range=(60, 140))
+    (after / "bird" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
+    full = base / "full"
+    assert _convert(after, full) == 0
+    return History(before, after, old, full, reused=24 - 2, converted=1 + 2 + 3, rejected=3)
+
+
+def _counters(stdout: str) -> dict[str, int]:
+    line = next(x for x in stdout.splitlines() if x.startswith("counters: "))
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def _assert_same_as_full(new: Path, full: Path, old: str) -> dict:
+    """Every file of ``new`` is ``full``'s, dataset_info.json apart from its reuse block."""
+    got, want = contract.all_files(str(new)), contract.all_files(str(full))
+    assert sorted(got) == sorted(want)
+    info = json.loads(got.pop(metadata.INFO_FILE))
+    block = info.pop("reuse")
+    assert metadata.dumps(info) == want.pop(metadata.INFO_FILE)
+    assert got == want
+    assert block["dataset"] == old
+    return block
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [[], DIRECT, [*DIRECT, "--local_processes", "1"]],
+    ids=["local-engine", "DirectRunner", "DirectRunner-records-through-the-shuffle"],
+)
+def test_a_reuse_run_writes_what_a_full_conversion_writes(history, tmp_path, capsys, engine):
+    before = _digests(history.old)
+    capsys.readouterr()
+    new = tmp_path / "new"
+    assert _convert(history.after, new, "--reuse", str(history.old), *engine) == 0
+    block = _assert_same_as_full(new, history.full, str(history.old))
+    assert block["images_reused"] == history.reused
+    counted = _counters(capsys.readouterr().out)
+    # Only the new and changed images were decoded; OLD's rejections were tried again.
+    assert counted["images_converted"] == history.converted
+    assert counted["images_reused"] == history.reused
+    assert counted["images_rejected"] == history.rejected
+    assert _digests(history.old) == before  # OLD is only read
+    contract.check_output(str(new), str(history.after))
+
+
+def test_the_summary_says_how_many_records_were_reused(history, tmp_path, capsys):
+    assert _convert(history.after, tmp_path / "new", "--reuse", str(history.old)) == 0
+    out = capsys.readouterr().out
+    assert f"reused {history.reused} records of {history.old}" in out
+
+
+def test_reuse_with_dedupe_and_other_shards(history, tmp_path):
+    extra = ("--dedupe", "--min_shards", "2", "--index_files", "--seed", "9")
+    full, new = tmp_path / "full", tmp_path / "new"
+    assert _convert(history.after, full, *extra) == 0
+    assert _convert(history.after, new, "--reuse", str(history.old), *extra) == 0
+    _assert_same_as_full(new, full, str(history.old))
+
+
+def test_a_format_2_dataset_is_reused(history, tmp_path):
+    """OLD's metadata under format 2's name (imagerecords.json) is found the same way."""
+    old = tmp_path / "old2"
+    shutil.copytree(history.old, old)
+    info = json.loads((old / "dataset_info.json").read_text())
+    info["format_version"] = 2
+    (old / "imagerecords.json").write_text(json.dumps(info))
+    (old / "dataset_info.json").unlink()
+    new = tmp_path / "new"
+    assert _convert(history.after, new, "--reuse", str(old)) == 0
+    assert _assert_same_as_full(new, history.full, str(old))["images_reused"] == history.reused
+
+
+@pytest.mark.parametrize("engine", [[], DIRECT], ids=["local-engine", "DirectRunner"])
+def test_a_gcs_dataset_is_reused(history, gcs_emulator, tmp_path, capsys, engine):
+    url = f"gs://{gcs_emulator.create_bucket()}/old"
+    gcs_emulator.upload_dir(history.old, url)
+    capsys.readouterr()
+    new = tmp_path / "new"
+    assert _convert(history.after, new, "--reuse", url + "/", *engine) == 0
+    assert _assert_same_as_full(new, history.full, url)["images_reused"] == history.reused
+    assert _counters(capsys.readouterr().out)["images_converted"] == history.converted
+
+
+def test_everything_on_gcs(history, gcs_emulator, tmp_path):
+    """Input, OLD and output on gs://: what Dataflow runs (no local file of OLD)."""
+    bucket = f"gs://{gcs_emulator.create_bucket()}"
+    gcs_emulator.upload_dir(history.old, f"{bucket}/old")
+    gcs_emulator.upload_dir(history.after, f"{bucket}/images")
+    full, new = f"{bucket}/full", f"{bucket}/new"
+    assert _convert(f"{bucket}/images", full) == 0
+    assert _convert(f"{bucket}/images", new, "--reuse", f"{bucket}/old") == 0
+    local_full = gcs_emulator.download_dir(full, tmp_path / "full")
+    local_new = gcs_emulator.download_dir(new, tmp_path / "new")
+    assert _assert_same_as_full(local_new, local_full, f"{bucket}/old")["images_reused"] == (
+        history.reused
+    )
+
+
+def _refused(capsys, *argv) -> str:
+    capsys.readouterr()
+    assert main(list(map(str, argv))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_other_image_settings_are_refused_naming_the_difference(history, tmp_path, capsys):
+    line = _refused(
+        capsys, "--input", history.after, "--output", tmp_path / "new", "--reuse", history.old,
+        "--image_size", "32", "--resample", "lanczos",
+    )  # fmt: skip
+    assert line.startswith("error: --reuse ")
+    assert "image_size 64 -> 32, resample bicubic -> lanczos" in line
+    assert not (tmp_path / "new").exists()
+
+
+def test_settings_that_do_not_decide_a_record_may_change(history, tmp_path):
+    """Seed, splits and shard size place the records; the records stay the same."""
+    extra = ("--splits", "train=0.5,val=0.5", "--seed", "3", "--target_shard_mb", "0.01")
+    full, new = tmp_path / "full", tmp_path / "new"
+    assert _convert(history.after, full, *extra) == 0
+    assert _convert(history.after, new, "--reuse", str(history.old), *extra) == 0
+    _assert_same_as_full(new, full, str(history.old))
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_the_output_must_not_be_the_old_dataset(history, capsys, where):
+    output = history.old if where == "same" else history.old / "new"
+    before = _digests(history.old)
+    line = _refused(
+        capsys, "--input", history.after, "--output", output, "--reuse", history.old,
+        "--overwrite", *COMMON,
+    )  # fmt: skip
+    assert "the --reuse dataset" in line
+    assert _digests(history.old) == before
+
+
+def test_an_unfinished_or_missing_dataset_is_refused(history, tmp_path, capsys):
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(history.old, unfinished)
+    (unfinished / "dataset_info.json").unlink()
+    for old in (unfinished, tmp_path / "nowhere"):
+        line = _refused(
+            capsys, "--input", history.after, "--output", tmp_path / "new", "--reuse", old,
+        )  # fmt: skip
+        assert "is not a finished imagerecords dataset" in line
+    assert not (tmp_path / "new").exists()
+
+
+def test_the_dry_run_counts_what_would_be_reused_converted_and_dropped(history, tmp_path, capsys):
+    capsys.readouterr()
+    argv = ["--input", history.after, "--output", tmp_path / "new", "--reuse", history.old]
+    assert main([*map(str, argv), *COMMON, "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"reused {history.reused} unchanged ({history.reused} with a new label); "
+        "converted 1 changed and 8 without a record there (new, or rejected by it); "
+        "dropped 1 no longer listed"
+    ) in out
+    assert not (tmp_path / "new").exists()
+
+
+def test_the_dry_run_warns_of_a_refusal(history, tmp_path, capsys):
+    argv = ["--input", history.after, "--output", tmp_path / "new", "--reuse", history.old]
+    assert main([*map(str, argv), "--dry_run", "--image_size", "32"]) == 0
+    assert "warning: the real run would stop before starting: --reuse" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the parts
+
+
+def _record(label: int, class_name: str, image_id: str = "dog/a.jpg") -> bytes:
+    ref = (image_id, "unused", label, "train")
+    data = jpeg_bytes(photo(120, 80, seed=4))
+    decoded = convert.decode_data(data, images.ImageSpec(size=32))
+    classes = ("ant", "bee", "cat", "dog")[: label + 1]
+    classes = classes[:label] + (class_name,)
+    return convert.finish(ref, decoded, 42, classes).result.entry.data
+
+
+def test_relabel_gives_the_bytes_a_conversion_with_the_new_label_gives():
+    assert reuse.relabel(_record(1, "dog"), 3, "dog") == _record(3, "dog")
+    assert reuse.relabel(_record(1, "dog"), 1, "hound") == _record(1, "hound")
+    assert reuse.relabel(_record(2, "dog"), 2, "dog") == _record(2, "dog")
+
+
+def test_a_shard_is_scanned_without_decoding_and_stops_at_damage(tmp_path, caplog):
+    framed = [_record(0, "dog", f"dog/{n}.jpg") for n in range(3)]
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    shard.write_bytes(b"".join(framed))
+    found = list(reuse.iter_shard(str(shard), shard.stat().st_size, ("dog",)))
+    assert [image_id for image_id, _ in found] == ["dog/0.jpg", "dog/1.jpg", "dog/2.jpg"]
+    assert [(o.offset, o.size) for _, o in found] == [
+        (0, len(framed[0])),
+        (len(framed[0]), len(framed[1])),
+        (len(framed[0]) + len(framed[1]), len(framed[2])),
+    ]
+    first = found[0][1]
+    assert (first.label, first.class_name, len(first.sha256)) == (0, "dog", 64)
+    assert reuse.read_record(first) == framed[0]
+    # A class name that is not OLD's name of that label: always rebuilt (label -1).
+    assert next(reuse.iter_shard(str(shard), shard.stat().st_size, ("cat",)))[1].label == -1
+    damaged = bytearray(shard.read_bytes())
+    damaged[len(framed[0]) + 20] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    found = list(reuse.iter_shard(str(shard), shard.stat().st_size, ("dog",)))
+    assert [image_id for image_id, _ in found] == ["dog/0.jpg"]
+    assert "CRC does not match" in caplog.text
+
+
+def test_the_index_finds_each_id_and_only_those(tmp_path):
+    shards = []
+    for number in range(3):
+        path = tmp_path / f"s{number}.tfrecord"
+        path.write_bytes(b"".join(_record(0, "dog", f"dog/{number}-{n}.jpg") for n in range(4)))
+        shards.append((str(path), path.stat().st_size))
+    scans = [reuse.scan_shard(path, size, ("dog",)) for path, size in shards]
+    index = reuse.Index(("dog",), scans)
+    assert len(index) == 12
+    for number, (path, _) in enumerate(shards):
+        for n in range(4):
+            image_id = f"dog/{number}-{n}.jpg"
+            found = index.get(image_id)
+            assert found == dict(reuse.iter_shard(path, shards[number][1], ("dog",)))[image_id]
+    for missing in ("dog/3-0.jpg", "dog/0-4.jpg", "", "dog/0-0.jp"):
+        assert index.get(missing) is None
+    assert sorted(index.ids()) == sorted(f"dog/{a}-{b}.jpg" for a in range(3) for b in range(4))
+
+
+@pytest.mark.parametrize(
+    "old_image, why",
+    [
+        ({"image_size": 64}, ""),
+        ({"image_size": 32}, "image_size 32 -> 64"),
+        ({"image_size": 64, "resample": None}, "resample not recorded -> bicubic"),
+        ({"image_size": 64, "jpeg_quality": 95}, "jpeg_quality 95 -> 90"),
+    ],
+)
+def test_refusal_names_each_image_setting_that_differs(old_image, why):
+    wanted = settings.image_settings(images.ImageSpec(size=64))
+    recorded = {**wanted, **old_image}
+    recorded = {k: v for k, v in recorded.items() if v is not None}
+    old = reuse.OldDataset("/data/old", "/data/old/dataset_info.json", ("a",), recorded, "", (), 0)
+    problem = reuse.refusal(old, "/data/new", wanted)
+    assert (why in problem) if why else problem == ""
+    assert "the --reuse dataset" in reuse.refusal(old, "/data/old/", wanted)
+    assert "the --reuse dataset" in reuse.refusal(old, "/data", wanted)
+
+
+def test_a_reused_record_is_not_decoded(history, monkeypatch):
+    """The reuse path never reaches the image code when the source is unchanged."""
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded")
+
+    old = reuse.open_old(str(history.old))
+    index = reuse.build_index(old)
+    image_id = "dog/dog_0001.jpg"
+    found = index.get(image_id)
+    monkeypatch.setattr(images, "convert", no_decoding)
+    ref = (image_id, str(history.after / image_id), 3, "train")
+    classes = ("bird", "cat", "dog", "fish")
+    outcome = convert.convert_ref(ref, images.ImageSpec(size=64), 42, classes, found)
+    assert outcome.reused
+    entry = outcome.result.entry
+    assert records.is_intact(entry.data)
+    assert records.parse_example(entry.data[12:-4])["image/class/label"] == 3
+    assert os.path.exists(history.after / image_id)
