@@ -260,6 +260,6 @@ def run(config: JobConfig, shown: progress.Reporter = progress.SILENT) -> dict[s
         plans.items(),
         listed.skipped,
         groups,
-        reused=counters[pooled.REUSED_COUNTER],
+        counters[pooled.REUSED_COUNTER],
     )
     return {name: value for name, value in counters.items() if value}

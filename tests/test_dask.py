@@ -225,3 +225,26 @@ def test_runner_spreads_work_and_computes_side_inputs_once(dask_cluster, tmp_pat
     assert [x for x in got["even"] if x >= 0] == list(range(0, 40, 2))
     assert got["odd"] == list(range(1, 40, 2))
     assert got["workers"] == ["worker-0", "worker-1"]
+
+
+def test_a_reuse_run_on_dask_writes_what_a_full_conversion_writes(dask_cluster, images, tmp_path):
+    """--reuse on Dask: OLD's shards scanned on the workers, joined to the images by ID."""
+    import shutil
+
+    from tests.image_factory import jpeg_bytes, photo
+
+    assert _convert(images, tmp_path / "old") == 0
+    grown = tmp_path / "grown"
+    shutil.copytree(images, grown)
+    (grown / "cat" / "new.jpg").write_bytes(jpeg_bytes(photo(90, 70, seed=5)))
+    (grown / "dog" / "dog_0001.jpg").write_bytes(jpeg_bytes(photo(80, 70, seed=6)))
+    on_dask = ["--runner", "DaskRunner", "--dask_client_address", dask_cluster]
+    assert _convert(grown, tmp_path / "full", "--direct_running_mode=in_memory") == 0
+    assert _convert(grown, tmp_path / "new", "--reuse", str(tmp_path / "old"), *on_dask) == 0
+
+    full = contract.all_files(str(tmp_path / "full"))
+    new = contract.all_files(str(tmp_path / "new"))
+    info = json.loads(new.pop("dataset_info.json"))
+    assert info.pop("reuse") == {"dataset": str(tmp_path / "old"), "images_reused": 35}
+    assert json.loads(full.pop("dataset_info.json")) == info
+    assert new == full
