@@ -7,6 +7,7 @@ Examples::
     python -m bench --only converter   # re-measure one half, keep the other half's numbers
     python -m bench --only reader
     python -m bench --only scale       # memory and speed at 1x, 8x, 64x the web set
+    python -m bench --only reuse       # --reuse OLD of a grown folder vs a full conversion
     python -m bench --only codecs      # the codec study: Pillow vs libvips vs simplejpeg
     python -m bench --report-only      # redraw table and chart from results.json
 
@@ -37,6 +38,7 @@ from bench import (
     quality,
     readers,
     report,
+    reuse,
     scale,
     settings,
 )
@@ -52,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument(
-        "--only", choices=("converter", "codecs", "reader", "scale"), help="run one part"
+        "--only", choices=("converter", "codecs", "reader", "scale", "reuse"), help="run one part"
     )
     parser.add_argument(
         "--scale-factors",
@@ -238,6 +240,42 @@ def _scale_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
+def _reuse_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
+    """The reuse benchmark: writes reuse.md and reuse.json next to results.md."""
+    factors = reuse.QUICK_FACTORS if sizes is QUICK else reuse.FULL_FACTORS
+    counts = {"web": sizes.web_images, "phone": sizes.phone_images}
+    loadavg = [round(x, 2) for x in os.getloadavg()]
+    rounds = 1 if sizes is QUICK else 2
+    parts = []
+    for name in [s.strip() for s in args.sets.split(",") if s.strip()]:
+        image_set = data.ensure_image_set(name, counts[name], cache_dir, sizes.name)
+        grown = reuse.grow(image_set, factors[name], cache_dir)
+        rows, identical = reuse.run_reuse(
+            grown,
+            cache_dir / "out" / sizes.name,
+            cache_dir / "logs" / sizes.name,
+            rounds,
+            timeout_s=sizes.timeout_s * factors[name],
+        )
+        summary = reuse.summarize(grown, rows, identical)
+        parts.append({**summary, "rows": [dataclasses.asdict(r) for r in rows]})
+    result = {
+        "sizes": sizes.name,
+        "measured_at": _now(),
+        "code": machine.git_state(),
+        "loadavg": loadavg,
+        "rounds": rounds,
+        "sets": parts,
+    }
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "reuse.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = reuse.markdown(result)
+    (results_dir / "reuse.md").write_text(text)
+    print(text)
+    ok = all(p["identical"] and all(r["ok"] for r in p["rows"]) for p in parts)
+    return 0 if ok else 1
+
+
 def _gpu_part(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -> dict:
     """ResNet-50 fed by the reader vs image_dataset_from_directory (skipped without a GPU)."""
     records = converters.imagerecords_output(out_root, "web")
@@ -277,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = args.cache_dir
     if args.only == "scale":
         return _scale_part(args, sizes, cache_dir, results_dir)
+    if args.only == "reuse":
+        return _reuse_part(args, sizes, cache_dir, results_dir)
     out_root = cache_dir / "out" / sizes.name
     log_dir = cache_dir / "logs" / sizes.name
     results = _previous(results_dir, sizes)
@@ -300,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.only is None:
         _scale_part(args, sizes, cache_dir, results_dir)
+        _reuse_part(args, sizes, cache_dir, results_dir)
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     results["finished_at"] = _now()
     results["duration_s"] = round(time.perf_counter() - started, 1)
