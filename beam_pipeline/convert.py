@@ -202,27 +202,16 @@ def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes, by_referenc
     except Exception as error:  # an unreadable file is a rejection, as in a full run
         return finish(ref, unreadable(error), seed, classes)
     sha256 = hashlib.sha256(data).hexdigest()
-    if sha256 == old.sha256:
-        record = _old_record(old, label, classes[label], by_reference)
-        if record is not None:
-            size = old.size if isinstance(record, SpillLocation) else len(record)
-            key = keys.order_key(seed, image_id)
-            entry = ShardEntry(key, image_id, label, size, record, path, sha256)
-            return Outcome(Converted(split, entry), len(data), False, reused=True)
+    taken = reuse.take(old, image_id, sha256, label, classes[label])
+    if taken is not None:
+        framed, unchanged = taken
+        record = framed
+        if unchanged and by_reference and reuse.is_local(old):
+            record = SpillLocation(old.shard, old.offset)  # copied once, by the shard writer
+        key = keys.order_key(seed, image_id)
+        entry = ShardEntry(key, image_id, label, len(framed), record, path, sha256)
+        return Outcome(Converted(split, entry), len(data), False, reused=True)
     return finish(ref, decode_data(data, spec, path, sha256), seed, classes)
-
-
-def _old_record(
-    old: reuse.OldRecord, label: int, class_name: str, by_reference: bool
-) -> bytes | SpillLocation | None:
-    """OLD's record with this label (relabelled when it differs), None if unreadable."""
-    same = label == old.label and class_name == old.class_name
-    if same and by_reference and reuse.is_local(old):
-        return SpillLocation(old.shard, old.offset)  # copied once, by the shard writer
-    framed = reuse.read_record(old)
-    if framed is None or same:
-        return framed
-    return reuse.relabel(framed, label, class_name)
 
 
 def convert_chunk(refs, spec, seed, classes, olds=None, by_reference=False) -> list[Outcome]:

@@ -59,7 +59,7 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
     resume.check(out, overwrite)
 
 
-def check_reuse(args, output: str) -> None:
+def check_reuse(args, output: str, say) -> None:
     """--reuse: a finished dataset of the same image settings, not --output. Reads
     only its metadata (reuse.py)."""
     from beam_pipeline import reuse, settings
@@ -67,6 +67,9 @@ def check_reuse(args, output: str) -> None:
     if args.reuse:
         old = reuse.open_old(args.reuse)
         reuse.check(old, output, settings.image_settings(args.image_spec))
+        note = reuse.version_note(old)
+        if note:
+            say(note)
 
 
 def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
@@ -321,7 +324,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     # processes can start (and start converting) while Beam loads.
     layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
     output = listing.normalize_root(args.output)
-    check_reuse(args, output)  # first: an --output that is OLD is refused as such
+    check_reuse(args, output, say)  # first: an --output that is OLD is refused as such
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)
     engine = choose_engine(given_beam_args, layout, output)

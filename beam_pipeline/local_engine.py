@@ -102,6 +102,8 @@ def _convert(
     """ImageRefs -> records (spill references) and rejections, on the local pool.
 
     ``old``: --reuse's records: each image goes to the pool with the one of its ID.
+    It is closed (its arrays freed) once every image has been looked up, before
+    the last conversions finish and the process tree is at its largest.
     """
     # The total comes from a quick count on a pool process: listing itself only
     # runs as fast as conversion pulls it.
@@ -135,6 +137,7 @@ def _convert(
     else:
         for ref in refs:
             collect(converter.add(ref, old.get(ref.image_id)))
+        old.close()
     collect(converter.finish())
     return collected
 
@@ -245,7 +248,6 @@ def run(config: JobConfig, shown: progress.Reporter = progress.SILENT) -> dict[s
             refs = _list_images(config, listed, counters)
             collected = _convert(config, refs, counters, phase, converter, old)
             phase.set_total(counters["images_listed"])  # the exact count, now that listing is done
-        del old  # its arrays are not needed past here (peak memory is at the shard writing)
     finally:
         converter.close()
     groups = _find_duplicates(config, collected, counters)

@@ -24,6 +24,8 @@ IMAGE_FACTS = {
     # Embedded colour profiles are applied (docs/images.md).
     "color_space": "sRGB",
 }
+# dataset_info.json's "created_by": the converter that made the records.
+CREATED_BY = f"imagerecords {__version__}"
 # A job's temporary files live under OUTPUT/TMP_DIR (hidden: readers never list it).
 TMP_DIR = ".imagerecords-tmp"
 
@@ -80,7 +82,7 @@ def build_info(
         )
     return {
         "format_version": FORMAT_VERSION,
-        "created_by": f"imagerecords {__version__}",
+        "created_by": CREATED_BY,
         "source": source,
         "seed": seed,
         "classes": list(classes),

@@ -321,14 +321,12 @@ class MatchOld(beam.PTransform):
         self._old = old
 
     def expand(self, refs):
-        classes = self._old.classes
         old = (
             refs.pipeline
             | "OldShards" >> beam.Create(list(self._old.shards), reshuffle=False)
             | "SpreadShards" >> beam.Reshuffle()
             # (shard, bytes) -> (image ID, OldRecord) per record
-            | "ScanShard"
-            >> beam.FlatMapTuple(lambda path, size: reuse.iter_shard(path, size, classes))
+            | "ScanShard" >> beam.FlatMapTuple(reuse.iter_shard)
         )
         by_id = refs | "ById" >> beam.Map(lambda ref: (ref.image_id, ref))
         return (

@@ -13,8 +13,10 @@ record is rebuilt from OLD's fields with the new label and class name
 splits, order keys, shards, books, duplicates, rejections, metadata - is
 done as in any run, so the output is byte for byte a full conversion's.
 
-"Unchanged" is the source's SHA-256, read and hashed again: ~0.05 ms for a
-web photo, ~1 ms for a 1.4 MB phone photo, against 5-25 ms to convert them
+"Unchanged" is the source's SHA-256, read and hashed again, against the one
+OLD's record names, read from that record when it is used (:func:`take`,
+which also checks the record's ID and CRCs): ~0.1 ms for a web photo,
+~1.5 ms for a 1.4 MB phone photo, against 4-25 ms to convert them
 (docs/performance.md, "Growing a dataset"). It needs nothing OLD does not
 already hold (every format version, local or gs://), and it is not fooled
 by a file replaced with another of the same size and modification time. A
@@ -25,20 +27,22 @@ whether the file changed is unknown (they are few: ``--max_reject_fraction``).
 
 OLD is read, never written: its metadata (``find_info``: ``dataset_info.json``
 or ``imagerecords.json``) at launch; its shards by whoever converts - the
-local engine scans them on its pool into an :class:`Index`, the Beam graph
-scans them on its workers (one element per shard) and joins the records to
-the listed images by ID (``pipeline.ConvertImages``), so Dataflow reads OLD
-from gs:// with no copy on the launching machine.
+local engine scans them on its pool into an :class:`Index` (24 bytes a
+record), the Beam graph scans them on its workers (one element per shard)
+and joins the records to the listed images by ID (``pipeline.MatchOld``),
+so Dataflow reads OLD from gs:// with no copy on the launching machine.
 
 Pure: no Beam, no Pillow.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
 import logging
+import mmap
 import os
 import random
 import struct
@@ -63,11 +67,9 @@ _HEADER = 12  # TFRecord: length (8) + masked CRC32C of it (4)
 
 
 class OldRecord(NamedTuple):
-    """Where OLD holds one image's record, and what the record says about its source."""
+    """Where OLD holds the record of an image ID: all a conversion process needs to
+    read it, check it against the source (:func:`take`) and copy it."""
 
-    sha256: str  # hex SHA-256 of the source file the record was made from
-    label: int
-    class_name: str
     shard: str  # OLD's shard file, local path or gs:// URL
     offset: int  # of the framed record in the shard
     size: int  # of the framed record
@@ -171,6 +173,18 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
     return ""
 
 
+def version_note(old: OldDataset) -> str:
+    """A line when another converter made OLD's records ("" when this one did)."""
+    from beam_pipeline import metadata
+
+    if not old.created_by or old.created_by == metadata.CREATED_BY:
+        return ""
+    return (
+        f"imagerecords: {old.path} was made by {old.created_by}: its records are reused as "
+        "that version encoded them (a run without --reuse encodes every image anew)"
+    )
+
+
 def check(old: OldDataset, output: str, image_settings: dict) -> None:
     """:func:`refusal` as a UsageError."""
     problem = refusal(old, output, image_settings)
@@ -207,14 +221,14 @@ def _masked_crc(data: bytes) -> int:
 
 
 def iter_shard(
-    path: str, size: int, classes: Sequence[str], files: storage.Files | None = None
+    path: str, size: int, files: storage.Files | None = None
 ) -> Iterator[tuple[str, OldRecord]]:
     """``(image ID, OldRecord)`` of every record of one OLD shard, in order.
 
     Reads the shard once, front to back, checking both CRCs of every record
-    and parsing its Example (~15 us; the image is not decoded). A damaged
-    record ends the scan of its shard with a warning: the images after it
-    are converted, which gives the same output, only slower.
+    and parsing its Example for the ID (~15 us; the image is not decoded). A
+    damaged record ends the scan of its shard with a warning: the images
+    after it are converted, which gives the same output, only slower.
     """
     stream = _Windows(files or storage.Files(), path, size)
     while stream.position < size:
@@ -242,128 +256,127 @@ def iter_shard(
                 offset,
             )
             return
-        features = records.Example.FromString(payload).features.feature
+        names = records.Example.FromString(payload).features.feature["image/filename"]
         try:
-            image_id = features["image/filename"].bytes_list.value[0].decode("utf-8")
-            sha256 = features["image/key/sha256"].bytes_list.value[0].decode("ascii")
-            label = int(features["image/class/label"].int64_list.value[0])
-            class_name = features["image/class/text"].bytes_list.value[0].decode("utf-8")
+            image_id = names.bytes_list.value[0].decode("utf-8")
         except (IndexError, UnicodeDecodeError):
             continue  # not a record of this format: never reused
-        if not 0 <= label < len(classes) or classes[label] != class_name:
-            label = -1  # not what OLD's classes say: always rebuilt with the new label
-        yield image_id, OldRecord(sha256, label, class_name, path, offset, stream.position - offset)
+        yield image_id, OldRecord(path, offset, stream.position - offset)
+
+
+def id_hash(image_id: str) -> int:
+    """A stable signed 64-bit hash of an image ID (the same in every process)."""
+    digest = hashlib.blake2b(image_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 class ShardScan(NamedTuple):
-    """One shard's records in flat form: what a pool process sends back (~90 bytes a record)."""
+    """One shard's records in flat form: what a pool process sends back (24 bytes a record)."""
 
     shard: str
-    ids: bytes  # UTF-8 IDs, each followed by a NUL (no path holds one)
-    sha256: bytes  # 32 raw bytes per record
-    labels: array  # "i"
+    hashes: array  # "q": id_hash of each record's ID
     offsets: array  # "q"
     sizes: array  # "q"
 
 
-def scan_shard(path: str, size: int, classes: Sequence[str]) -> ShardScan:
+def scan_shard(path: str, size: int) -> ShardScan:
     """:func:`iter_shard` of one shard, flattened (runs on a local pool process)."""
-    ids, sha256 = bytearray(), bytearray()
-    labels, offsets, sizes = array("i"), array("q"), array("q")
-    for image_id, old in iter_shard(path, size, classes):
-        ids += image_id.encode("utf-8") + b"\0"
-        sha256 += bytes.fromhex(old.sha256) if len(old.sha256) == 64 else bytes(32)
-        labels.append(old.label)
+    hashes, offsets, sizes = array("q"), array("q"), array("q")
+    for image_id, old in iter_shard(path, size):
+        hashes.append(id_hash(image_id))
         offsets.append(old.offset)
         sizes.append(old.size)
-    return ShardScan(path, bytes(ids), bytes(sha256), labels, offsets, sizes)
+    return ShardScan(path, hashes, offsets, sizes)
+
+
+class _Column:
+    """A growing array in its own anonymous memory map (given back whole on close)."""
+
+    def __init__(self, kind):
+        self.kind = np.dtype(kind)
+        self.used = 0
+        # Private: a shared anonymous map cannot grow (its pages past the first
+        # size would raise SIGBUS).
+        self.map = mmap.mmap(-1, 1 << 16, flags=mmap.MAP_PRIVATE)
+
+    def append(self, data: bytes) -> None:
+        if self.used + len(data) > len(self.map):
+            self.map.resize(max(2 * len(self.map), self.used + len(data)))
+        self.map[self.used : self.used + len(data)] = data
+        self.used += len(data)
+
+    def view(self) -> np.ndarray:
+        return np.frombuffer(self.map, self.kind, self.used // self.kind.itemsize)
 
 
 class Index:
-    """image ID -> :class:`OldRecord` over every record of OLD, in flat arrays.
+    """image ID -> :class:`OldRecord` over every record of OLD: 24 bytes a record.
 
-    About 90 bytes plus the ID's length per record (a dict of OldRecords
-    would be ~600): a sorted array of the IDs' hashes (``hash()``: the index
-    is built and read in one process), the IDs in one byte buffer to confirm
-    a match, the source hashes as 32 raw bytes each. The first record of an
-    ID wins (a dataset holds each ID once).
+    Per record only the hash of its ID (:func:`id_hash`), its shard and its
+    place there, sorted by hash: 24 MB for a million records. Neither the ID
+    nor the source's hash is kept: the conversion process reads the record
+    and checks both (:func:`take`), so a hash shared by two IDs costs a
+    conversion, never a wrong record. Each array lives in an anonymous
+    memory map and each shard's scan is copied in as it arrives, so building
+    leaves no freed heap behind and :meth:`close` gives it all back (freed
+    heap would stay with the process, which is at its largest later, when
+    the last conversions finish).
     """
 
-    def __init__(self, classes: Sequence[str], scans: Iterable[ShardScan]):
-        self._classes = tuple(classes)
+    _KINDS = {"hashes": np.int64, "offsets": np.int64, "sizes": np.int64, "shard_of": np.int32}
+
+    def __init__(self, scans: Iterable[ShardScan]):
         self._shards: list[str] = []
-        ids, sha256 = bytearray(), bytearray()
-        id_ends, shard_of = array("q"), array("i")
-        labels, offsets, sizes = array("i"), array("q"), array("q")
-        for number, scan in enumerate(scans):
+        self._columns = {name: _Column(kind) for name, kind in self._KINDS.items()}
+        c = self._columns
+        for number, scan in enumerate(scans):  # one at a time: only one scan is held
             self._shards.append(scan.shard)
-            base = len(ids)
-            ids += scan.ids
-            ends = np.flatnonzero(np.frombuffer(scan.ids, dtype=np.uint8) == 0) + base
-            id_ends.frombytes(ends.astype(np.int64).tobytes())
-            shard_of.extend([number] * len(scan.labels))
-            sha256 += scan.sha256
-            labels.extend(scan.labels)
-            offsets.extend(scan.offsets)
-            sizes.extend(scan.sizes)
-        self._ids, self._id_ends, self._sha256 = bytes(ids), id_ends, bytes(sha256)
-        self._shard_of, self._labels, self._offsets, self._sizes = shard_of, labels, offsets, sizes
-        hashes = np.fromiter(
-            (hash(self._id(position)) for position in range(len(labels))),
-            dtype=np.int64,
-            count=len(labels),
-        )
-        self._order = np.argsort(hashes, kind="stable").astype(np.int32)
-        self._hashes = hashes[self._order]
+            c["hashes"].append(scan.hashes.tobytes())
+            c["offsets"].append(scan.offsets.tobytes())
+            c["sizes"].append(scan.sizes.tobytes())
+            c["shard_of"].append(np.full(len(scan.hashes), number, np.int32).tobytes())
+            del scan
+        self._v = {name: column.view() for name, column in c.items()}
+        order = np.argsort(self._v["hashes"], kind="stable")
+        for column in self._v.values():
+            column[:] = column[order]
 
     def __len__(self) -> int:
-        return len(self._labels)
-
-    def _id(self, position: int) -> bytes:
-        start = self._id_ends[position - 1] + 1 if position else 0
-        return self._ids[start : self._id_ends[position]]
-
-    def _position(self, image_id: str) -> int | None:
-        encoded = image_id.encode("utf-8")
-        wanted = hash(encoded)
-        at = int(np.searchsorted(self._hashes, wanted))
-        while at < len(self._hashes) and self._hashes[at] == wanted:
-            position = int(self._order[at])
-            if self._id(position) == encoded:
-                return position
-            at += 1
-        return None
+        return len(self._v["hashes"]) if self._v else 0
 
     def get(self, image_id: str) -> OldRecord | None:
-        position = self._position(image_id)
-        if position is None:
+        """The record of ``image_id``'s hash, if OLD holds one (:func:`take` checks it)."""
+        if not self._v:
             return None
-        label = self._labels[position]
+        wanted = id_hash(image_id)
+        hashes = self._v["hashes"]
+        at = int(np.searchsorted(hashes, wanted))
+        if at == len(hashes) or hashes[at] != wanted:
+            return None
+        v = self._v
         return OldRecord(
-            self._sha256[32 * position : 32 * position + 32].hex(),
-            label,
-            self._classes[label] if label >= 0 else "",
-            self._shards[self._shard_of[position]],
-            self._offsets[position],
-            self._sizes[position],
+            self._shards[v["shard_of"][at]], int(v["offsets"][at]), int(v["sizes"][at])
         )
 
-    def __contains__(self, image_id: str) -> bool:
-        return self._position(image_id) is not None
-
-    def ids(self) -> Iterator[str]:
-        """Every ID in the index (for the dry run's count of dropped images)."""
-        for position in range(len(self)):
-            yield self._id(position).decode("utf-8")
+    def close(self) -> None:
+        """Gives the memory back (every image has been looked up); empty after."""
+        self._v = {}  # the views first: a map with views into it cannot close
+        for column in self._columns.values():
+            column.map.close()
 
 
 def build_index(old: OldDataset, run=None) -> Index:
     """Scans every shard of ``old`` (``run(fn, *args)`` -> a future: a pool process
     per shard; default: in this process, one shard after another)."""
     if run is None:
-        return Index(old.classes, (scan_shard(p, n, old.classes) for p, n in old.shards))
-    futures = [run(scan_shard, p, n, old.classes) for p, n in old.shards]
-    return Index(old.classes, (future.result() for future in futures))
+        return Index(scan_shard(p, n) for p, n in old.shards)
+    futures = collections.deque(run(scan_shard, p, n) for p, n in old.shards)
+
+    def in_turn():  # nothing here keeps a result once the index has copied it
+        while futures:
+            yield futures.popleft().result()
+
+    return Index(in_turn())
 
 
 # ---------------------------------------------------------- taking a record over
@@ -381,20 +394,59 @@ def read_record(old: OldRecord) -> bytes | None:
     return framed if records.is_intact(framed) else None
 
 
+def take(
+    old: OldRecord, image_id: str, sha256: str, label: int, class_name: str
+) -> tuple[bytes, bool] | None:
+    """OLD's record for an image whose source has the hash ``sha256``, with this label.
+
+    Returns ``(framed record, unchanged)``: the record as it is when its ID,
+    source hash, label and class name are the image's (``unchanged``), or
+    rebuilt with the new label and class name (:func:`relabel`); the bytes a
+    conversion would write either way. None when OLD's record is of another
+    image or another source, or cannot be read: the image is converted.
+    """
+    framed = read_record(old)
+    if framed is None:
+        return None
+    example = records.Example.FromString(framed[_HEADER:-4])
+    features = example.features.feature
+    if _value(features, "image/filename") != image_id.encode("utf-8") or _value(
+        features, "image/key/sha256"
+    ) != sha256.encode("ascii"):
+        return None
+    if _value(features, "image/class/label") == label and _value(
+        features, "image/class/text"
+    ) == class_name.encode("utf-8"):
+        return framed, True
+    return _rebuilt(features, label, class_name), False
+
+
+def _value(features, key: str):
+    """The one value of a record's feature (None when it has none)."""
+    feature = features.get(key)
+    kind = feature.WhichOneof("kind") if feature is not None else None
+    values = getattr(feature, kind).value if kind else ()
+    return values[0] if len(values) == 1 else None
+
+
+def _rebuilt(features, label: int, class_name: str) -> bytes:
+    payload = records.image_record(
+        _value(features, "image/encoded"),
+        _value(features, "image/height"),
+        _value(features, "image/width"),
+        label,
+        class_name,
+        _value(features, "image/filename"),
+        _value(features, "image/key/sha256"),
+    )
+    return records.frame_record(payload)
+
+
 def relabel(framed: bytes, label: int, class_name: str) -> bytes:
     """The same record with another label and class name: the bytes a conversion
     with them would write (``records.image_record`` builds both)."""
-    values = records.parse_example(framed[_HEADER:-4])
-    payload = records.image_record(
-        values["image/encoded"],
-        values["image/height"],
-        values["image/width"],
-        label,
-        class_name,
-        values["image/filename"],
-        values["image/key/sha256"],
-    )
-    return records.frame_record(payload)
+    features = records.Example.FromString(framed[_HEADER:-4]).features.feature
+    return _rebuilt(features, label, class_name)
 
 
 def is_local(old: OldRecord) -> bool:
@@ -453,7 +505,9 @@ class Forecast:
         return text
 
 
-def _source_sha256(path: str) -> str | None:
+def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> tuple[bool, bool]:
+    """(reused, with a new label) for one image, as a conversion process decides."""
+    image_id, path, label, _ = ref
     try:
         if "://" not in path:
             with open(path, "rb") as stream:
@@ -463,8 +517,9 @@ def _source_sha256(path: str) -> str | None:
 
             data = convert.read_bytes(path)
     except Exception:  # unreadable: the run rejects it (converted, in the count)
-        return None
-    return hashlib.sha256(data).hexdigest()
+        return False, False
+    taken = take(old, image_id, hashlib.sha256(data).hexdigest(), label, classes[label])
+    return taken is not None, taken is not None and not taken[1]
 
 
 # Wall time the dry run spends hashing sources before it extrapolates.
@@ -479,17 +534,15 @@ def forecast(
     budget_s: float,
     threads: int | None = None,
 ) -> Forecast:
-    """Counts what a reuse run would do; hashes the sources of the images OLD holds,
-    in a seeded random order, until all are done or ``budget_s`` of wall time has
-    passed (the rest is extrapolated)."""
-    listed = set()
+    """Counts what a reuse run would do; checks the images OLD holds as the run
+    would (the source hashed, OLD's record read: :func:`take`), in a seeded random
+    order, until all are done or ``budget_s`` of wall time has passed (the rest
+    is extrapolated)."""
     pairs = []
     for ref in refs:
-        listed.add(ref[0])
         old = index.get(ref[0])
         if old is not None:
             pairs.append((ref, old))
-    dropped = sum(1 for image_id in index.ids() if image_id not in listed)
     random.Random(seed).shuffle(pairs)
     started, cpu_started = time.monotonic(), time.process_time()
     checked = unchanged = relabelled = 0
@@ -500,15 +553,12 @@ def forecast(
             if at and time.monotonic() - started > budget_s:
                 break
             part = pairs[at : at + batch]
-            for (ref, old), sha256 in zip(
-                part, pool.map(_source_sha256, [ref[1] for ref, _ in part]), strict=True
-            ):
+            for reused, new_label in pool.map(lambda pair: _check(*pair, classes), part):
                 checked += 1
-                if sha256 == old.sha256:
-                    unchanged += 1
-                    label = ref[2]
-                    relabelled += label != old.label or classes[label] != old.class_name
+                unchanged += reused
+                relabelled += new_label
     cpu = (time.process_time() - cpu_started) / max(1, checked)
+    dropped = len(index) - len(pairs)  # each listed ID matches one record at most
     return Forecast(
         len(pairs), len(refs) - len(pairs), dropped, checked, unchanged, relabelled, cpu
     )

@@ -109,6 +109,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
         "max_reject_fraction": "0.05",
         "overwrite": "false",
         "index_files": "true",
+        "reuse": "gs://b/records-v1",
     }
     names = [p["name"] for p in metadata["parameters"]]
     assert sorted(names) == sorted(samples)
@@ -121,6 +122,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
     assert args.image_size == 224 and args.resize == "crop" and args.upscale is True
     assert args.overwrite is False and args.wait is False and args.min_shards == 8
     assert args.index_files is True and args.image_spec.resample == "lanczos"
+    assert args.reuse == "gs://b/records-v1"
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in DEPLOY.glob("*.sh")))

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+from array import array
 from pathlib import Path
 
 # Beam with its GCS filesystem, as a CLI process whose paths are on gs:// has it: a
@@ -141,6 +142,20 @@ def test_a_format_2_dataset_is_reused(history, tmp_path):
     assert _assert_same_as_full(new, history.full, str(old))["images_reused"] == history.reused
 
 
+def test_a_dataset_of_another_converter_version_is_reused_with_a_note(history, tmp_path, capsys):
+    old = tmp_path / "old-version"
+    shutil.copytree(history.old, old)
+    info = json.loads((old / "dataset_info.json").read_text())
+    info["created_by"] = "imagerecords 0.0.1"
+    (old / "dataset_info.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    argv = ["--input", history.after, "--output", tmp_path / "new", "--reuse", old]
+    assert main([*map(str, argv), "--max_reject_fraction", "0.5", "--image_size", "64"]) == 0
+    err = capsys.readouterr().err
+    assert f"{old} was made by imagerecords 0.0.1: its records are reused as that version" in err
+    assert f"{history.old} was made by" not in err
+
+
 @pytest.mark.parametrize("engine", [[], DIRECT], ids=["local-engine", "DirectRunner"])
 def test_a_gcs_dataset_is_reused(history, gcs_emulator, tmp_path, capsys, engine):
     url = f"gs://{gcs_emulator.create_bucket()}/old"
@@ -259,43 +274,65 @@ def test_a_shard_is_scanned_without_decoding_and_stops_at_damage(tmp_path, caplo
     framed = [_record(0, "dog", f"dog/{n}.jpg") for n in range(3)]
     shard = tmp_path / "train-00000-of-00001.tfrecord"
     shard.write_bytes(b"".join(framed))
-    found = list(reuse.iter_shard(str(shard), shard.stat().st_size, ("dog",)))
+    found = list(reuse.iter_shard(str(shard), shard.stat().st_size))
     assert [image_id for image_id, _ in found] == ["dog/0.jpg", "dog/1.jpg", "dog/2.jpg"]
     assert [(o.offset, o.size) for _, o in found] == [
         (0, len(framed[0])),
         (len(framed[0]), len(framed[1])),
         (len(framed[0]) + len(framed[1]), len(framed[2])),
     ]
-    first = found[0][1]
-    assert (first.label, first.class_name, len(first.sha256)) == (0, "dog", 64)
-    assert reuse.read_record(first) == framed[0]
-    # A class name that is not OLD's name of that label: always rebuilt (label -1).
-    assert next(reuse.iter_shard(str(shard), shard.stat().st_size, ("cat",)))[1].label == -1
+    assert reuse.read_record(found[1][1]) == framed[1]
     damaged = bytearray(shard.read_bytes())
     damaged[len(framed[0]) + 20] ^= 0xFF
     shard.write_bytes(bytes(damaged))
-    found = list(reuse.iter_shard(str(shard), shard.stat().st_size, ("dog",)))
+    found = list(reuse.iter_shard(str(shard), shard.stat().st_size))
     assert [image_id for image_id, _ in found] == ["dog/0.jpg"]
     assert "CRC does not match" in caplog.text
+    assert reuse.read_record(reuse.OldRecord(str(shard), len(framed[0]), len(framed[1]))) is None
 
 
-def test_the_index_finds_each_id_and_only_those(tmp_path):
+def test_take_checks_the_id_and_the_source_and_relabels(tmp_path):
+    framed = _record(1, "dog")
+    shard = tmp_path / "s.tfrecord"
+    shard.write_bytes(framed)
+    old = reuse.OldRecord(str(shard), 0, len(framed))
+    sha256 = records.parse_example(framed[12:-4])["image/key/sha256"].decode()
+    assert reuse.take(old, "dog/a.jpg", sha256, 1, "dog") == (framed, True)
+    assert reuse.take(old, "dog/a.jpg", sha256, 3, "dog") == (_record(3, "dog"), False)
+    assert reuse.take(old, "dog/b.jpg", sha256, 1, "dog") is None  # another image's record
+    assert reuse.take(old, "dog/a.jpg", "0" * 64, 1, "dog") is None  # the source changed
+    assert reuse.take(old._replace(size=len(framed) - 1), "dog/a.jpg", sha256, 1, "dog") is None
+
+
+def test_the_index_finds_each_id_and_gives_its_memory_back(tmp_path):
     shards = []
     for number in range(3):
         path = tmp_path / f"s{number}.tfrecord"
         path.write_bytes(b"".join(_record(0, "dog", f"dog/{number}-{n}.jpg") for n in range(4)))
         shards.append((str(path), path.stat().st_size))
-    scans = [reuse.scan_shard(path, size, ("dog",)) for path, size in shards]
-    index = reuse.Index(("dog",), scans)
+    index = reuse.Index(reuse.scan_shard(path, size) for path, size in shards)
     assert len(index) == 12
-    for number, (path, _) in enumerate(shards):
-        for n in range(4):
-            image_id = f"dog/{number}-{n}.jpg"
-            found = index.get(image_id)
-            assert found == dict(reuse.iter_shard(path, shards[number][1], ("dog",)))[image_id]
+    for path, size in shards:
+        for image_id, old in reuse.iter_shard(path, size):
+            assert index.get(image_id) == old
     for missing in ("dog/3-0.jpg", "dog/0-4.jpg", "", "dog/0-0.jp"):
         assert index.get(missing) is None
-    assert sorted(index.ids()) == sorted(f"dog/{a}-{b}.jpg" for a in range(3) for b in range(4))
+    index.close()
+    assert len(index) == 0 and index.get("dog/0-0.jpg") is None
+
+
+def test_an_index_of_many_records_grows_its_maps():
+    """More records than the first map holds (the growth path of a real dataset)."""
+    count = 20_000
+    hashes = [reuse.id_hash(f"c/{n}.jpg") for n in range(count)]
+    scan = reuse.ShardScan(
+        "s", array("q", hashes), array("q", range(count)), array("q", [7] * count)
+    )
+    empty = reuse.ShardScan("t", array("q"), array("q"), array("q"))
+    index = reuse.Index([scan, empty])
+    assert len(index) == count
+    assert index.get("c/12345.jpg") == reuse.OldRecord("s", 12345, 7)
+    assert index.get("c/20000.jpg") is None
 
 
 @pytest.mark.parametrize(
@@ -324,8 +361,7 @@ def test_a_reused_record_is_not_decoded(history, monkeypatch):
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded")
 
-    old = reuse.open_old(str(history.old))
-    index = reuse.build_index(old)
+    index = reuse.build_index(reuse.open_old(str(history.old)))
     image_id = "dog/dog_0001.jpg"
     found = index.get(image_id)
     monkeypatch.setattr(images, "convert", no_decoding)
