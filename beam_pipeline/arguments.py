@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 
-from beam_pipeline import beam_options, images, keys
+from beam_pipeline import beam_options, images, keys, listing
 from beam_pipeline.errors import UsageError
 
 EXAMPLE = (
@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Fail (and write no dataset_info.json) if more images are rejected (default 0.01)",
     )
     add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
+    add(
+        listing.SKIP_UNREADABLE_FLAG,
+        **_FLAG,
+        help="When a local class folder cannot be read, list it in skipped.jsonl (its class "
+        "keeps its place in labels.txt) and convert the rest; default: such a folder stops "
+        "the job before it starts",
+    )
     add(
         "--dedupe",
         **_FLAG,

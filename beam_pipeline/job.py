@@ -307,7 +307,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 
     # Local input and output are checked without Beam, so that the conversion
     # processes can start (and start converting) while Beam loads.
-    layout = listing.discover(args.input, args.manifest)
+    layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)

@@ -277,8 +277,8 @@ class InputReader:
             # many hosts, the benchmark's sets): the shards one after the other,
             # exactly the interleave's order, read on the consumer's thread. The
             # parallel interleave hands every record between threads: ~20-60 us
-            # of CPU per record against ~4 for this (docs/performance.md, "Round
-            # 4"). On gs:// the interleave stays even for one shard: each 8 MB
+            # of CPU per record against ~4 for this (docs/performance.md, "Measurements
+            # behind code choices"). On gs:// the interleave stays even for one shard: each 8 MB
             # refill is a network round trip, which its thread overlaps with the
             # decoding instead of stalling the batches behind it.
             return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
