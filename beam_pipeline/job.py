@@ -320,6 +320,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
     try:
         try:
+            if engine == LOCAL_ENGINE or processes > 1:
+                # Fork the conversion processes before the resume index is read:
+                # children that inherit it would each map (and count) its pages.
+                local_pool.start(processes)
             done = _report_leftovers(found, output, spill_dir, say)
             if engine == LOCAL_ENGINE:
                 counted = _run_local_engine(args, layout, processes, say)
