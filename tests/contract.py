@@ -8,6 +8,8 @@ import os
 
 import tensorflow as tf
 
+from beam_pipeline import metadata
+
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/format": tf.io.FixedLenFeature([], tf.string),
@@ -22,7 +24,7 @@ FEATURES = {
 
 
 def load_info(out: str) -> dict:
-    with open(os.path.join(out, "dataset_info.json")) as f:
+    with open(os.path.join(out, metadata.INFO_FILE)) as f:
         return json.load(f)
 
 

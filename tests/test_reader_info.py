@@ -1,4 +1,4 @@
-"""reader.load_info: dataset_info.json -> typed object, and its refusals."""
+"""reader.load_info: imagerecords.json -> typed object, and its refusals."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_steps_per_epoch_rounds_down_or_up(fixture):
 
 
 def test_accepts_the_json_file_itself(fixture):
-    by_file = reader.load_info(os.path.join(fixture.path, "dataset_info.json"))
+    by_file = reader.load_info(os.path.join(fixture.path, "imagerecords.json"))
     assert by_file.files("train") == reader.load_info(fixture.path).files("train")
 
 
@@ -75,9 +75,9 @@ def test_missing_info_says_conversion_unfinished(tmp_path):
     write_dataset(tmp_path / "partial", per_class=3, write_info=False)
     with pytest.raises(reader.IncompleteDatasetError, match="unfinished") as err:
         reader.load_info(tmp_path / "partial")
-    assert "dataset_info.json" in str(err.value)
+    assert "imagerecords.json" in str(err.value)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(reader.IncompleteDatasetError, match="no dataset_info.json"):
+    with pytest.raises(reader.IncompleteDatasetError, match="no imagerecords.json"):
         reader.load_info(tmp_path / "empty")
     with pytest.raises(reader.IncompleteDatasetError, match="does not exist"):
         reader.load_info(tmp_path / "nowhere")
@@ -91,7 +91,7 @@ def test_unknown_format_version_is_refused(tmp_path):
 
 def test_malformed_info_is_refused(tmp_path):
     fx = write_dataset(tmp_path / "ds", per_class=3)
-    info_file = tmp_path / "ds" / "dataset_info.json"
+    info_file = tmp_path / "ds" / "imagerecords.json"
     info_file.write_text("{not json")
     with pytest.raises(reader.DatasetInfoError, match="not valid JSON"):
         reader.load_info(fx.path)
