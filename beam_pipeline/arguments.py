@@ -123,10 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--tfds_name",
-        default="",
+        default=tfds_metadata.DEFAULT_NAME,
         help="The dataset's name in TFDS's metadata files, which let "
-        "tfds.builder_from_directory(OUTPUT) read the shards (default: the output "
-        "folder's name in lower case, e.g. flowers_2026)",
+        "tfds.builder_from_directory(OUTPUT) read the shards: lower-case letters, digits "
+        f"and _ (default {tfds_metadata.DEFAULT_NAME})",
     )
     add(
         "--tfds_version",

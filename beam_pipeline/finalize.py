@@ -141,9 +141,7 @@ class Finalizer:
         output_files.delete_local_folder(config.spill_directory)
         output_files.delete_temp_files(output, keep=[output_files.MARKER])
         # TFDS's metadata (tfds.builder_from_directory reads the same shards).
-        tfds = tfds_metadata.tfds_files(
-            info, name=config.tfds_dataset_name, version=config.tfds_version
-        )
+        tfds = tfds_metadata.tfds_files(info, name=config.tfds_name, version=config.tfds_version)
         for name, data in tfds.items():
             output_files.write_atomically(output_path(output, name), data)
         # Written last: its presence means the dataset is complete.

@@ -104,16 +104,12 @@ class JobConfig:
         ),
     )
 
-    # The dataset's name and version in TFDS's metadata files (tfds_metadata.py);
-    # "": the output folder's name.
+    # The dataset's name and version in TFDS's metadata files (tfds_metadata.py).
+    # Not the output folder's name by default: the same input and settings give
+    # the same bytes wherever they are written.
     tfds_name: str = _field(
-        default="",
-        metadata=settings.does_not_decide(
-            _TFDS_ONLY,
-            name="tfds_name",
-            info="config.tfds_name",
-            value=lambda c: c.tfds_dataset_name,
-        ),
+        default=tfds_metadata.DEFAULT_NAME,
+        metadata=settings.does_not_decide(_TFDS_ONLY, name="tfds_name", info="config.tfds_name"),
     )
     tfds_version: str = _field(
         default=tfds_metadata.DEFAULT_VERSION,
@@ -144,14 +140,9 @@ class JobConfig:
                 f"--local_processes must be at least 1, got {self.conversion_processes}"
             )
         try:
-            tfds_metadata.check_name_and_version(self.tfds_dataset_name, self.tfds_version)
+            tfds_metadata.check_name_and_version(self.tfds_name, self.tfds_version)
         except ValueError as error:
             raise UsageError(f"--tfds_name/--tfds_version: {error}") from None
-
-    @property
-    def tfds_dataset_name(self) -> str:
-        """--tfds_name, else one made from the output folder's name."""
-        return self.tfds_name or tfds_metadata.default_name(self.output)
 
     @property
     def split_names(self) -> list[str]:

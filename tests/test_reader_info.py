@@ -25,7 +25,7 @@ def test_parses_classes_counts_and_shards(fixture):
     written = fixture.info
     assert info.classes == tuple(written["classes"])
     assert info.num_classes == len(written["classes"])
-    assert info.format_version == 1
+    assert info.format_version == 2
     assert info.raw["created_by"] == written["created_by"]
     assert info.seed == written["seed"]
     assert info.image == StoredImage(
@@ -142,3 +142,24 @@ def test_public_names_are_the_front_door():
     # The beam_pipeline's ImageSpec (converter settings) has no namesake here.
     assert not hasattr(reader, "ImageSpec")
     assert not hasattr(reader.info, "ImageSpec")
+
+
+V1_DATASET = os.path.join(os.path.dirname(__file__), "data", "v1_dataset")
+
+
+def test_a_format_version_1_dataset_still_reads():
+    """tests/data/v1_dataset: written before the metadata moved to imagerecords.json."""
+    info = reader.load_info(V1_DATASET)
+    assert info.format_version == 1
+    assert info.classes == ("cat", "dog", "fish")
+    assert sum(info.num_examples(s) for s in info.split_names) == 12
+    ds = reader.make_dataset(V1_DATASET, "train", batch_size=3, image_size=16, training=False)
+    labels = [int(label) for _, batch in ds for label in batch.numpy()]
+    assert len(labels) == info.num_examples("train")
+
+
+def test_tfds_dataset_info_beside_ours_is_not_taken_for_ours(tmp_path):
+    """In format_version 2, dataset_info.json is TFDS's (no format_version): not ours."""
+    (tmp_path / "dataset_info.json").write_text('{"name": "x", "fileFormat": "tfrecord"}')
+    with pytest.raises(reader.IncompleteDatasetError, match="no imagerecords.json"):
+        reader.load_info(str(tmp_path))
