@@ -49,7 +49,7 @@ def check_output(out: str, input_root: str | None = None, decode: bool = True) -
     classes = info["classes"]
     with open(os.path.join(out, "labels.txt")) as f:
         assert f.read().splitlines() == classes
-    assert info["format_version"] == 1
+    assert info["format_version"] == metadata.FORMAT_VERSION
     by_split: dict[str, list[dict]] = {}
     for split, entry in info["splits"].items():
         rows: list[dict] = []

@@ -84,9 +84,9 @@ def test_missing_info_says_conversion_unfinished(tmp_path):
 
 
 def test_unknown_format_version_is_refused(tmp_path):
-    write_dataset(tmp_path / "v2", per_class=3, format_version=2)
-    with pytest.raises(reader.DatasetInfoError, match="format_version 2 is not supported"):
-        reader.load_info(tmp_path / "v2")
+    write_dataset(tmp_path / "v3", per_class=3, format_version=3)
+    with pytest.raises(reader.DatasetInfoError, match="format_version 3 is not supported"):
+        reader.load_info(tmp_path / "v3")
 
 
 def test_malformed_info_is_refused(tmp_path):

@@ -127,6 +127,8 @@ def test_the_declared_settings_keep_dataset_info_as_it_was_plus_resample(tmp_pat
         "min_shards": 1,
         "max_reject_fraction": 0.01,
         "dedupe": False,
+        "tfds_name": "imagerecords",
+        "tfds_version": "1.0.0",
     }
 
 
