@@ -37,8 +37,7 @@ _FILES = (
     metadata.REJECTS_FILE,
     metadata.SKIPPED_FILE,
     duplicates.DUPLICATES_FILE,
-    tfds_metadata.FEATURES_FILE,
-    tfds_metadata.labels_file(),
+    *tfds_metadata.FILES,
 )
 OURS = re.compile(
     rf"^({'|'.join(map(re.escape, _FILES))}"

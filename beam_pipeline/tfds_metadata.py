@@ -53,6 +53,10 @@ def labels_file(key: str = LABEL_KEY) -> str:
     return key.replace("/", "-") + ".labels.txt"
 
 
+# The files :func:`tfds_files` returns, by name.
+FILES = (DATASET_INFO_FILE, FEATURES_FILE, labels_file())
+
+
 def check_name_and_version(name: str, version: str) -> None:
     """Raises ValueError, with a message fit for the command line, when TFDS would refuse them."""
     if not _NAME.match(name):

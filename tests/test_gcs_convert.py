@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from beam_pipeline import tfds_metadata
 from beam_pipeline.__main__ import main
 from beam_pipeline.pipeline import TMP_DIR
 from tests import contract
@@ -32,10 +33,7 @@ OUR_FILES = {
     "rejects.jsonl",
     "skipped.jsonl",
     "duplicates.jsonl",
-    # TFDS's metadata (format_version 2)
-    "dataset_info.json",
-    "features.json",
-    "image-class-label.labels.txt",
+    *tfds_metadata.FILES,  # TFDS's metadata (format_version 2)
 }
 
 
