@@ -106,6 +106,8 @@ def config_from_args(args, layout, conversion_processes: int):
         index_files=args.index_files,
         conversion_processes=conversion_processes,
         dedupe=args.dedupe,
+        tfds_name=args.tfds_name,
+        tfds_version=args.tfds_version,
     )
 
 
@@ -281,7 +283,7 @@ def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done:
 
 
 def run(argv: list[str] | None = None, parsed=None) -> dict:
-    """Validates arguments, builds and runs the pipeline; returns dataset_info.
+    """Validates arguments, builds and runs the pipeline; returns imagerecords.json, parsed.
 
     Args:
         argv: The command line (default ``sys.argv[1:]``).
@@ -358,7 +360,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 
 
 def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:
-    """Prints the summary of a finished run; its dataset_info."""
+    """Prints the summary of a finished run; its imagerecords.json, parsed."""
     from beam_pipeline import convert, listing
 
     seconds = time.monotonic() - started

@@ -7,7 +7,7 @@ FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; w
                 --dedupe also the batches without the copies + a Rejection per copy
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
 WriteShards     RecordBatch + plans -> ShardInfo of a temp file
-Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (last)
+Finalize        side inputs -> rejects.jsonl, labels.txt, imagerecords.json (last)
 
 Two paths share this graph (docs/scale.md). With the local pool
 (``conversion_processes > 1``) records go to spill files on local disk and a

@@ -155,7 +155,7 @@ def place_shards(shards: list[ShardInfo], output: str) -> list[dict]:
     Idempotent, so a retried Finalize completes the renames the first try began.
 
     Returns:
-        One dataset_info row per shard (see ``metadata.build_info``).
+        One imagerecords.json row per shard (see ``metadata.build_info``).
     """
     rows = []
     moves = []

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from beam_pipeline.metadata import INFO_FILE
 from bench import (
     codecs,
     converters,
@@ -172,7 +173,7 @@ def _codec_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Path) -
 def _records_for_reader(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path):
     """imagerecords' output for the web set, converting it (untimed) if needed."""
     out = converters.imagerecords_output(out_root, "web")
-    if (out / "dataset_info.json").exists():
+    if (out / INFO_FILE).exists():
         return out
     print("[bench] converting the web set for the reader benchmark ...", flush=True)
     result = converters.run_converter("imagerecords", web, out_root, log_dir, sizes.timeout_s)
@@ -241,7 +242,7 @@ def _scale_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
 def _gpu_part(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -> dict:
     """ResNet-50 fed by the reader vs image_dataset_from_directory (skipped without a GPU)."""
     records = converters.imagerecords_output(out_root, "web")
-    if not (records / "dataset_info.json").exists():
+    if not (records / INFO_FILE).exists():
         return {"skipped": "skipped: no imagerecords output to read", "rows": []}
     cmd = [sys.executable, "-m", "bench.gpu_step", "--records", str(records)]
     cmd += ["--files-root", str(web.path), "--batch", str(sizes.read_batch_size)]

@@ -30,6 +30,7 @@ import re
 import types
 from pathlib import Path
 
+from beam_pipeline.metadata import INFO_FILE
 from bench.read_pipelines import Pipeline
 from bench.settings import REPO_DIR
 
@@ -44,7 +45,7 @@ SHUFFLE_SEED = 0
 
 
 def _num_examples(records_dir: Path, split: str = "train") -> int:
-    info = json.loads((records_dir / "dataset_info.json").read_text())
+    info = json.loads((records_dir / INFO_FILE).read_text())
     return int(info["splits"][split]["num_examples"])
 
 
@@ -59,32 +60,11 @@ def reader_uint8(records_dir: Path, batch: int, size: int) -> Pipeline:
     return Pipeline(ds, _num_examples(records_dir), True)
 
 
-def tfds_view(records_dir: Path) -> Path:
-    """A folder TFDS reads: links to the shards and TFDS's metadata files, nothing copied.
-
-    (Until the converter writes TFDS's files itself, next to the shards, its own
-    ``dataset_info.json`` holds the name TFDS needs; hence a separate folder.)
-    """
-    from beam_pipeline import tfds_metadata
-
-    info = json.loads((records_dir / "dataset_info.json").read_text())
-    view = records_dir.parent / (records_dir.name + "-tfds")
-    view.mkdir(exist_ok=True)
-    for entry in info["splits"].values():
-        for shard in entry["shards"]:
-            link = view / shard["file"]
-            if not link.exists():
-                link.symlink_to(records_dir.resolve() / shard["file"])
-    for name, data in tfds_metadata.tfds_files(info, name="bench_web").items():
-        (view / name).write_bytes(data)
-    return view
-
-
 def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder_from_directory(str(tfds_view(records_dir)))
+    builder = tfds.builder_from_directory(str(records_dir))  # TFDS's files are beside ours
     ds = builder.as_dataset(
         split="train",
         shuffle_files=True,

@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from beam_pipeline.metadata import INFO_FILE
 from bench import converters, data
 from bench.procstats import run_measured
 from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR
@@ -33,7 +34,7 @@ def records_for(sizes, log_dir: Path) -> Path:
     web = data.ensure_image_set("web", sizes.web_images, CACHE_DIR, sizes.name)
     out_root = CACHE_DIR / "out" / sizes.name
     out = converters.imagerecords_output(out_root, "web")
-    if not (out / "dataset_info.json").exists():
+    if not (out / INFO_FILE).exists():
         print("[bench] converting the web set ...", flush=True)
         result = converters.run_converter("imagerecords", web, out_root, log_dir, sizes.timeout_s)
         if not result.ok:

@@ -46,7 +46,7 @@ def test_each_loader_yields_full_uint8_batches(records, variant):
     line = next(x for x in done.stdout.splitlines() if x.startswith("BENCH_RESULT "))
     result = json.loads(line[len("BENCH_RESULT ") :])
     assert result["ok"], result.get("note")
-    train = json.loads((records / "dataset_info.json").read_text())["splits"]["train"]
+    train = json.loads((records / "imagerecords.json").read_text())["splits"]["train"]
     assert all(n >= train["num_examples"] for n in result["epoch_images"])
     assert result["images_per_s"] > 0 and result["cpu_ms_per_image"] > 0
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -71,10 +71,9 @@ def test_pipelines_yield_images_and_labels_in_process(records):
     assert list(labels) == [source[i]["label"] for i in range(4)]
 
 
-def test_tfds_view_links_the_shards(records):
-    view = trainer_pipelines.tfds_view(records)
-    info = json.loads((records / "dataset_info.json").read_text())
-    shards = [s["file"] for e in info["splits"].values() for s in e["shards"]]
-    assert all((view / name).is_symlink() for name in shards)
-    assert json.loads((view / "dataset_info.json").read_text())["fileFormat"] == "tfrecord"
-    assert trainer_pipelines.tfds_view(records) == view  # a second call reuses it
+def test_the_converted_folder_is_what_tfds_reads(records):
+    """The converter writes TFDS's files beside the shards: the bench reads the folder itself."""
+    from beam_pipeline import tfds_metadata
+
+    tfds_info = json.loads((records / tfds_metadata.DATASET_INFO_FILE).read_text())
+    assert tfds_info["fileFormat"] == "tfrecord"
