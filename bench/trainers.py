@@ -158,7 +158,9 @@ def markdown(result: dict) -> str:
         f"{result['warmup']} untimed and {result['epochs']} timed epochs per round, each "
         "loader in its own process, rounds interleaved. CPU is that of the loader's "
         "process and all its workers; peak RSS the whole tree's. What each loader does: "
-        "`bench/trainer_pipelines.py`, docs/trainers.md.",
+        "`bench/trainer_pipelines.py`, docs/trainers.md. Reproduce: `python -m bench "
+        + ("--quick " if result["sizes"] == QUICK.name else "")
+        + f"--only trainers --read-rounds {result['rounds']}` (part of `make bench`).",
         "",
         table(result),
         "",
