@@ -1,4 +1,4 @@
-"""The loaders of other trainers, timed on the same shards (issue 26; ``python -m bench.trainers``).
+"""The loaders of other trainers, timed on the same shards (issue 26; ``bench.trainers``).
 
 Each yields ``(images uint8 [B, 224, 224, 3], labels [B])`` training batches:
 a random window (8-100% of the area, aspect 3/4-4/3) resized to 224x224 and
@@ -7,9 +7,9 @@ flipped half the time, from the same converted web set.
 * ``reader_uint8``: this project's tf.data reader, ``reader.make_dataset(...,
   training=True, dtype=tf.uint8)`` (its native crop-resize op).
 * ``tfds_as_dataset``: TFDS as big_vision uses it: ``builder_from_directory``
-  on the same shards (a folder of links to them plus TFDS's metadata files from
-  ``beam_pipeline.tfds_metadata``), ``as_dataset(shuffle_files=True)`` with the
-  image left encoded, then ``decode_and_crop_jpeg`` of a sampled window,
+  on the converted folder itself (the converter writes TFDS's metadata files
+  beside the shards), ``as_dataset(shuffle_files=True)`` with the image left
+  encoded, then ``decode_and_crop_jpeg`` of a sampled window,
   ``resize``, flip, batch, prefetch.
 * ``grain_source``: Grain over ``imagerecords.RecordSource``: a global shuffle,
   the Pillow transform of docs/trainers.md (``augment.py``, loaded from the doc
