@@ -232,9 +232,6 @@ def parse_args(argv: list[str]):
     return args, beam_args
 
 
-LOCAL_DEFAULT_MODE = os.environ.get("IMAGERECORDS_LOCAL_MODE", "pool")
-
-
 def with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[list[str], int]:
     """DirectRunner with no explicit mode: use every core, not one in-memory thread.
 
@@ -251,11 +248,6 @@ def with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[li
     if mode:
         in_memory = mode.group(1) == "in_memory"
         return beam_args, (processes or 1) if in_memory else 1
-    if LOCAL_DEFAULT_MODE == "multi_processing":
-        extra = ["--direct_running_mode=multi_processing"]
-        if "--direct_num_workers" not in joined:
-            extra.append(f"--direct_num_workers={cores}")
-        return beam_args + extra, 1
     extra = ["--direct_running_mode=in_memory"]
     if "pipeline_type_check" not in joined:
         # Beam's construction-time type checks guard user-written pipelines; this

@@ -227,9 +227,9 @@ def choose_engine(beam_args: list[str], layout, output: str) -> str:
     The local engine runs the same stages with the same code as the Beam
     graph, without Beam (local_engine.py): the same bytes, ~2.5 s of CPU
     sooner. Any Beam flag (``--runner DirectRunner`` is the simplest) runs the
-    job on Beam instead; so does ``IMAGERECORDS_LOCAL_MODE=multi_processing``.
+    job on Beam instead.
     """
-    if beam_args or arguments.LOCAL_DEFAULT_MODE != "pool":
+    if beam_args:
         return BEAM
     return LOCAL_ENGINE if _all_local(layout, output) else BEAM
 

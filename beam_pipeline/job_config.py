@@ -125,7 +125,7 @@ class JobConfig:
         fractions = list(self.splits.values())
         if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
             raise UsageError(f"--splits: fractions must be in [0, 1], got {self.splits}")
-        if abs(sum(fractions) - 1.0) > keys._FRACTION_TOLERANCE:
+        if abs(sum(fractions) - 1.0) > keys.FRACTION_TOLERANCE:
             raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
         if not self.target_shard_bytes > 0:
             raise UsageError("--target_shard_mb must be positive")

@@ -25,11 +25,10 @@ from typing import BinaryIO
 
 from beam_pipeline import duplicates, listing, metadata, spill, tfds_metadata
 
-TMP_DIR = metadata.TMP_DIR
 # The job's marker (resume.py): the last file a successful run deletes.
-MARKER = f"{TMP_DIR}/{spill.SETTINGS_FILE}"
+MARKER = f"{metadata.TMP_DIR}/{spill.SETTINGS_FILE}"
 # What a run writes directly under OUTPUT (a final name, or its temporary name
-# while write_atomically runs); everything under TMP_DIR is the job's too.
+# while write_atomically runs); everything under metadata.TMP_DIR is the job's too.
 _FILES = (
     metadata.INFO_FILE,
     metadata.V1_INFO_FILE,  # format_version 1's metadata; TFDS's in version 2
@@ -47,7 +46,7 @@ OURS = re.compile(
 
 def is_ours(relative: str) -> bool:
     """Whether a path relative to --output (POSIX separators) is one a run writes."""
-    return bool(OURS.match(relative)) or relative.startswith(TMP_DIR + "/")
+    return bool(OURS.match(relative)) or relative.startswith(metadata.TMP_DIR + "/")
 
 
 def _filesystems():
@@ -160,13 +159,13 @@ def delete_temp_files(output: str, keep: Iterable[str] = ()) -> None:
         keep: Names relative to ``output`` to leave, e.g. :data:`MARKER`.
     """
     kept = {_normal(listing.join(output, name)) for name in keep}
-    found = files_under(listing.join(output, TMP_DIR))
+    found = files_under(listing.join(output, metadata.TMP_DIR))
     delete([path for path in found if _normal(path) not in kept])
 
 
 def delete_temp_folder(output: str) -> None:
     """Deletes the job's temporary folder of ``output`` and everything in it."""
-    folder = listing.join(output, TMP_DIR)
+    folder = listing.join(output, metadata.TMP_DIR)
     if listing.is_local(folder):
         shutil.rmtree(folder, ignore_errors=True)
     else:

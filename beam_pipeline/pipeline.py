@@ -32,7 +32,6 @@ from beam_pipeline import (
     duplicates,
     keys,
     listing,
-    metadata,
     pooled,
 )
 from beam_pipeline.convert import (
@@ -54,7 +53,6 @@ from beam_pipeline.shards import (  # noqa: F401  (ShardInfo, check_shards, plac
 from beam_pipeline.staging import write_staged_shard
 
 NAMESPACE = "imagerecords"
-TMP_DIR = metadata.TMP_DIR
 REJECTED = "rejected"
 LISTED = "listed"
 SKIPPED = "skipped"

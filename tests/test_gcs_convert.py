@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import tfds_metadata
+from beam_pipeline import metadata, tfds_metadata
 from beam_pipeline.__main__ import main
-from beam_pipeline.pipeline import TMP_DIR
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
@@ -154,7 +153,11 @@ def test_same_shards_whichever_side_is_gcs(gcs_emulator, source):
 
 def test_nonempty_gcs_output_is_refused_then_overwritten(gcs_emulator, source, capsys):
     out = f"gs://{source.bucket}/out/overwrite"
-    stale = ["train-00000-of-00009.tfrecord", "imagerecords.json", f"{TMP_DIR}/train-00003.abc"]
+    stale = [
+        "train-00000-of-00009.tfrecord",
+        "imagerecords.json",
+        f"{metadata.TMP_DIR}/train-00003.abc",
+    ]
     for name in stale + ["notes/readme.md"]:
         gcs_emulator.upload_bytes(f"{out}/{name}", b"from an earlier run")
 
@@ -166,7 +169,7 @@ def test_nonempty_gcs_output_is_refused_then_overwritten(gcs_emulator, source, c
     names = set(gcs_emulator.list_names(out))
     assert "notes/readme.md" in names  # not ours: left alone
     assert "train-00000-of-00009.tfrecord" not in names
-    assert not [n for n in names if n.startswith(TMP_DIR)]
+    assert not [n for n in names if n.startswith(metadata.TMP_DIR)]
     info = json.loads(gcs_emulator.read_bytes(f"{out}/imagerecords.json"))
     assert info["rejected"]["count"] == len(source.bad)
     assert info["skipped"]["by_reason"] == {

@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from beam_pipeline import listing
+from beam_pipeline import listing, metadata
 from beam_pipeline import output as output_files
 
-TMP = output_files.TMP_DIR
+TMP = metadata.TMP_DIR
 
 
 class _Local:
