@@ -49,7 +49,7 @@ def _print_books_error(message: str, verbose: bool) -> None:
 
 
 # What Ctrl-C prints after "error: interrupted". Nothing the run wrote looks
-# finished (no dataset_info.json), and the same command carries on: a local
+# finished (no imagerecords.json), and the same command carries on: a local
 # run keeps what it converted (docs/scale.md).
 RESUME_HINT = "rerun the same command to resume"
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_books_error(_books_message(error) or str(error), verbose)
         return 1
     except KeyboardInterrupt:
-        _error(f"interrupted; no dataset_info.json was written; {RESUME_HINT}", verbose)
+        _error(f"interrupted; no imagerecords.json was written; {RESUME_HINT}", verbose)
         return 130
     except Exception as error:
         message = _books_message(error)

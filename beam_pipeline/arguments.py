@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 
-from beam_pipeline import beam_options, images, keys, listing
+from beam_pipeline import beam_options, images, keys, listing, tfds_metadata
 from beam_pipeline.errors import UsageError
 
 EXAMPLE = (
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_reject_fraction",
         type=float,
         default=0.01,
-        help="Fail (and write no dataset_info.json) if more images are rejected (default 0.01)",
+        help="Fail (and write no imagerecords.json) if more images are rejected (default 0.01)",
     )
     add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
     add(
@@ -127,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         **_FLAG,
         help="Also write <shard>.tfrecord.idx files ('offset length' per record, the "
         "format NVIDIA DALI's TFRecord reader needs)",
+    )
+    add(
+        "--tfds_name",
+        default=tfds_metadata.DEFAULT_NAME,
+        help="The dataset's name in TFDS's metadata files, which let "
+        "tfds.builder_from_directory(OUTPUT) read the shards: lower-case letters, digits "
+        f"and _ (default {tfds_metadata.DEFAULT_NAME})",
+    )
+    add(
+        "--tfds_version",
+        default=tfds_metadata.DEFAULT_VERSION,
+        help=f"The dataset's version in TFDS's metadata files, MAJOR.MINOR.PATCH "
+        f"(default {tfds_metadata.DEFAULT_VERSION})",
     )
     add(
         "--local_processes",
@@ -226,9 +239,6 @@ def parse_args(argv: list[str]):
     return args, beam_args
 
 
-LOCAL_DEFAULT_MODE = os.environ.get("IMAGERECORDS_LOCAL_MODE", "pool")
-
-
 def with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[list[str], int]:
     """DirectRunner with no explicit mode: use every core, not one in-memory thread.
 
@@ -245,11 +255,6 @@ def with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[li
     if mode:
         in_memory = mode.group(1) == "in_memory"
         return beam_args, (processes or 1) if in_memory else 1
-    if LOCAL_DEFAULT_MODE == "multi_processing":
-        extra = ["--direct_running_mode=multi_processing"]
-        if "--direct_num_workers" not in joined:
-            extra.append(f"--direct_num_workers={cores}")
-        return beam_args + extra, 1
     extra = ["--direct_running_mode=in_memory"]
     if "pipeline_type_check" not in joined:
         # Beam's construction-time type checks guard user-written pipelines; this

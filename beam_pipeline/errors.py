@@ -18,7 +18,7 @@ class UsageError(ValueError):
 class BooksDoNotBalance(RuntimeError):
     """The job's own accounting found images lost, doubled, or too many rejected.
 
-    Raised inside the pipeline's final step, so ``dataset_info.json`` is never
+    Raised inside the pipeline's final step, so ``imagerecords.json`` is never
     written for an incomplete dataset. The CLI recognises it by name in the
     runner's error text and prints its message.
     """
@@ -44,7 +44,7 @@ def too_many_rejects(
     needed = math.ceil(rejected / listed * 100) / 100
     message = (
         f"too many rejected images: {rejected} of {listed} ({rejected / listed:.1%}) > "
-        f"--max_reject_fraction {max_fraction:g}; dataset_info.json was not written. "
+        f"--max_reject_fraction {max_fraction:g}; imagerecords.json was not written. "
         f"All are listed in {rejects_file}; to accept them, pass "
         f"--max_reject_fraction {needed:g}"
     )

@@ -1,4 +1,4 @@
-"""The job's last step: the lists, the books, the shards renamed, dataset_info.json.
+"""The job's last step: the lists, the books, the shards renamed, imagerecords.json.
 
 Pure of Beam: the local engine calls :class:`Finalizer` directly; the Beam
 graph runs it inside ``pipeline.Finalize`` with everything else as side inputs.
@@ -9,7 +9,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from beam_pipeline import books, duplicates, errors, keys, listing, metadata, settings
+from beam_pipeline import (
+    books,
+    duplicates,
+    errors,
+    keys,
+    listing,
+    metadata,
+    settings,
+    tfds_metadata,
+)
 from beam_pipeline import output as output_files
 from beam_pipeline.errors import BooksDoNotBalance
 from beam_pipeline.job_config import JobConfig, output_path
@@ -17,7 +26,7 @@ from beam_pipeline.shards import ShardInfo, check_shards, place_shards
 
 
 class Finalizer:
-    """Publishes the dataset once every shard is written: lists, books, renames, dataset_info.
+    """Publishes the dataset once every shard is written: lists, books, renames, imagerecords.json.
 
     Idempotent, so a retried Finalize completes what the first try began.
     """
@@ -103,7 +112,7 @@ class Finalizer:
         return kept
 
     def _info(self, placed, rejects, skipped, groups) -> dict:
-        """The dataset_info.json object (docs/format.md section 7).
+        """The imagerecords.json object (docs/format.md section 7).
 
         The settings in it are those the config declares (settings.info_values).
         """
@@ -130,10 +139,16 @@ class Finalizer:
         return info
 
     def _publish(self, info: dict) -> None:
-        """Deletes the temporary files, writes dataset_info.json, then drops the marker."""
-        output = self._config.output
-        output_files.delete_local_folder(self._config.spill_directory)
+        """Deletes the temporary files, writes TFDS's files and imagerecords.json, then
+        drops the marker."""
+        config = self._config
+        output = config.output
+        output_files.delete_local_folder(config.spill_directory)
         output_files.delete_temp_files(output, keep=[output_files.MARKER])
+        # TFDS's metadata (tfds.builder_from_directory reads the same shards).
+        tfds = tfds_metadata.tfds_files(info, name=config.tfds_name, version=config.tfds_version)
+        for name, data in tfds.items():
+            output_files.write_atomically(output_path(output, name), data)
         # Written last: its presence means the dataset is complete.
         output_files.write_atomically(output_path(output, metadata.INFO_FILE), metadata.dumps(info))
         output_files.delete_temp_folder(output)  # what is left: the job's marker

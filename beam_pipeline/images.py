@@ -82,7 +82,7 @@ class ImageSpec:
     """How every image is stored (``--resize``, ``--image_size``, ...).
 
     Each field declares whether it decides a record's bytes, its flag's name
-    and its place in dataset_info.json (``settings.py``: the resume key, the
+    and its place in imagerecords.json (``settings.py``: the resume key, the
     ``image`` block and the settings the dry run and summary print come from
     these declarations).
     """

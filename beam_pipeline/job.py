@@ -119,6 +119,8 @@ def config_from_args(args, layout, conversion_processes: int):
         index_files=args.index_files,
         conversion_processes=conversion_processes,
         dedupe=args.dedupe,
+        tfds_name=args.tfds_name,
+        tfds_version=args.tfds_version,
         reuse=listing.normalize_root(args.reuse) if args.reuse else None,
     )
 
@@ -239,9 +241,9 @@ def choose_engine(beam_args: list[str], layout, output: str) -> str:
     The local engine runs the same stages with the same code as the Beam
     graph, without Beam (local_engine.py): the same bytes, ~2.5 s of CPU
     sooner. Any Beam flag (``--runner DirectRunner`` is the simplest) runs the
-    job on Beam instead; so does ``IMAGERECORDS_LOCAL_MODE=multi_processing``.
+    job on Beam instead.
     """
-    if beam_args or arguments.LOCAL_DEFAULT_MODE != "pool":
+    if beam_args:
         return BEAM
     return LOCAL_ENGINE if _all_local(layout, output) else BEAM
 
@@ -296,7 +298,7 @@ def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done:
 
 
 def run(argv: list[str] | None = None, parsed=None) -> dict:
-    """Validates arguments, builds and runs the pipeline; returns dataset_info.
+    """Validates arguments, builds and runs the pipeline; returns imagerecords.json, parsed.
 
     Args:
         argv: The command line (default ``sys.argv[1:]``).
@@ -336,6 +338,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
     try:
         try:
+            if engine == LOCAL_ENGINE or processes > 1:
+                # Fork the conversion processes before the resume index is read:
+                # children that inherit it would each map (and count) its pages.
+                local_pool.start(processes)
             done = _report_leftovers(found, output, spill_dir, say)
             if engine == LOCAL_ENGINE:
                 counted = _run_local_engine(args, layout, processes, say)
@@ -371,7 +377,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 
 
 def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:
-    """Prints the summary of a finished run; its dataset_info."""
+    """Prints the summary of a finished run; its imagerecords.json, parsed."""
     from beam_pipeline import convert, listing
 
     seconds = time.monotonic() - started

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from beam_pipeline import images, keys, listing, settings, spill
+from beam_pipeline import images, keys, listing, settings, spill, tfds_metadata
 from beam_pipeline.errors import UsageError
 
 _field = dataclasses.field
@@ -21,6 +21,7 @@ def _splits(config: JobConfig):
 
 
 _RECORDS_ALREADY_MADE = "it acts on the records once they are made"
+_TFDS_ONLY = "it names the dataset in TFDS's metadata files, not in any record"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +29,8 @@ class JobConfig:
     """Everything the graph needs; built and validated by the CLI.
 
     Each field declares whether it decides a record's bytes, split or label
-    and where dataset_info.json records it (``settings.py``): the resume key
-    and dataset_info.json's settings are derived from these declarations.
+    and where imagerecords.json records it (``settings.py``): the resume key
+    and imagerecords.json's settings are derived from these declarations.
     """
 
     layout: listing.Layout = _field(
@@ -103,6 +104,19 @@ class JobConfig:
         ),
     )
 
+    # The dataset's name and version in TFDS's metadata files (tfds_metadata.py).
+    # Not the output folder's name by default: the same input and settings give
+    # the same bytes wherever they are written.
+    tfds_name: str = _field(
+        default=tfds_metadata.DEFAULT_NAME,
+        metadata=settings.does_not_decide(_TFDS_ONLY, name="tfds_name", info="config.tfds_name"),
+    )
+    tfds_version: str = _field(
+        default=tfds_metadata.DEFAULT_VERSION,
+        metadata=settings.does_not_decide(
+            _TFDS_ONLY, name="tfds_version", info="config.tfds_version"
+        ),
+    )
     # --reuse: a finished dataset whose records of unchanged images are copied
     # (reuse.py); the output is the same bytes a full conversion writes.
     reuse: str | None = _field(
@@ -121,7 +135,7 @@ class JobConfig:
         fractions = list(self.splits.values())
         if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
             raise UsageError(f"--splits: fractions must be in [0, 1], got {self.splits}")
-        if abs(sum(fractions) - 1.0) > keys._FRACTION_TOLERANCE:
+        if abs(sum(fractions) - 1.0) > keys.FRACTION_TOLERANCE:
             raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
         if not self.target_shard_bytes > 0:
             raise UsageError("--target_shard_mb must be positive")
@@ -135,10 +149,14 @@ class JobConfig:
             raise UsageError(
                 f"--local_processes must be at least 1, got {self.conversion_processes}"
             )
+        try:
+            tfds_metadata.check_name_and_version(self.tfds_name, self.tfds_version)
+        except ValueError as error:
+            raise UsageError(f"--tfds_name/--tfds_version: {error}") from None
 
     @property
     def split_names(self) -> list[str]:
-        """Splits in dataset_info order: the layout's own, else --splits."""
+        """Splits in imagerecords.json order: the layout's own, else --splits."""
         return list(self.layout.split_names or self.splits)
 
     @property

@@ -18,7 +18,7 @@ KEY_SPACE = 1 << KEY_BITS
 
 DEFAULT_SPLITS = "train=0.8,val=0.1,test=0.1"
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]+$")
-_FRACTION_TOLERANCE = 1e-6
+FRACTION_TOLERANCE = 1e-6
 
 
 def hash64(seed: int, purpose: str, image_id: str) -> int:
@@ -83,7 +83,7 @@ def parse_splits(spec: str) -> dict[str, float]:
     if not fractions:
         raise ValueError("--splits: no splits given")
     total = sum(fractions.values())
-    if abs(total - 1.0) > _FRACTION_TOLERANCE:
+    if abs(total - 1.0) > FRACTION_TOLERANCE:
         raise ValueError(f"--splits: fractions must sum to 1, got {total:g} ({spec})")
     return fractions
 

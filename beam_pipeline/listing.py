@@ -267,11 +267,6 @@ def _escape_glob(path: str) -> str:
 # ----------------------------------------------------- discovery (launch time)
 
 
-def list_subfolders(path: str) -> list[str]:
-    """Immediate, non-hidden sub-folder names of ``path``, sorted."""
-    return list_level(path)[0]
-
-
 def list_level(path: str) -> tuple[list[str], list[str]]:
     """``(sub-folder names, full paths of files)`` directly in ``path``, non-hidden, sorted."""
     if is_gcs(path):
@@ -756,22 +751,17 @@ def sized_folder_rows(
         yield relative_id(root, path), path, folder.label, folder.split, size
 
 
-def local_files(layout: Layout, limit: int, max_bytes: int) -> list[str]:
-    """Files the pipeline will list, found without Beam, up to ``limit``
-    files or ``max_bytes`` of source data, whichever comes first.
+def local_refs(
+    layout: Layout, limit: int, max_bytes: int, seed: int, splits: dict[str, float]
+) -> list[ImageRef]:
+    """The ImageRefs the pipeline will list first, found without Beam, up to
+    ``limit`` images or ``max_bytes`` of source data, whichever comes first.
 
     Used only to start converting while Beam loads: a file listed here that
     the pipeline does not list costs a wasted conversion, never a wrong record.
     The byte bound keeps the results waiting for the pipeline small even for
     ``--resize none`` on large photos.
     """
-    return [path for path, _ in _local_files(layout, limit, max_bytes)]
-
-
-def local_refs(
-    layout: Layout, limit: int, max_bytes: int, seed: int, splits: dict[str, float]
-) -> list[ImageRef]:
-    """:func:`local_files` as the ImageRefs the pipeline will list for them."""
     return [
         ImageRef(
             relative_id(layout.root, path),

@@ -21,7 +21,7 @@ Convert     ImageRef (+ OLD's record of its ID) -> Outcome (a ShardEntry that po
 Duplicates  ShardEntries -> (sha256, [Member]) groups; with --dedupe, the copies rejected
 Plan        listed / written / rejected keys per split -> SplitPlan (books + shard plan)
 Write       ShardEntries of one shard, sorted -> ShardInfo of a temp file
-Finalize    everything above -> rejects.jsonl, labels.txt, ..., dataset_info.json last
+Finalize    everything above -> rejects.jsonl, labels.txt, ..., imagerecords.json last
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def run(config: JobConfig, shown: progress.Reporter = progress.SILENT) -> dict[s
 
     Raises:
         BooksDoNotBalance: the job lost, doubled or rejected too many images
-            (dataset_info.json is then not written).
+            (imagerecords.json is then not written).
     """
     counters: Counter = Counter()
     listed = _Listed()
@@ -255,7 +255,7 @@ def run(config: JobConfig, shown: progress.Reporter = progress.SILENT) -> dict[s
     planned = sum(plan.shards for plan in plans.values())
     shown.step(f"planned {planned} shards in {len(plans)} splits")
     shards = _write_shards(config, collected, plans, counters, shown)
-    shown.step("publishing: the lists, the books, the shards renamed, dataset_info.json last")
+    shown.step("publishing: the lists, the books, the shards renamed, imagerecords.json last")
     Finalizer(config).run(
         shards,
         collected.rejects,

@@ -1,4 +1,4 @@
-"""dataset_info.json and labels.txt (docs/format.md section 7). Pure: no Beam, no TF."""
+"""imagerecords.json and labels.txt (docs/format.md section 7). Pure: no Beam, no TF."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from beam_pipeline.records import FEATURE_TYPES
 
 # The contract version (docs/format.md section 11): change it only when an old
 # reader could misread the new output, and change that document with it.
-FORMAT_VERSION = 1
-INFO_FILE = "dataset_info.json"
+# 2: the metadata file is imagerecords.json, beside TFDS's own files.
+FORMAT_VERSION = 2
+INFO_FILE = "imagerecords.json"
+# Where format_version 1 kept it; in version 2 that name is TFDS's file.
+V1_INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
 REJECTS_FILE = "rejects.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
@@ -24,7 +27,7 @@ IMAGE_FACTS = {
     # Embedded colour profiles are applied (docs/images.md).
     "color_space": "sRGB",
 }
-# dataset_info.json's "created_by": the converter that made the records.
+# imagerecords.json's "created_by": the converter that made the records.
 CREATED_BY = f"imagerecords {__version__}"
 # A job's temporary files live under OUTPUT/TMP_DIR (hidden: readers never list it).
 TMP_DIR = ".imagerecords-tmp"
@@ -48,7 +51,7 @@ def build_info(
     config: Mapping[str, object],
     skipped_reasons: Iterable[str] = (),
 ) -> dict:
-    """The dataset_info.json object.
+    """The imagerecords.json object.
 
     Args:
         shards: one mapping per written shard with ``split``, ``file``,

@@ -23,22 +23,30 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
-from beam_pipeline import listing, metadata, spill
+from beam_pipeline import duplicates, listing, metadata, spill, tfds_metadata
 
-TMP_DIR = metadata.TMP_DIR
 # The job's marker (resume.py): the last file a successful run deletes.
-MARKER = f"{TMP_DIR}/{spill.SETTINGS_FILE}"
+MARKER = f"{metadata.TMP_DIR}/{spill.SETTINGS_FILE}"
 # What a run writes directly under OUTPUT (a final name, or its temporary name
-# while write_atomically runs); everything under TMP_DIR is the job's too.
+# while write_atomically runs); everything under metadata.TMP_DIR is the job's too.
+_FILES = (
+    metadata.INFO_FILE,
+    metadata.V1_INFO_FILE,  # format_version 1's metadata; TFDS's in version 2
+    metadata.LABELS_FILE,
+    metadata.REJECTS_FILE,
+    metadata.SKIPPED_FILE,
+    duplicates.DUPLICATES_FILE,
+    *tfds_metadata.FILES,
+)
 OURS = re.compile(
-    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|skipped\.jsonl|duplicates\.jsonl"
+    rf"^({'|'.join(map(re.escape, _FILES))}"
     r"|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)(\.tmp-[0-9a-f]{32})?$"
 )
 
 
 def is_ours(relative: str) -> bool:
     """Whether a path relative to --output (POSIX separators) is one a run writes."""
-    return bool(OURS.match(relative)) or relative.startswith(TMP_DIR + "/")
+    return bool(OURS.match(relative)) or relative.startswith(metadata.TMP_DIR + "/")
 
 
 def _filesystems():
@@ -151,13 +159,13 @@ def delete_temp_files(output: str, keep: Iterable[str] = ()) -> None:
         keep: Names relative to ``output`` to leave, e.g. :data:`MARKER`.
     """
     kept = {_normal(listing.join(output, name)) for name in keep}
-    found = files_under(listing.join(output, TMP_DIR))
+    found = files_under(listing.join(output, metadata.TMP_DIR))
     delete([path for path in found if _normal(path) not in kept])
 
 
 def delete_temp_folder(output: str) -> None:
     """Deletes the job's temporary folder of ``output`` and everything in it."""
-    folder = listing.join(output, TMP_DIR)
+    folder = listing.join(output, metadata.TMP_DIR)
     if listing.is_local(folder):
         shutil.rmtree(folder, ignore_errors=True)
     else:

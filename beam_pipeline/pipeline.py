@@ -9,7 +9,7 @@ FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; w
                 --dedupe also the batches without the copies + a Rejection per copy
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
 WriteShards     RecordBatch + plans -> ShardInfo of a temp file
-Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (last)
+Finalize        side inputs -> rejects.jsonl, labels.txt, imagerecords.json (last)
 
 Two paths share this graph (docs/scale.md). With the local pool
 (``conversion_processes > 1``) records go to spill files on local disk and a
@@ -34,7 +34,6 @@ from beam_pipeline import (
     duplicates,
     keys,
     listing,
-    metadata,
     pooled,
     reuse,
 )
@@ -57,7 +56,6 @@ from beam_pipeline.shards import (  # noqa: F401  (ShardInfo, check_shards, plac
 from beam_pipeline.staging import write_staged_shard
 
 NAMESPACE = "imagerecords"
-TMP_DIR = metadata.TMP_DIR
 REJECTED = "rejected"
 REUSED = "reused"
 LISTED = "listed"

@@ -4,12 +4,12 @@ At start the CLI writes a marker, ``OUTPUT/.imagerecords-tmp/job.json``,
 holding the settings that decide the records' bytes, split and label (the
 fields of JobConfig and ImageSpec declared so, settings.py: input, classes,
 seed, splits, image settings) and the per-image time limit. The marker is
-the last file a successful run deletes, after ``dataset_info.json`` is
+the last file a successful run deletes, after ``imagerecords.json`` is
 written. So an output folder is one of:
 
 * empty: a new run;
-* finished (``dataset_info.json``): replacing it needs ``--overwrite``;
-* unfinished (the marker, no ``dataset_info.json``): a run that failed or was
+* finished (``imagerecords.json``): replacing it needs ``--overwrite``;
+* unfinished (the marker, no ``imagerecords.json``): a run that failed or was
   killed. With the same settings, the rerun resumes it: the records in its
   spill files are used, not converted again, and so are the rejections the
   same bytes would get again (a file that could not be read, or timed out,
@@ -111,7 +111,9 @@ def inspect(output: str) -> Leftovers:
         return Leftovers("empty")
     ours = tuple(n for n in names if output_files.is_ours(n))
     others = tuple(n for n in names if n not in set(ours))
-    if metadata.INFO_FILE in names:
+    # A finished dataset: imagerecords.json, or a format_version 1 one's
+    # imagerecords.json (in version 2 TFDS's file, written just before ours).
+    if metadata.INFO_FILE in names or (metadata.V1_INFO_FILE in names and MARKER not in names):
         return Leftovers("finished", ours, others)
     if MARKER not in names:
         if ours and all(n.startswith(metadata.TMP_DIR + "/") for n in ours) and not others:
@@ -160,9 +162,10 @@ def prepare(output: str, settings: dict, overwrite: bool, spill_dir: str | None)
             "run its command again to resume it, or pass --overwrite to start afresh"
         )
     if overwrite or found.kind != "unfinished" or found.settings is None:
-        if metadata.INFO_FILE in found.ours:  # first: the folder stops claiming to be complete
-            output_files.delete_ours(output, [metadata.INFO_FILE])
-        output_files.delete_ours(output, [n for n in found.ours if n != metadata.INFO_FILE])
+        # First: the folder stops claiming to be complete.
+        claims = [n for n in (metadata.INFO_FILE, metadata.V1_INFO_FILE) if n in found.ours]
+        output_files.delete_ours(output, claims)
+        output_files.delete_ours(output, [n for n in found.ours if n not in claims])
         output_files.delete_local_folder(spill_dir)  # a spill folder is only ever the job's own
     else:
         # Resuming: keep the spill files (and the marker); the rest is rewritten.

@@ -25,8 +25,8 @@ user who distrusts it converts without ``--reuse``.
 Images OLD rejected are converted again: ``rejects.jsonl`` names no hash, so
 whether the file changed is unknown (they are few: ``--max_reject_fraction``).
 
-OLD is read, never written: its metadata (``find_info``: ``dataset_info.json``
-or ``imagerecords.json``) at launch; its shards by whoever converts - the
+OLD is read, never written: its metadata (``find_info``: ``imagerecords.json``,
+or a version-1 ``dataset_info.json``) at launch; its shards by whoever converts - the
 local engine scans them on its pool into an :class:`Index` (24 bytes a
 record), the Beam graph scans them on its workers (one element per shard)
 and joins the records to the listed images by ID (``pipeline.MatchOld``),

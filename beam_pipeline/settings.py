@@ -8,7 +8,7 @@ declaration, never written out by hand again:
 * the resume key (:func:`resume_key`, ``resume.settings``): every setting that
   decides a record's bytes, split or label, so that an unfinished run with
   another value is not resumed and records of two configurations never mix;
-* ``dataset_info.json``'s ``source``, ``seed``, ``classes``, ``image`` and
+* ``imagerecords.json``'s ``source``, ``seed``, ``classes``, ``image`` and
   ``config`` values (:func:`info_values`, ``finalize``);
 * the settings the dry run and the end-of-run summary print (:func:`describe`).
 
@@ -33,7 +33,7 @@ class Setting:
             resume key, compared for equality.
         name: Its name in the resume key, in messages and on the command line
             (``--name``); None for a field that has no name of its own.
-        info: Where dataset_info.json records it (``"image.size"``,
+        info: Where imagerecords.json records it (``"image.size"``,
             ``"config.min_shards"``, ``"seed"``), or None.
         value: Its value, from the config that holds the field (default: the
             field's value).
@@ -137,7 +137,7 @@ def resume_conflict(old: Mapping[str, object], new: Mapping[str, object], config
 
 
 def info_values(config) -> dict:
-    """The values dataset_info.json records, nested by their :attr:`Setting.info` place.
+    """The values imagerecords.json records, nested by their :attr:`Setting.info` place.
 
     ``{"source": ..., "seed": 42, "image": {"resize": ..., ...}, "config": {...}}``,
     each block in field order.
@@ -168,7 +168,7 @@ def image_settings(spec) -> dict:
 
 
 def image_settings_from_info(info: Mapping, spec_type) -> dict:
-    """The same, read back from a dataset_info.json (absent ones, from older files, left out)."""
+    """The same, read back from a imagerecords.json (absent ones, from older files, left out)."""
     found = {}
     for setting in _declared(spec_type):
         if setting.decides and setting.info:

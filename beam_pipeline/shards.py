@@ -19,8 +19,6 @@ from beam_pipeline import output as output_files
 from beam_pipeline.convert import RecordBatch, ShardEntry
 from beam_pipeline.job_config import output_path
 
-TMP_DIR = metadata.TMP_DIR
-
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
@@ -72,7 +70,7 @@ def write_shard(
     files into place once the books balance. Per record only its key and size
     stay in memory (16 bytes), never its bytes.
     """
-    temp = output_path(output, f"{TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
+    temp = output_path(output, f"{metadata.TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
     digest = hashlib.sha256()
     written_keys = array("Q")
     sizes = array("q")
@@ -155,7 +153,7 @@ def place_shards(shards: list[ShardInfo], output: str) -> list[dict]:
     Idempotent, so a retried Finalize completes the renames the first try began.
 
     Returns:
-        One dataset_info row per shard (see ``metadata.build_info``).
+        One imagerecords.json row per shard (see ``metadata.build_info``).
     """
     rows = []
     moves = []
@@ -174,5 +172,5 @@ def place_shards(shards: list[ShardInfo], output: str) -> list[dict]:
             row["index"] = shard.file + ".idx"
             moves.append((shard.temp_index, final + ".idx"))
         rows.append(row)
-    output_files.move_into_place(moves, output_path(output, TMP_DIR))
+    output_files.move_into_place(moves, output_path(output, metadata.TMP_DIR))
     return rows

@@ -27,7 +27,7 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
     """The table printed at the end of a run: per split, the total, the rate, the counters.
 
     Args:
-        info: The run's dataset_info.json, parsed.
+        info: The run's imagerecords.json, parsed.
         seconds: Wall time of the run.
         counted: The ``imagerecords`` counters (:func:`counters`).
         cpu: CPU seconds of this process tree, or None when the work ran elsewhere.

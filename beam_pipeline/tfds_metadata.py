@@ -53,13 +53,8 @@ def labels_file(key: str = LABEL_KEY) -> str:
     return key.replace("/", "-") + ".labels.txt"
 
 
-def default_name(output: str) -> str:
-    """A TFDS dataset name from the output folder's name (``Flowers-2026`` -> ``flowers_2026``)."""
-    base = output.rstrip("/").rsplit("/", 1)[-1].lower()
-    name = re.sub(r"[^a-z0-9]+", "_", base).strip("_")
-    if not name or not name[0].isalpha():
-        name = f"{DEFAULT_NAME}_{name}".rstrip("_")
-    return name
+# The files :func:`tfds_files` returns, by name.
+FILES = (DATASET_INFO_FILE, FEATURES_FILE, labels_file())
 
 
 def check_name_and_version(name: str, version: str) -> None:

@@ -9,7 +9,7 @@ times, in interleaved rounds, a full conversion of *after* and
 ``--reuse OLD`` of *after*, both with the converter's defaults (the local
 engine), each in a fresh child process (``procstats.run_measured``: wall
 clock, CPU of the whole process tree, peak RSS of the tree). It checks that
-the two outputs are the same bytes (dataset_info.json apart from its
+the two outputs are the same bytes (imagerecords.json apart from its
 ``reuse`` block), and reports each run's CPU as a fraction of the full
 conversion's, next to the share the new and changed images alone take of it.
 
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps
 
+from beam_pipeline import metadata
 from bench.data import ImageSet, list_images
 from bench.procstats import run_measured
 from bench.scale import scaled_set
@@ -141,7 +142,7 @@ def _convert(folder: Path, out: Path, log: Path, timeout_s: float, *extra: str):
 
 
 def same_as_full(new: Path, full: Path) -> bool:
-    """``new`` holds ``full``'s files, byte for byte, dataset_info.json apart from ``reuse``."""
+    """``new`` holds ``full``'s files, byte for byte, imagerecords.json apart from ``reuse``."""
 
     def files(folder: Path) -> dict[str, bytes]:
         return {
@@ -151,9 +152,9 @@ def same_as_full(new: Path, full: Path) -> bool:
     got, want = files(new), files(full)
     if sorted(got) != sorted(want):
         return False
-    info = json.loads(got.pop("dataset_info.json"))
+    info = json.loads(got.pop(metadata.INFO_FILE))
     info.pop("reuse", None)
-    return info == json.loads(want.pop("dataset_info.json")) and got == want
+    return info == json.loads(want.pop(metadata.INFO_FILE)) and got == want
 
 
 def run_reuse(grown: Grown, out_root: Path, log_dir: Path, rounds: int, timeout_s: float):

@@ -1,4 +1,4 @@
-"""The loaders of other trainers, timed on the same shards (issue 26; ``python -m bench.trainers``).
+"""The loaders of other trainers, timed on the same shards (issue 26; ``bench.trainers``).
 
 Each yields ``(images uint8 [B, 224, 224, 3], labels [B])`` training batches:
 a random window (8-100% of the area, aspect 3/4-4/3) resized to 224x224 and
@@ -7,9 +7,9 @@ flipped half the time, from the same converted web set.
 * ``reader_uint8``: this project's tf.data reader, ``reader.make_dataset(...,
   training=True, dtype=tf.uint8)`` (its native crop-resize op).
 * ``tfds_as_dataset``: TFDS as big_vision uses it: ``builder_from_directory``
-  on the same shards (a folder of links to them plus TFDS's metadata files from
-  ``beam_pipeline.tfds_metadata``), ``as_dataset(shuffle_files=True)`` with the
-  image left encoded, then ``decode_and_crop_jpeg`` of a sampled window,
+  on the converted folder itself (the converter writes TFDS's metadata files
+  beside the shards), ``as_dataset(shuffle_files=True)`` with the image left
+  encoded, then ``decode_and_crop_jpeg`` of a sampled window,
   ``resize``, flip, batch, prefetch.
 * ``grain_source``: Grain over ``imagerecords.RecordSource``: a global shuffle,
   the Pillow transform of docs/trainers.md (``augment.py``, loaded from the doc
@@ -30,6 +30,7 @@ import re
 import types
 from pathlib import Path
 
+from beam_pipeline.metadata import INFO_FILE
 from bench.read_pipelines import Pipeline
 from bench.settings import REPO_DIR
 
@@ -44,7 +45,7 @@ SHUFFLE_SEED = 0
 
 
 def _num_examples(records_dir: Path, split: str = "train") -> int:
-    info = json.loads((records_dir / "dataset_info.json").read_text())
+    info = json.loads((records_dir / INFO_FILE).read_text())
     return int(info["splits"][split]["num_examples"])
 
 
@@ -59,32 +60,11 @@ def reader_uint8(records_dir: Path, batch: int, size: int) -> Pipeline:
     return Pipeline(ds, _num_examples(records_dir), True)
 
 
-def tfds_view(records_dir: Path) -> Path:
-    """A folder TFDS reads: links to the shards and TFDS's metadata files, nothing copied.
-
-    (Until the converter writes TFDS's files itself, next to the shards, its own
-    ``dataset_info.json`` holds the name TFDS needs; hence a separate folder.)
-    """
-    from beam_pipeline import tfds_metadata
-
-    info = json.loads((records_dir / "dataset_info.json").read_text())
-    view = records_dir.parent / (records_dir.name + "-tfds")
-    view.mkdir(exist_ok=True)
-    for entry in info["splits"].values():
-        for shard in entry["shards"]:
-            link = view / shard["file"]
-            if not link.exists():
-                link.symlink_to(records_dir.resolve() / shard["file"])
-    for name, data in tfds_metadata.tfds_files(info, name="bench_web").items():
-        (view / name).write_bytes(data)
-    return view
-
-
 def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder_from_directory(str(tfds_view(records_dir)))
+    builder = tfds.builder_from_directory(str(records_dir))  # TFDS's files are beside ours
     ds = builder.as_dataset(
         split="train",
         shuffle_files=True,

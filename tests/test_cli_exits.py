@@ -125,7 +125,7 @@ def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
         "not an image",
     ]
     assert all(r.split()[0] == "1" for r in reasons)
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / "imagerecords.json").exists()
 
 
 def test_verbose_shows_the_traceback(images, tmp_path):
@@ -159,7 +159,7 @@ def test_ctrl_c_exits_130_with_how_to_go_on(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: interrupted") and "rerun the same command" in last, err
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / "imagerecords.json").exists()
 
 
 def test_a_killed_cli_takes_its_workers_with_it(tmp_path):

@@ -244,7 +244,7 @@ def test_a_reuse_run_on_dask_writes_what_a_full_conversion_writes(dask_cluster, 
 
     full = contract.all_files(str(tmp_path / "full"))
     new = contract.all_files(str(tmp_path / "new"))
-    info = json.loads(new.pop("dataset_info.json"))
+    info = json.loads(new.pop("imagerecords.json"))
     assert info.pop("reuse") == {"dataset": str(tmp_path / "old"), "images_reused": 35}
-    assert json.loads(full.pop("dataset_info.json")) == info
+    assert json.loads(full.pop("imagerecords.json")) == info
     assert new == full

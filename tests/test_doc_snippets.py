@@ -28,6 +28,10 @@ per line:
     CODE runs first: what the text around the block says the reader brings
     (``given def train_step(images, labels): return 0.0``).
 
+A block whose first line is a file name in a comment (``# augment.py``) is not
+run: it is saved under that name in the folder, for the blocks after it to
+import, as the text around it tells the reader to do (docs/trainers.md).
+
 Anything else after ``snippet:`` is an error, and so is a marker that no
 ```python fence follows: ``test_markers_are_well_formed`` names them.
 
@@ -97,6 +101,12 @@ class Block:
     @property
     def name(self) -> str:
         return f"{self.path}:{self.line}"
+
+    @property
+    def file(self) -> str | None:
+        """The file name a block is to be saved as (its first line ``# name.py``)."""
+        match = re.fullmatch(r"# (\w+\.py)", self.code.split("\n", 1)[0])
+        return match.group(1) if match else None
 
     def runnable_code(self) -> str:
         code = textwrap.dedent(self.code)  # a block indented in a list item
@@ -181,7 +191,7 @@ def test_markers_are_well_formed():
 # The child: runs the blocks of one file in order in one namespace, one JSON
 # line per block on stdout.
 _CHILD = r"""
-import json, sys, time, traceback
+import importlib, json, sys, time, traceback
 blocks = json.load(open(sys.argv[1], encoding="utf-8"))
 namespace = {"__name__": "__main__"}
 for block in blocks:
@@ -191,7 +201,12 @@ for block in blocks:
     try:
         for given in block["given"]:
             exec(compile(given, "<given for " + block["name"] + ">", "exec"), namespace)
-        exec(compile(block["code"], block["path"], "exec"), namespace)
+        if block["file"]:  # saved for the blocks below to import, not run
+            with open(block["file"], "w", encoding="utf-8") as stream:
+                stream.write(block["code"])
+            importlib.invalidate_caches()
+        else:
+            exec(compile(block["code"], block["path"], "exec"), namespace)
     except BaseException:  # report it and go on with the next block
         result = {"name": block["name"], "ok": False, "error": traceback.format_exc()}
     result["cpu_s"] = round(time.process_time() - start, 1)
@@ -256,6 +271,7 @@ def _run_file(path: str, workdir) -> dict:
             "path": os.path.join(ROOT, b.path),
             "code": b.runnable_code(),
             "given": b.given,
+            "file": b.file,
         }
         for b in blocks
     ]

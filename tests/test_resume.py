@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from beam_pipeline import duplicates, keys, metadata, spill
+from beam_pipeline import duplicates, keys, metadata, spill, tfds_metadata
 from beam_pipeline.__main__ import main
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
@@ -112,7 +112,7 @@ def test_thousands_of_images_over_many_shards_are_exactly_once_and_leave_no_temp
         assert order == sorted(order)
     assert sorted(os.listdir(reference)) == sorted(
         [metadata.INFO_FILE, metadata.LABELS_FILE, metadata.REJECTS_FILE, metadata.SKIPPED_FILE]
-        + [duplicates.DUPLICATES_FILE]
+        + [duplicates.DUPLICATES_FILE, *tfds_metadata.FILES]
         + [s["file"] for split in info["splits"].values() for s in split["shards"]]
     ), "a temp or spill file was left behind"
 

@@ -6,7 +6,7 @@ removed, a class is added whose name sorts first (every label number shifts,
 so every reused record is rewritten with its new label) and a bad image
 appears. Each ``--reuse`` run is compared, file by file, with a full
 conversion of the folder as it is now; the only difference allowed is
-dataset_info.json's ``reuse`` block, which describes the run. The counters
+imagerecords.json's ``reuse`` block, which describes the run. The counters
 show that only the new and changed images were converted.
 """
 
@@ -27,7 +27,7 @@ import apache_beam.io.gcp.gcsfilesystem  # noqa: F401
 import pytest
 from PIL import Image
 
-from beam_pipeline import convert, images, metadata, records, reuse, settings
+from beam_pipeline import convert, images, metadata, records, reuse, settings, tfds_metadata
 from beam_pipeline.__main__ import main
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
@@ -83,7 +83,7 @@ def _counters(stdout: str) -> dict[str, int]:
 
 
 def _assert_same_as_full(new: Path, full: Path, old: str) -> dict:
-    """Every file of ``new`` is ``full``'s, dataset_info.json apart from its reuse block."""
+    """Every file of ``new`` is ``full``'s, imagerecords.json apart from its reuse block."""
     got, want = contract.all_files(str(new)), contract.all_files(str(full))
     assert sorted(got) == sorted(want)
     info = json.loads(got.pop(metadata.INFO_FILE))
@@ -129,14 +129,16 @@ def test_reuse_with_dedupe_and_other_shards(history, tmp_path):
     _assert_same_as_full(new, full, str(history.old))
 
 
-def test_a_format_2_dataset_is_reused(history, tmp_path):
-    """OLD's metadata under format 2's name (imagerecords.json) is found the same way."""
-    old = tmp_path / "old2"
+def test_a_format_1_dataset_is_reused(history, tmp_path):
+    """OLD's metadata under format 1's name (dataset_info.json) is found the same way."""
+    old = tmp_path / "old1"
     shutil.copytree(history.old, old)
-    info = json.loads((old / "dataset_info.json").read_text())
-    info["format_version"] = 2
-    (old / "imagerecords.json").write_text(json.dumps(info))
-    (old / "dataset_info.json").unlink()
+    info = json.loads((old / metadata.INFO_FILE).read_text())
+    info["format_version"] = 1
+    for name in tfds_metadata.FILES:
+        (old / name).unlink()
+    (old / metadata.V1_INFO_FILE).write_text(json.dumps(info))
+    (old / metadata.INFO_FILE).unlink()
     new = tmp_path / "new"
     assert _convert(history.after, new, "--reuse", str(old)) == 0
     assert _assert_same_as_full(new, history.full, str(old))["images_reused"] == history.reused
@@ -145,9 +147,9 @@ def test_a_format_2_dataset_is_reused(history, tmp_path):
 def test_a_dataset_of_another_converter_version_is_reused_with_a_note(history, tmp_path, capsys):
     old = tmp_path / "old-version"
     shutil.copytree(history.old, old)
-    info = json.loads((old / "dataset_info.json").read_text())
+    info = json.loads((old / metadata.INFO_FILE).read_text())
     info["created_by"] = "imagerecords 0.0.1"
-    (old / "dataset_info.json").write_text(json.dumps(info))
+    (old / metadata.INFO_FILE).write_text(json.dumps(info))
     capsys.readouterr()
     argv = ["--input", history.after, "--output", tmp_path / "new", "--reuse", old]
     assert main([*map(str, argv), "--max_reject_fraction", "0.5", "--image_size", "64"]) == 0
@@ -224,7 +226,7 @@ def test_the_output_must_not_be_the_old_dataset(history, capsys, where):
 def test_an_unfinished_or_missing_dataset_is_refused(history, tmp_path, capsys):
     unfinished = tmp_path / "unfinished"
     shutil.copytree(history.old, unfinished)
-    (unfinished / "dataset_info.json").unlink()
+    (unfinished / metadata.INFO_FILE).unlink()
     for old in (unfinished, tmp_path / "nowhere"):
         line = _refused(
             capsys, "--input", history.after, "--output", tmp_path / "new", "--reuse", old,
@@ -348,7 +350,7 @@ def test_refusal_names_each_image_setting_that_differs(old_image, why):
     wanted = settings.image_settings(images.ImageSpec(size=64))
     recorded = {**wanted, **old_image}
     recorded = {k: v for k, v in recorded.items() if v is not None}
-    old = reuse.OldDataset("/data/old", "/data/old/dataset_info.json", ("a",), recorded, "", (), 0)
+    old = reuse.OldDataset("/data/old", "/data/old/imagerecords.json", ("a",), recorded, "", (), 0)
     problem = reuse.refusal(old, "/data/new", wanted)
     assert (why in problem) if why else problem == ""
     assert "the --reuse dataset" in reuse.refusal(old, "/data/old/", wanted)

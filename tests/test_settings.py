@@ -1,6 +1,6 @@
 """One source for the settings: every config field declares whether it decides the records.
 
-The resume key, dataset_info.json's settings, the dry run's and the
+The resume key, imagerecords.json's settings, the dry run's and the
 summary's description of them are derived from the declarations on
 ImageSpec and JobConfig (beam_pipeline/settings.py); these tests fail when a
 field is added without a declaration, or when a reader of the settings
@@ -127,6 +127,8 @@ def test_the_declared_settings_keep_dataset_info_as_it_was_plus_resample(tmp_pat
         "min_shards": 1,
         "max_reject_fraction": 0.01,
         "dedupe": False,
+        "tfds_name": "imagerecords",
+        "tfds_version": "1.0.0",
     }
 
 

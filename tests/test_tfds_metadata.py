@@ -3,15 +3,14 @@
 The files are written next to a dataset the real CLI converted, and the real
 ``tensorflow_datasets`` reads it with ``builder_from_directory``: split
 slicing, ``even_splits``, labels, file names and decoded images are checked
-against the converter's records. This project's own ``dataset_info.json`` has
-TFDS's name, so these tests move it aside to ``imagerecords.json`` (format 2's
-name for it) first.
+against the converter's records. The converter writes these files itself
+(format_version 2), beside its own ``imagerecords.json``: nothing is added
+after the conversion.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import types
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import keys, tfds_metadata
+from beam_pipeline import keys, metadata, tfds_metadata
 from imagerecords import RecordSource
 from tests.image_factory import make_class_folders
 
@@ -35,14 +34,7 @@ def _convert(root: Path, out: Path, *extra: str) -> dict:
         cwd=REPO,
         capture_output=True,
     )
-    return json.loads((out / "dataset_info.json").read_text())
-
-
-def as_tfds(out: Path, info: dict, **kwargs) -> None:
-    """Our metadata moves to imagerecords.json; TFDS's files are written in its place."""
-    os.replace(out / "dataset_info.json", out / "imagerecords.json")
-    for name, data in tfds_metadata.tfds_files(info, **kwargs).items():
-        (out / name).write_bytes(data)
+    return json.loads((out / metadata.INFO_FILE).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +43,16 @@ def dataset(tmp_path_factory):
     root = base / "images"
     ids = make_class_folders(str(root), classes=CLASSES, per_class=12)
     out = base / "out"
-    info = _convert(root, out, "--splits", "train=0.7,val=0.3")
-    as_tfds(out, info, name="photos", version="2.1.0")
+    info = _convert(
+        root,
+        out,
+        "--splits",
+        "train=0.7,val=0.3",
+        "--tfds_name",
+        "photos",
+        "--tfds_version",
+        "2.1.0",
+    )
     return types.SimpleNamespace(root=root, ids=ids, out=out, info=info)
 
 
@@ -117,8 +117,7 @@ def test_images_decode_with_static_shape_for_crop(tmp_path):
     root = tmp_path / "images"
     make_class_folders(str(root), classes=CLASSES[:2], per_class=5)
     out = tmp_path / "out"
-    info = _convert(root, out, "--resize", "crop", "--image_size", "40")
-    as_tfds(out, info)
+    _convert(root, out, "--resize", "crop", "--image_size", "40")
     builder = tfds.builder_from_directory(str(out))
     assert builder.info.name == tfds_metadata.DEFAULT_NAME
     ds = builder.as_dataset(split="train")
@@ -131,6 +130,8 @@ def test_files_are_deterministic_and_describe_the_record_keys(dataset):
     assert first == tfds_metadata.tfds_files(dataset.info, name="photos", version="2.1.0")
     assert set(first) == {"dataset_info.json", "features.json", "image-class-label.labels.txt"}
     assert first["image-class-label.labels.txt"].decode().splitlines() == list(CLASSES)
+    for name, data in first.items():  # what the converter wrote beside imagerecords.json
+        assert (dataset.out / name).read_bytes() == data
     info = json.loads(first["dataset_info.json"])
     assert info["fileFormat"] == "tfrecord"
     for split in info["splits"]:
@@ -158,20 +159,6 @@ def test_empty_split_left_out_and_bad_names_refused(dataset):
     info["splits"]["train"]["shards"][0]["file"] = "train-0.tfrecord"
     with pytest.raises(ValueError, match="should be named 'train-00000-of-00003.tfrecord'"):
         tfds_metadata.tfds_files(info)
-
-
-@pytest.mark.parametrize(
-    ("folder", "name"),
-    [
-        ("gs://bucket/Flowers-2026/", "flowers_2026"),
-        ("/data/imagenet", "imagenet"),
-        ("./2026 photos", "imagerecords_2026_photos"),
-        ("---", "imagerecords"),
-    ],
-)
-def test_default_name_from_the_output_folder(folder, name):
-    assert tfds_metadata.default_name(folder) == name
-    tfds_metadata.check_name_and_version(name, tfds_metadata.DEFAULT_VERSION)
 
 
 def test_module_imports_neither_tensorflow_tfds_nor_beam():

@@ -252,15 +252,13 @@ def test_missing_dataset_and_unknown_split(converted, tmp_path):
 
 
 def test_format_2_metadata_name_wins_over_tfds_dataset_info(converted, tmp_path):
-    """imagerecords.json is ours; a dataset_info.json without format_version is TFDS's."""
+    """imagerecords.json is ours; the dataset_info.json beside it (no format_version) is TFDS's."""
     copy = tmp_path / "ds"
     shutil.copytree(converted.indexed, copy)
-    ours = json.loads((copy / "dataset_info.json").read_text())
-    ours["format_version"] = 2
-    (copy / "imagerecords.json").write_text(json.dumps(ours))
-    (copy / "dataset_info.json").write_text(json.dumps({"name": "x", "fileFormat": "tfrecord"}))
+    assert "format_version" not in json.loads((copy / "dataset_info.json").read_text())
     source = RecordSource(str(copy), "train")
     assert source.info_path.endswith("imagerecords.json") and len(source) > 0
+    ours = json.loads((copy / "imagerecords.json").read_text())
     (copy / "imagerecords.json").unlink()
     with pytest.raises(DatasetNotFoundError):
         RecordSource(str(copy), "train")
@@ -268,6 +266,14 @@ def test_format_2_metadata_name_wins_over_tfds_dataset_info(converted, tmp_path)
     (copy / "imagerecords.json").write_text(json.dumps(ours))
     with pytest.raises(ValueError, match="format_version 3; this imagerecords reads 1, 2"):
         RecordSource(str(copy), "train")
+
+
+def test_a_format_version_1_dataset_reads(tmp_path):
+    """tests/data/v1_dataset: its metadata is dataset_info.json, with a format_version."""
+    source = RecordSource(str(Path(__file__).parent / "data" / "v1_dataset"), "train")
+    assert source.info_path.endswith("dataset_info.json")
+    rows = [source[i] for i in range(len(source))]
+    assert len(rows) == 9 and {r["class_name"] for r in rows} <= {"cat", "dog", "fish"}
 
 
 def test_imports_neither_tensorflow_nor_beam(converted):
@@ -517,8 +523,8 @@ def test_gcs_reads_are_ranged_and_bounded_per_batch(converted, gcs_emulator, cou
 
     counted_gcs.clear()
     source = RecordSource(url, "train")
-    # imagerecords.json (404: a format-1 dataset), dataset_info.json, one .idx per shard.
-    assert len(counted_gcs) == len(info_lib.INFO_FILES) + len(source.shards)
+    # imagerecords.json, then one .idx per shard.
+    assert len(counted_gcs) == 1 + len(source.shards)
 
     counted_gcs.clear()
     assert source[5] == local[5]
@@ -550,7 +556,7 @@ def test_gcs_without_index_files_scans_each_shard_once(
     source = RecordSource(url, "train")
     assert f"{url} has no index files: reading its 3 shards of 'train' once" in caplog.text
     small = all(s.num_bytes <= index_lib.GCS_SCAN_WINDOW for s in source.shards)
-    assert small and len(counted_gcs) == len(info_lib.INFO_FILES) + len(source.shards)
+    assert small and len(counted_gcs) == 1 + len(source.shards)
     local = RecordSource(str(converted.plain), "train")
     assert [r["filename"] for r in source] == [r["filename"] for r in local]
 

@@ -11,7 +11,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline import books, images, keys, listing, pipeline, records, spill
+from beam_pipeline import books, images, keys, listing, metadata, pipeline, records, spill
 from beam_pipeline import output as output_files
 from beam_pipeline.convert import RecordBatch, ShardEntry
 from tests.image_factory import add_bad_files, make_class_folders
@@ -148,7 +148,7 @@ def test_write_shards_cuts_exactly_the_planned_number_of_nonempty_shards(tmp_pat
     read = [list(records.iter_records(open(out_dir / s["file"], "rb"))) for s in placed]
     assert [len(r) for r in read] == [10, 10, 10, 10, 10, 3]
     output_files.delete_temp_files(config.output)
-    assert not list((out_dir / pipeline.TMP_DIR).glob("*")), "temp files left behind"
+    assert not list((out_dir / metadata.TMP_DIR).glob("*")), "temp files left behind"
 
 
 def test_min_shards_is_exact_and_capped_by_the_records(tmp_path):
@@ -206,8 +206,8 @@ def test_a_retried_shard_write_is_kept_once(tmp_path):
     placed = pipeline.place_shards(kept, config.output)
     output_files.delete_temp_files(config.output)
     out_dir = tmp_path / "out"
-    assert sorted(os.listdir(out_dir)) == [pipeline.TMP_DIR] + sorted(s["file"] for s in placed)
-    assert not list((out_dir / pipeline.TMP_DIR).iterdir())
+    assert sorted(os.listdir(out_dir)) == [metadata.TMP_DIR] + sorted(s["file"] for s in placed)
+    assert not list((out_dir / metadata.TMP_DIR).iterdir())
     total = sum(len(list(records.iter_records(open(out_dir / s["file"], "rb")))) for s in placed)
     assert total == 9
 
@@ -276,15 +276,19 @@ def test_config_image_spec_decides_the_stored_size(folder):
         assert_that(out.batches | beam.FlatMap(stored_sizes), equal_to([(40, 40)] * 4))
 
 
-def test_local_files_for_converting_ahead_respect_both_bounds(folder):
+def test_local_refs_for_converting_ahead_respect_both_bounds(folder):
     root, ids, bad = folder
     layout = listing.discover(root)
-    everything = listing.local_files(layout, 10**6, 10**12)
+
+    def paths(limit, max_bytes):
+        return [ref.path for ref in listing.local_refs(layout, limit, max_bytes, 42, {"t": 1.0})]
+
+    everything = paths(10**6, 10**12)
     assert sorted(os.path.relpath(p, root) for p in everything) == sorted(ids + list(bad))
-    assert len(listing.local_files(layout, 5, 10**12)) == 5
+    assert len(paths(5, 10**12)) == 5
     sizes = [os.path.getsize(p) for p in everything]
     budget = sum(sizes[:3])
-    assert listing.local_files(layout, 10**6, budget) == everything[:3]
+    assert paths(10**6, budget) == everything[:3]
 
 
 @pytest.mark.parametrize(
