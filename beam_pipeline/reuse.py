@@ -507,18 +507,14 @@ class Forecast:
 
 def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> tuple[bool, bool]:
     """(reused, with a new label) for one image, as a conversion process decides."""
+    from beam_pipeline import convert
+
     image_id, path, label, _ = ref
     try:
-        if "://" not in path:
-            with open(path, "rb") as stream:
-                data = stream.read()
-        else:
-            from beam_pipeline import convert
-
-            data = convert.read_bytes(path)
+        sha256, _, _ = convert.hash_source(path)
     except Exception:  # unreadable: the run rejects it (converted, in the count)
         return False, False
-    taken = take(old, image_id, hashlib.sha256(data).hexdigest(), label, classes[label])
+    taken = take(old, image_id, sha256, label, classes[label])
     return taken is not None, taken is not None and not taken[1]
 
 

@@ -375,3 +375,18 @@ def test_a_reused_record_is_not_decoded(history, monkeypatch):
     assert records.is_intact(entry.data)
     assert records.parse_example(entry.data[12:-4])["image/class/label"] == 3
     assert os.path.exists(history.after / image_id)
+
+
+def test_a_source_is_hashed_in_place_or_read(tmp_path):
+    photo_file, empty = tmp_path / "a.jpg", tmp_path / "empty.jpg"
+    data = jpeg_bytes(photo(90, 60, seed=3))
+    photo_file.write_bytes(data)
+    empty.write_bytes(b"")
+    assert convert.hash_source(str(photo_file)) == (
+        hashlib.sha256(data).hexdigest(),
+        len(data),
+        None,
+    )
+    assert convert.hash_source(str(empty)) == (hashlib.sha256(b"").hexdigest(), 0, b"")
+    with pytest.raises(OSError):
+        convert.hash_source(str(tmp_path / "missing.jpg"))
