@@ -256,7 +256,7 @@ class GcsLock:
                 except api.PreconditionFailed:
                     continue  # another run took it over first, or its owner renewed it
                 log.warning(
-                    "imagerecords: took over the lock of %s, a run that ended without releasing it",
+                    "took over the lock of --output from %s, which ended without giving it back",
                     _describe(held),
                 )
                 return cls(output, url, blob, owner, blob.generation)
@@ -368,8 +368,9 @@ def _read(blob) -> tuple[dict | None, int, float | None] | None:
         found = blob.bucket.get_blob(blob.name)
         if found is None:
             return None
-        data = found.download_as_bytes(if_generation_match=found.generation)
+        # Before the download: it sets them again from its response's headers.
+        generation, updated = found.generation, found.updated
+        data = found.download_as_bytes(if_generation_match=generation)
     except (api.NotFound, api.PreconditionFailed):
         return None  # gone, or changed while read: look again
-    updated = found.updated.timestamp() if found.updated else None
-    return _parse(data), found.generation, updated
+    return _parse(data), generation, updated.timestamp() if updated else None
