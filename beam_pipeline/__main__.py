@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted(verbose)
     except Exception as error:
-        message = _stopped_message(error) or _gcs_lost_message(error, parsed)
+        message = _stopped_message(error)
+        if message is None and not (ctrl_c.seen or _is_ctrl_c(error)):
+            message = _gcs_lost_message(error, parsed)
         if message is not None:  # the run could not go on; the message says why and what next
             _error(message, verbose)
             return 1
