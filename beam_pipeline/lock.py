@@ -33,6 +33,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import datetime
+import fcntl
 import json
 import logging
 import os
@@ -139,8 +140,6 @@ class LocalLock:
             while True:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 try:
-                    import fcntl
-
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     owner = _parse(os.pread(fd, 1 << 16, 0))

@@ -76,6 +76,7 @@ def where(request, tmp_path):
         ("my_split-00011-of-00012.tfrecord.idx", True),
         ("labels.txt.tmp-" + "0f" * 16, True),  # write_atomically's temporary name
         (f"{TMP}/job.json", True),
+        (f"{TMP}/lock", True),  # a live run's lock (lock.py)
         (f"{TMP}/spill/123-abc.spill", True),
         ("labels.txt.tmp-123", False),  # not the 32 hex digits we write
         ("train-0-of-1.tfrecord", False),
