@@ -405,10 +405,13 @@ def is_unreachable(error: BaseException) -> bool:
     from google.api_core import exceptions as api
     from google.cloud.storage.retry import _should_retry  # the client's own transient rule
 
-    return any(
-        isinstance(cause, api.RetryError) or (isinstance(cause, Exception) and _should_retry(cause))
-        for cause in _causes(error)
-    )
+    def transient(cause: BaseException) -> bool:
+        try:
+            return isinstance(cause, Exception) and bool(_should_retry(cause))
+        except (IndexError, AttributeError):  # an auth TransportError without its cause
+            return False
+
+    return any(isinstance(cause, api.RetryError) or transient(cause) for cause in _causes(error))
 
 
 def _root_cause(error: BaseException) -> str:
