@@ -91,6 +91,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a client that hung up (it does, once the proxy drops) is no news
+
+
 class DroppingProxy:
     """Forwards HTTP to ``upstream`` until it drops (see the module docstring).
 
@@ -109,8 +116,7 @@ class DroppingProxy:
         self._lock = threading.Lock()
         self.dropped = threading.Event()
         self.connections: set[socket.socket] = set()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,))
