@@ -14,6 +14,8 @@ INSTALL_REQUIRES = [
     "google-cloud-storage>=2.10",
     "google-crc32c>=1.5",
     "protobuf>=4.21",
+    # Progress of a long local run: a live line on a terminal (beam_pipeline/progress.py).
+    "tqdm>=4.66",
 ]
 
 TEST_REQUIRES = [
@@ -33,6 +35,13 @@ TEST_REQUIRES = [
 # Beam's DaskRunner (beam_pipeline/dask_runner.py); Beam 2.77's own "dask" extra
 # asks for the same lower bound. The client and every worker need it.
 DASK_REQUIRES = ["dask[distributed]>=2024.4.2"]
+
+# Other trainers' doors to the same shards (docs/trainers.md): Grain over
+# imagerecords.RecordSource, and TFDS's builder_from_directory. Neither the
+# converter nor the tf.data reader needs them. TFDS, like the reader, uses the
+# training job's own TensorFlow. Not torch: PyPI's Linux wheel pulls several GB
+# of CUDA libraries; the source serves PyTorch's map-style protocol without it.
+TRAINERS_REQUIRES = ["grain>=0.2.18", "tensorflow-datasets>=4.9.10"]
 
 BENCH_REQUIRES = [
     "matplotlib>=3.8",
@@ -54,15 +63,16 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(
-        include=["beam_pipeline", "beam_pipeline.*", "reader", "reader.*"]
+        include=["beam_pipeline", "beam_pipeline.*", "reader", "reader.*", "imagerecords"]
     ),
     # The reader's native op ships as source and is compiled on first use
     # against the user's TensorFlow (reader/native.py).
     package_data={"reader": ["native/*.cc"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": TEST_REQUIRES + BENCH_REQUIRES + DASK_REQUIRES,
+        "test": TEST_REQUIRES + BENCH_REQUIRES + DASK_REQUIRES + TRAINERS_REQUIRES,
         "dask": DASK_REQUIRES,
+        "trainers": TRAINERS_REQUIRES,
         "bench": BENCH_REQUIRES + ["tensorflow-cpu>=2.16"],
     },
     entry_points={

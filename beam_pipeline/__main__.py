@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted(verbose: bool) -> int:
-    _error(f"interrupted; no dataset_info.json was written; {RESUME_HINT}", verbose)
+    _error(f"interrupted; {errors.NOT_FINISHED}; {RESUME_HINT}", verbose)
     return 130
 
 

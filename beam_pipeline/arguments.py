@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 
-from beam_pipeline import beam_options, gcs, images, keys
+from beam_pipeline import beam_options, gcs, images, keys, listing, tfds_metadata
 from beam_pipeline.errors import UsageError
 
 EXAMPLE = (
@@ -98,9 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_reject_fraction",
         type=float,
         default=0.01,
-        help="Fail (and write no dataset_info.json) if more images are rejected (default 0.01)",
+        help="Fail (and write no imagerecords.json) if more images are rejected (default 0.01)",
     )
     add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
+    add(
+        listing.SKIP_UNREADABLE_FLAG,
+        **_FLAG,
+        help="When a local class folder cannot be read, list it in skipped.jsonl (its class "
+        "keeps its place in labels.txt) and convert the rest; default: such a folder stops "
+        "the job before it starts",
+    )
     add(
         "--dedupe",
         **_FLAG,
@@ -113,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
         **_FLAG,
         help="Also write <shard>.tfrecord.idx files ('offset length' per record, the "
         "format NVIDIA DALI's TFRecord reader needs)",
+    )
+    add(
+        "--tfds_name",
+        default=tfds_metadata.DEFAULT_NAME,
+        help="The dataset's name in TFDS's metadata files, which let "
+        "tfds.builder_from_directory(OUTPUT) read the shards: lower-case letters, digits "
+        f"and _ (default {tfds_metadata.DEFAULT_NAME})",
+    )
+    add(
+        "--tfds_version",
+        default=tfds_metadata.DEFAULT_VERSION,
+        help=f"The dataset's version in TFDS's metadata files, MAJOR.MINOR.PATCH "
+        f"(default {tfds_metadata.DEFAULT_VERSION})",
     )
     add(
         "--local_processes",
@@ -205,14 +225,7 @@ def parse_args(argv: list[str]):
         raise UsageError("--input is required (or --manifest FILE)")
     try:
         args.split_fractions = keys.parse_splits(args.splits)
-        args.image_spec = images.ImageSpec(
-            resize=args.resize,
-            size=args.image_size,
-            upscale=args.upscale,
-            jpeg_quality=args.jpeg_quality,
-            resample=args.resample,
-            timeout_s=args.image_timeout_s,
-        )
+        args.image_spec = images.ImageSpec.from_flags(vars(args))
     except ValueError as error:
         raise UsageError(str(error)) from None
     if not args.target_shard_mb > 0:

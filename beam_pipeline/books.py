@@ -164,7 +164,7 @@ def check_books(
     shard_problems: Sequence[str] = (),
     names_of: Callable[[set[int]], Mapping[int, str]] = lambda wanted: {},
 ) -> str | None:
-    """Whether the job may write dataset_info.json: ``None``, or why not.
+    """Whether the job may write imagerecords.json: ``None``, or why not.
 
     Args:
         plans: every split's books and shard plan.
@@ -181,7 +181,7 @@ def check_books(
         shown = sorted(describe(p, names.get(p.key)) for p in key_problems)
         return (
             f"the job's books do not balance: {problem_count} image IDs were lost or "
-            f"doubled; dataset_info.json was not written. First: "
+            f"doubled; imagerecords.json was not written. First: "
             + "; ".join((shown + list(shard_problems))[:MAX_PROBLEMS_SHOWN])
         )
     listed = sum(plan.listed for plan in plans)
@@ -190,6 +190,6 @@ def check_books(
     if written + rejected != listed:
         return (
             f"the job's books do not balance: listed {listed}, wrote {written}, "
-            f"rejected {rejected}; dataset_info.json was not written"
+            f"rejected {rejected}; imagerecords.json was not written"
         )
     return None

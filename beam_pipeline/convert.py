@@ -92,13 +92,29 @@ class Decoded(NamedTuple):
     reason: str | None  # why it is rejected, when converted is None
 
 
+# The rejections whose cause lies outside the file's bytes: it could not be
+# read (permission denied, a network error, a file not there yet: OSError or a
+# remote filesystem's error) or its conversion ran out of time (which depends
+# on the machine's load). A resumed run tries those images again, so that its
+# output is what an uninterrupted run gives once the cause is gone. Every
+# other rejection (images.Rejected: bad image data, a bomb, an unsupported
+# image) is what the same bytes get again, and a resumed run reuses it.
+CANNOT_READ = "cannot read: "
+TIMED_OUT = "timed out: "
+
+
+def is_transient(reason: str) -> bool:
+    """Whether a rejection may not happen again: a resumed run retries the image."""
+    return reason.startswith((CANNOT_READ, TIMED_OUT))
+
+
 def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
     """Reads and converts one file; never raises for a bad image."""
     try:
         data = read_bytes(path)
     except Exception as error:  # an unreadable file is a rejection, not a crash
         gcs.raise_if_unreachable(error, path)  # but GCS out of reach stops the run
-        return Decoded(0, "", None, f"cannot read: {type(error).__name__}: {error}")
+        return Decoded(0, "", None, f"{CANNOT_READ}{type(error).__name__}: {error}")
     return decode_data(data, spec, path)
 
 
@@ -118,7 +134,7 @@ def decode_data(data: bytes, spec: images.ImageSpec, what: str = "an image") -> 
 
 
 def timeout_reason(seconds: float) -> str:
-    return f"timed out: converting took longer than --image_timeout_s {seconds:g}"
+    return f"{TIMED_OUT}converting took longer than --image_timeout_s {seconds:g}"
 
 
 def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes) -> Outcome:
@@ -171,34 +187,34 @@ def convert_chunk(refs, *args) -> list[Outcome]:
 def spill_chunk(refs, spec, seed, classes, spill_dir: str) -> list[Outcome]:
     """Runs in a local pool process: converts a few images, appends their records
     (and rejections, so that a resumed run need not decode them again) to this
-    process's spill file, and returns references in place of the record bytes."""
+    process's spill file, and returns references in place of the record bytes.
+
+    A transient rejection (:func:`is_transient`) is returned but not spilled:
+    a resumed run converts that image again.
+    """
     outcomes = convert_chunk(refs, spec, seed, classes)
-    entries = []
-    for outcome in outcomes:
+    entries = {}  # index in outcomes -> spill entry
+    for index, outcome in enumerate(outcomes):
         result = outcome.result
         if isinstance(result, Converted):
             e = result.entry
-            entries.append(
-                spill.encode(
-                    spill.RECORD, result.split, e.image_id, e.key, e.label, e.data, "", e.sha256
-                )
+            entries[index] = spill.encode(
+                spill.RECORD, result.split, e.image_id, e.key, e.label, e.data, "", e.sha256
             )
-        else:
+        elif not is_transient(result.reason):
             key = keys.order_key(seed, result.image_id)
-            entries.append(
-                spill.encode(
-                    spill.REJECTION, result.split, result.image_id, key, -1, b"", result.reason
-                )
+            entries[index] = spill.encode(
+                spill.REJECTION, result.split, result.image_id, key, -1, b"", result.reason
             )
     writer = spill.writer(spill_dir)
-    offsets = writer.append(entries)
+    offsets = dict(zip(entries, writer.append(list(entries.values())), strict=True))
     spilled = []
-    for outcome, offset, entry in zip(outcomes, offsets, entries, strict=True):
+    for index, outcome in enumerate(outcomes):
         result = outcome.result
         if isinstance(result, Converted):
             e = result.entry
             # The framed record is the entry's tail.
-            where = SpillLocation(writer.path, offset + len(entry) - e.size)
+            where = SpillLocation(writer.path, offsets[index] + len(entries[index]) - e.size)
             outcome = outcome._replace(result=result._replace(entry=e._replace(data=where)))
         spilled.append(outcome)
     return spilled

@@ -9,10 +9,11 @@ Create, GroupByKey and Flatten translations, the options, the result):
    transform, and its bundle function drops the tag of every ``TaggedOutput``,
    so each consumer of *any* output of ``ParDo(...).with_outputs(...)`` -- as a
    main input or as a side input -- reads the elements of *all* its outputs,
-   mixed. Conversion's ``rejected`` output reached RecordEntries, and
-   Finalize's ``books`` side input received the shard dicts too ("too many
-   values to unpack (expected 4)"). Here the bundle function emits
-   ``(tag, value)`` pairs and every consumer selects its own tag.
+   mixed. ListImages' ``(split, KeyTally)`` pairs (its ``listed`` output)
+   reach ConvertImages with the ``ImageRef``s ("not enough values to unpack
+   (expected 4, got 2)" in ``convert.finish``), and Finalize's ``skipped``
+   side input would get the refs and tallies too. Here the bundle function
+   emits ``(tag, value)`` pairs and every consumer selects its own tag.
 2. **Side inputs are outside the dask graph.** A consuming task iterates a
    ``DaskBagWindowedIterator``, which computes the side input's bag inside the
    task (``list(bag)``, a nested ``compute``). Everything upstream of a side

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from beam_pipeline import convert, images, keys, listing
+from beam_pipeline import convert, images, keys, listing, settings
 from beam_pipeline.errors import UsageError
 
 SAMPLE_SIZE = 300
@@ -211,69 +211,47 @@ def _split_of(seed: int, fractions: Mapping[str, float], image_id: str, fixed: s
     return fixed or keys.assign_split(seed, image_id, fractions)
 
 
-def _census_local(layout: listing.Layout, seed: int, fractions) -> Census:
-    """One walk of the input folder, hidden files included so they can be counted."""
+def _census_folders(layout: listing.Layout, seed: int, fractions) -> Census:
+    """Lists every class folder as the job does (``listing.sized_folder_rows``: the
+    same rows, plus sizes and hidden entries), in parallel threads; gs:// through
+    Beam's FileSystems."""
     root = layout.root
-    folder_of = {
-        listing.relative_id(root, f.path): f for f in layout.folders
-    }  # "cat" or "train/cat"
-    depth = 2 if layout.kind == "presplit" else 1
-    refs, skipped = [], collections.defaultdict(list)
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = os.path.join(dirpath, name)
-            rel = listing.relative_id(root, path)
-            parts = rel.split("/")
-            folder = folder_of.get("/".join(parts[:depth])) if len(parts) > depth else None
-            if listing.is_hidden(rel):
-                skipped["hidden"].append(rel)
-            elif folder is None:
-                skipped[listing.NOT_IN_CLASS_FOLDER].append(rel)
-            elif listing.skip_reason(rel):
-                skipped[listing.skip_reason(rel)].append(rel)
-            else:
-                try:
-                    total += os.path.getsize(path)
-                except OSError:
-                    pass  # vanished: the job would reject it as unreadable
-                refs.append((rel, path, folder.label, folder.split))
-    return _finish_census(refs, skipped, total, seed, fractions)
-
-
-def _census_remote(layout: listing.Layout, seed: int, fractions) -> Census:
-    """Lists every class folder (in parallel threads; gs:// through Beam's FileSystems)."""
     refs, skipped = [], collections.defaultdict(list)
     for path in layout.loose_files:
-        skipped[listing.NOT_IN_CLASS_FOLDER].append(listing.relative_id(layout.root, path))
+        skipped[listing.NOT_IN_CLASS_FOLDER].append(listing.relative_id(root, path))
+
+    def rows(folder):
+        return list(listing.sized_folder_rows(folder, root, sizes=True, hidden=True))
+
     total = 0
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        listings = list(pool.map(lambda f: listing.sized_files_under(f.path), layout.folders))
-    for folder, found in zip(layout.folders, listings, strict=True):
-        prefix = folder.path.rstrip("/")
-        for path, size in sorted(found):
-            if path.endswith("/"):
-                continue  # a folder placeholder object
-            rel = listing.relative_id(layout.root, path)
-            if listing.is_hidden(path[len(prefix) :]):
-                skipped["hidden"].append(rel)
-                continue
-            if listing.skip_reason(rel):
-                skipped[listing.skip_reason(rel)].append(rel)
-                continue
-            total += size or 0
-            refs.append((rel, path, folder.label, folder.split))
+        for found in pool.map(rows, layout.folders):
+            for row in found:
+                if isinstance(row, listing.Skipped):
+                    skipped[row.reason].append(listing.relative_id(root, row.path))
+                    continue
+                *ref, size = row
+                total += size or 0
+                refs.append(tuple(ref))
     return _finish_census(refs, skipped, total, seed, fractions)
 
 
 def _census_manifest(layout: listing.Layout, seed: int, fractions) -> Census:
-    refs = list(layout.rows(layout.manifest))  # (image_id, path, label, split)
-    return _finish_census(refs, {}, None, seed, fractions)
+    refs, skipped = [], collections.defaultdict(list)
+    for row in layout.rows(layout.manifest):  # (image_id, path, label, split) or Skipped
+        if isinstance(row, listing.Skipped):
+            skipped[row.reason].append(row.path)
+        else:
+            refs.append(row)
+    return _finish_census(refs, skipped, None, seed, fractions)
 
 
 def _finish_census(refs, skipped, total, seed, fractions) -> Census:
-    refs = [(i, p, label, _split_of(seed, fractions, i, split)) for i, p, label, split in refs]
+    # Sorted, so that the sample drawn with the seed does not depend on the listing order.
+    refs = sorted(
+        (i, p, label, _split_of(seed, fractions, i, split)) for i, p, label, split in refs
+    )
+    skipped = {why: sorted(paths) for why, paths in skipped.items()}
     counts = collections.Counter((split, label) for _, _, label, split in refs)
     extensions = collections.Counter(posixpath.splitext(i)[1].lower() or "(none)" for i, *_ in refs)
     return Census(refs, dict(counts), dict(skipped), extensions, total)
@@ -283,9 +261,7 @@ def census(layout: listing.Layout, seed: int, fractions: Mapping[str, float]) ->
     """Lists the whole input as the job would, without converting anything."""
     if layout.kind == "manifest":
         return _census_manifest(layout, seed, fractions)
-    if listing.is_local(layout.root):
-        return _census_local(layout, seed, fractions)
-    return _census_remote(layout, seed, fractions)
+    return _census_folders(layout, seed, fractions)
 
 
 # ------------------------------------------------------------------ sample
@@ -337,7 +313,7 @@ def convert_sample(
         if ref[1] in prefetched:
             data = prefetched[ref[1]]
             if isinstance(data, Exception):
-                reason = f"cannot read: {type(data).__name__}: {data}"
+                reason = f"{convert.CANNOT_READ}{type(data).__name__}: {data}"
                 decoded = convert.Decoded(0, "", None, reason)
             else:
                 decoded = convert.decode_data(data, spec)
@@ -498,8 +474,7 @@ def report(args, beam_args, layout, output_problem: str | None, out=None) -> dic
     say()
     say(
         f"sample: {sample.converted} images converted in memory "
-        f"({args.image_spec.resize} {args.image_spec.size}, JPEG quality "
-        f"{args.image_spec.jpeg_quality})"
+        f"({settings.describe(settings.image_settings(args.image_spec))})"
     )
     say(
         f"{'split':<12}{'images':>10}{'records':>10}{'rejects':>9}{'output':>11}{'shards':>8}"
@@ -570,7 +545,7 @@ def run(args, beam_args, check_output) -> dict:
         check_output: the CLI's read-only output check; what it refuses is
             reported as a warning instead of stopping the dry run.
     """
-    layout = listing.discover(args.input, args.manifest)
+    layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
     output = listing.normalize_root(args.output)
     problem = None
     try:

@@ -1,4 +1,4 @@
-"""Identical source files: groups, the dataset_info block, duplicates.jsonl, --dedupe.
+"""Identical source files: groups, the imagerecords.json block, duplicates.jsonl, --dedupe.
 
 A group is every converted image whose source bytes have the same SHA-256
 (the ``image/key/sha256`` every record already carries). Identical bytes
@@ -72,7 +72,7 @@ def leaks(groups: Iterable[Sequence[Member]], first_split: str) -> dict[str, int
 
 
 def info_block(groups: Sequence[Sequence[Member]], first_split: str) -> dict:
-    """The ``duplicates`` block of dataset_info.json (docs/format.md section 7)."""
+    """The ``duplicates`` block of imagerecords.json (docs/format.md section 7)."""
     return {
         "groups": len(groups),
         "images": sum(len(g) for g in groups),

@@ -9,6 +9,8 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 
+from beam_pipeline.metadata import INFO_FILE
+
 
 class UsageError(ValueError):
     """Bad arguments or unusable input/output, found before any work starts.
@@ -20,15 +22,16 @@ class UsageError(ValueError):
 class BooksDoNotBalance(RuntimeError):
     """The job's own accounting found images lost, doubled, or too many rejected.
 
-    Raised inside the pipeline's final step, so ``dataset_info.json`` is never
+    Raised inside the pipeline's final step, so ``imagerecords.json`` is never
     written for an incomplete dataset. The CLI recognises it by name in the
     runner's error text and prints its message.
     """
 
 
-# What every error of a run that stopped part-way says to do next: nothing it
-# wrote looks finished (no dataset_info.json), and the same command carries
-# on from what it converted (docs/scale.md).
+# What every error of a run that stopped part-way says: nothing it wrote
+# looks finished, and the same command carries on from what it converted
+# (docs/scale.md).
+NOT_FINISHED = f"no {INFO_FILE} was written"
 RESUME_HINT = "rerun the same command to resume"
 
 
@@ -64,9 +67,7 @@ def cannot_write(path: str, error: OSError) -> CannotWrite:
     detail = f"{reason} ({name})" if name else reason
     advice = _WRITE_ADVICE.get(error.errno or 0)
     then = f"{advice}, then {RESUME_HINT}" if advice else RESUME_HINT
-    return CannotWrite(
-        f"could not write {path}: {detail}; no dataset_info.json was written; {then}"
-    )
+    return CannotWrite(f"could not write {path}: {detail}; {NOT_FINISHED}; {then}")
 
 
 # A runner may hand back only the text of an error raised on a worker, so the
@@ -89,7 +90,7 @@ def too_many_rejects(
     needed = math.ceil(rejected / listed * 100) / 100
     message = (
         f"too many rejected images: {rejected} of {listed} ({rejected / listed:.1%}) > "
-        f"--max_reject_fraction {max_fraction:g}; dataset_info.json was not written. "
+        f"--max_reject_fraction {max_fraction:g}; imagerecords.json was not written. "
         f"All are listed in {rejects_file}; to accept them, pass "
         f"--max_reject_fraction {needed:g}"
     )

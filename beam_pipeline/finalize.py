@@ -1,4 +1,4 @@
-"""The job's last step: the lists, the books, the shards renamed, dataset_info.json.
+"""The job's last step: the lists, the books, the shards renamed, imagerecords.json.
 
 Pure of Beam: the local engine calls :class:`Finalizer` directly; the Beam
 graph runs it inside ``pipeline.Finalize`` with everything else as side inputs.
@@ -9,7 +9,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from beam_pipeline import books, duplicates, errors, keys, listing, metadata
+from beam_pipeline import (
+    books,
+    duplicates,
+    errors,
+    keys,
+    listing,
+    metadata,
+    settings,
+    tfds_metadata,
+)
 from beam_pipeline import output as output_files
 from beam_pipeline.errors import BooksDoNotBalance
 from beam_pipeline.job_config import JobConfig, output_path
@@ -17,7 +26,7 @@ from beam_pipeline.shards import ShardInfo, check_shards, place_shards
 
 
 class Finalizer:
-    """Publishes the dataset once every shard is written: lists, books, renames, dataset_info.
+    """Publishes the dataset once every shard is written: lists, books, renames, imagerecords.json.
 
     Idempotent, so a retried Finalize completes what the first try began.
     """
@@ -98,39 +107,26 @@ class Finalizer:
         return kept
 
     def _info(self, placed, rejects, skipped, groups) -> dict:
-        """The dataset_info.json object (docs/format.md section 7)."""
+        """The imagerecords.json object (docs/format.md section 7).
+
+        The settings in it are those the config declares (settings.info_values).
+        """
         config = self._config
         rejected_by_split = Counter(r.split for r in rejects)
         splits = metadata.split_order(
             config.split_names, [row["split"] for row in placed] + list(rejected_by_split)
         )
-        spec = config.image
+        declared = settings.info_values(config)
         info = metadata.build_info(
-            source=config.layout.manifest or config.layout.root,
-            seed=config.seed,
-            classes=config.layout.classes,
-            image={
-                "resize": spec.resize,
-                "size": spec.size,
-                "upscale": spec.upscale,
-                "jpeg_quality": spec.jpeg_quality,
-                "format": "jpeg",
-                "channels": 3,
-                # Embedded colour profiles are applied (docs/images.md).
-                "color_space": "sRGB",
-            },
+            source=declared["source"],
+            seed=declared["seed"],
+            classes=declared["classes"],
+            image={**declared["image"], **metadata.IMAGE_FACTS},
             splits=splits,
             shards=placed,
             rejected_by_split=rejected_by_split,
             skipped_reasons=[s.reason for s in skipped],
-            config={
-                "layout": config.layout.kind,
-                "splits": config.splits if config.layout.kind != "presplit" else None,
-                "target_shard_mb": config.target_shard_bytes / 2**20,
-                "min_shards": config.min_shards,
-                "max_reject_fraction": config.max_reject_fraction,
-                "dedupe": config.dedupe,
-            },
+            config=declared["config"],
         )
         info["duplicates"] = duplicates.info_block(
             [members for _, members in groups], _first_split(splits)
@@ -138,10 +134,16 @@ class Finalizer:
         return info
 
     def _publish(self, info: dict) -> None:
-        """Deletes the temporary files, writes dataset_info.json, then drops the marker."""
-        output = self._config.output
-        output_files.delete_local_folder(self._config.spill_directory)
+        """Deletes the temporary files, writes TFDS's files and imagerecords.json, then
+        drops the marker."""
+        config = self._config
+        output = config.output
+        output_files.delete_local_folder(config.spill_directory)
         output_files.delete_temp_files(output, keep=[output_files.MARKER])
+        # TFDS's metadata (tfds.builder_from_directory reads the same shards).
+        tfds = tfds_metadata.tfds_files(info, name=config.tfds_name, version=config.tfds_version)
+        for name, data in tfds.items():
+            output_files.write_atomically(output_path(output, name), data)
         # Written last: its presence means the dataset is complete.
         output_files.write_atomically(output_path(output, metadata.INFO_FILE), metadata.dumps(info))
         output_files.delete_temp_folder(output)  # what is left: the job's marker

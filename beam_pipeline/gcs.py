@@ -442,8 +442,8 @@ def unreachable(url: str, error: BaseException) -> errors.StorageUnreachable:
     """The error that stops the run: ``url`` could not be reached within --gcs_timeout_s."""
     return errors.StorageUnreachable(
         f"lost the connection to Google Cloud Storage: could not reach {url} within "
-        f"--gcs_timeout_s {timeout_s():g} ({_root_cause(error)}); no dataset_info.json was "
-        f"written; {errors.RESUME_HINT}"
+        f"--gcs_timeout_s {timeout_s():g} ({_root_cause(error)}); {errors.NOT_FINISHED}; "
+        f"{errors.RESUME_HINT}"
     )
 
 

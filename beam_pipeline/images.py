@@ -12,7 +12,7 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
-from beam_pipeline import colour, jpeg
+from beam_pipeline import colour, jpeg, settings
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 # --resample: the downscaling filter. Bicubic is the default; bilinear is faster
@@ -73,18 +73,41 @@ class Rejected(Exception):
     """An input that cannot become a record; ``str()`` is the reason."""
 
 
+def _setting(default, declared: dict):
+    return dataclasses.field(default=default, metadata=declared)
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageSpec:
-    """How every image is stored (``--resize``, ``--image_size``, ...)."""
+    """How every image is stored (``--resize``, ``--image_size``, ...).
 
-    resize: str = "shorter"
-    size: int = 256
-    upscale: bool = False
-    jpeg_quality: int = 90
-    resample: str = "bicubic"
+    Each field declares whether it decides a record's bytes, its flag's name
+    and its place in imagerecords.json (``settings.py``: the resume key, the
+    ``image`` block and the settings the dry run and summary print come from
+    these declarations).
+    """
+
+    resize: str = _setting("shorter", settings.decides("resize", info="image.resize"))
+    size: int = _setting(256, settings.decides("image_size", info="image.size"))
+    upscale: bool = _setting(False, settings.decides("upscale", info="image.upscale"))
+    jpeg_quality: int = _setting(90, settings.decides("jpeg_quality", info="image.jpeg_quality"))
+    resample: str = _setting("bicubic", settings.decides("resample", info="image.resample"))
     # Not part of how images are stored, but it travels with them to every
     # converting process: the per-image time limit (--image_timeout_s; 0: none).
-    timeout_s: float = 60.0
+    timeout_s: float = _setting(
+        60.0,
+        settings.does_not_decide(
+            "it decides only which images are given up on, which depends on the machine's "
+            "load as much as on the image: a timed-out image is retried by a resumed run",
+            name="image_timeout_s",
+            limit=True,
+        ),
+    )
+
+    @classmethod
+    def from_flags(cls, flags) -> ImageSpec:
+        """The spec of the command line's values (``vars(args)``): each field from its flag."""
+        return settings.from_flags(cls, flags)
 
     def __post_init__(self):
         if self.resize not in RESIZE_MODES:

@@ -106,6 +106,8 @@ def config_from_args(args, layout, conversion_processes: int):
         index_files=args.index_files,
         conversion_processes=conversion_processes,
         dedupe=args.dedupe,
+        tfds_name=args.tfds_name,
+        tfds_version=args.tfds_version,
     )
 
 
@@ -237,7 +239,7 @@ def choose_engine(beam_args: list[str], layout, output: str) -> str:
 
 def _run_local_engine(args, layout, processes: int, say) -> dict[str, int]:
     """Runs the job on the local engine; its counters."""
-    from beam_pipeline import local_engine, local_pool
+    from beam_pipeline import local_engine, local_pool, progress
 
     # Fork first, while this process has no other thread (see local_pool).
     local_pool.start(processes)
@@ -248,7 +250,7 @@ def _run_local_engine(args, layout, processes: int, say) -> dict[str, int]:
         "--runner DirectRunner runs the same job on Beam)"
     )
     with _collector_skips_the_graph():
-        return local_engine.run(config)
+        return local_engine.run(config, progress.Reporter(enabled=not args.quiet))
 
 
 def _workers_log_path(output: str) -> str:
@@ -284,7 +286,7 @@ def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done:
 
 
 def run(argv: list[str] | None = None, parsed=None) -> dict:
-    """Validates arguments, builds and runs the pipeline; returns dataset_info.
+    """Validates arguments, builds and runs the pipeline; returns imagerecords.json, parsed.
 
     Args:
         argv: The command line (default ``sys.argv[1:]``).
@@ -315,7 +317,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     gcs.set_timeout(args.gcs_timeout_s)
     # Local input and output are checked without Beam, so that the conversion
     # processes can start (and start converting) while Beam loads.
-    layout = listing.discover(args.input, args.manifest)
+    layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
     output = listing.normalize_root(args.output)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)
@@ -331,6 +333,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
             found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
         try:
             try:
+                if engine == LOCAL_ENGINE or processes > 1:
+                    # Fork the conversion processes before the resume index is read:
+                    # children that inherit it would each map (and count) its pages.
+                    local_pool.start(processes)
                 done = _report_leftovers(found, output, spill_dir, say)
                 if engine == LOCAL_ENGINE:
                     counted = _run_local_engine(args, layout, processes, say)
@@ -370,7 +376,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 @contextlib.contextmanager
 def _owning(output: str, lock: bool):
     """Holds --output's lock (lock.py) for the block: taken before the output is
-    prepared, given back on every way out, after dataset_info.json and the summary.
+    prepared, given back on every way out, after the metadata file and the summary.
 
     Yields the lock (None when ``lock`` is false).
 
@@ -397,7 +403,7 @@ def _owning(output: str, lock: bool):
 
 
 def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:
-    """Prints the summary of a finished run; its dataset_info."""
+    """Prints the summary of a finished run; its imagerecords.json, parsed."""
     from beam_pipeline import convert, listing
 
     seconds = time.monotonic() - started

@@ -26,9 +26,24 @@ def hash64(seed: int, purpose: str, image_id: str) -> int:
 
     The three parts are joined with NUL bytes, which cannot occur in a path, so
     distinct triples never collide by concatenation.
+
+    Raises:
+        ValueError: ``image_id`` is not valid UTF-8 (a file name's undecodable
+            bytes, which the listing skips), naming it with those bytes as ``\\xNN``.
     """
-    payload = f"{seed}\0{purpose}\0{image_id}".encode()
+    try:
+        payload = f"{seed}\0{purpose}\0{image_id}".encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"image ID {_escaped(image_id)} is not valid UTF-8") from None
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
+
+
+def _escaped(text: str) -> str:
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return ascii(text)
+    return "'" + raw.decode("utf-8", "backslashreplace") + "'"
 
 
 def order_key(seed: int, image_id: str) -> int:

@@ -5,16 +5,26 @@ delimiter listings), so bad input is refused before any work starts and the
 class list - hence the class ids - is fixed. Listing the *files* inside each
 folder happens in the pipeline, one folder per element, so a million-image
 bucket is not listed by one worker (docs/format.md section 2).
+
+Every entry below a local class folder is accounted for: an image to convert,
+or a :class:`Skipped` row with the reason (docs/images.md, "What happens to
+each kind of entry"). Nothing is opened while listing: the kind of an entry
+comes from its directory entry (and a stat for a symbolic link), so a FIFO or
+a device can never block a worker.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import io
 import json
 import os
 import posixpath
+import stat
+import sys
+import unicodedata
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -40,6 +50,42 @@ NOT_IMAGE_SUFFIXES = (
     ".yml",
 )
 NOT_IN_CLASS_FOLDER = "not inside a class folder"
+HIDDEN = "hidden"  # not a skipped.jsonl reason: the job ignores these; the dry run counts them
+NOT_TEXT = "name is not valid UTF-8"
+IN_NOT_TEXT_FOLDER = "inside a folder whose name is not valid UTF-8"
+SYMLINKED_FOLDER = "symbolic link to a folder (not followed)"
+BROKEN_SYMLINK = "broken symbolic link (its target does not exist)"
+# The flag that turns an unreadable class folder from an error into a skipped row.
+SKIP_UNREADABLE_FLAG = "--skip_unreadable_folders"
+_PATH_MAX = 4096  # Linux's PATH_MAX, where os.pathconf cannot say
+
+
+def unreadable_folder_reason(error: OSError) -> str:
+    """The skipped row's reason for a folder that could not be listed."""
+    return f"folder cannot be read ({_why(error)}): the files in it are unknown"
+
+
+def path_too_long_reason(limit: int) -> str:
+    return f"path longer than the system allows ({limit} bytes)"
+
+
+def not_regular_reason(mode: int) -> str:
+    """Why an entry that is neither a file nor a folder is skipped (never opened)."""
+    kinds = (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "folder"),
+    )
+    kind = next((name for test, name in kinds if test(mode)), "unknown kind")
+    return f"not a regular file ({kind})"
+
+
+def _why(error: OSError) -> str:
+    if error.errno == errno.ENAMETOOLONG:
+        return "path longer than the system allows"
+    return error.strerror or type(error).__name__
 
 
 def skip_reason(path: str) -> str | None:
@@ -73,6 +119,10 @@ class ClassFolder:
     path: str
     label: int
     split: str | None  # fixed by a pre-split layout, else None (assigned by hash)
+    # Why the folder could not be read at discovery (only with --skip_unreadable_folders):
+    # listing it then yields just that one Skipped row. A split folder of a pre-split
+    # layout that could not be read (its classes unknown) has label -1.
+    unreadable: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +151,10 @@ class Layout:
         if self.kind == "manifest":
             label_of = {name: i for i, name in enumerate(self.classes)}
             for row in read_manifest(source, self.root):
+                reason = _not_a_file(row.path) if is_local(row.path) else None
+                if reason is not None:  # a FIFO would block the worker that opens it
+                    yield Skipped(row.path, reason)
+                    continue
                 yield row.image_id, row.path, label_of[row.label_name], row.split
         else:
             yield from list_folder(source, self.root)
@@ -157,6 +211,49 @@ def is_hidden(relative_path: str) -> bool:
     return any(part.startswith(".") for part in relative_path.replace("\\", "/").split("/"))
 
 
+def is_text(name: str) -> bool:
+    """False for a name that is not valid UTF-8: Python gives such bytes of a file
+    name as lone surrogates, which no UTF-8 file (labels.txt, JSON lines) can hold."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_text(name: str) -> str:
+    """``name`` with each byte that is not UTF-8 written as ``\\xNN`` (valid names unchanged)."""
+    if is_text(name):
+        return name
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that came from text, not from a file name
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def shown(name: str) -> str:
+    """``name`` quoted for a one-line message: bad bytes as ``\\xNN``, unprintable
+    characters (line breaks, controls, invisible format characters) escaped."""
+    text = "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in as_text(name)
+    )
+    return f"'{text}'"
+
+
+def _not_a_file(path: str) -> str | None:
+    """Why a local path that exists is not a file to open, without opening it; None
+    for a regular file (or a symbolic link to one) and for a path that cannot be
+    stat'ed (the conversion then rejects it with the error)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else not_regular_reason(mode)
+
+
 def _escape_glob(path: str) -> str:
     """A pattern matching at least ``path``: wildcard characters become ``?``.
 
@@ -200,32 +297,72 @@ def list_level(path: str) -> tuple[list[str], list[str]]:
     return sorted(n for n in names if n and not n.startswith(".")), visible
 
 
-def _visible_local_files(path: str) -> Iterator[str]:
-    """Non-hidden files below a local folder, in sorted walk order (no Beam)."""
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if not name.startswith("."):
-                yield os.path.join(dirpath, name)
-
-
 def _has_any_file(path: str) -> bool:
-    """True if some non-hidden file that is not skipped lies anywhere below a local folder."""
-    return any(skip_reason(f) is None for f in _visible_local_files(path))
+    """True if some file that is not skipped lies anywhere below a local folder."""
+    return any(
+        not isinstance(row, Skipped) and skip_reason(row[0]) is None
+        for row in _walk_class_folder(path)
+    )
+
+
+_CLASS_NAME_RULE = (
+    "a class name must be non-blank UTF-8 text with no line break, control character or "
+    "white space at either end (labels.txt has one class per line, read back with "
+    "splitlines() and often strip())"
+)
+
+
+def class_name_problem(name: str) -> str | None:
+    """What keeps ``name`` from being line i of labels.txt and read back whole, or None."""
+    if not is_text(name):
+        return "is not valid UTF-8"
+    if not name.strip():
+        return "is blank"
+    if name.splitlines() != [name]:  # \n \r \v \f \x1c-\x1e \x85 \u2028 \u2029
+        return "holds a line break"
+    if name != name.strip():
+        return "begins or ends with white space"
+    for c in name:
+        # Cc: the C0 and C1 controls; U+FEFF: a byte-order mark, which a reader that
+        # opens labels.txt as utf-8-sig drops from the first class.
+        if unicodedata.category(c) == "Cc" or c == "\ufeff":
+            return f"holds the control character {shown(c)}"
+    return None
 
 
 def check_class_name(name: str, where: str) -> None:
     """Refuses a class name that labels.txt ("line i = class i") could not hold.
 
     Raises:
-        UsageError: the name is empty or holds a newline or another control
-            character, naming it as Python would write it.
+        UsageError: naming the class escaped (bad bytes as ``\\xNN``, controls as
+            Python writes them) and what is wrong with it.
     """
-    if not name.strip() or any(ord(c) < 32 or ord(c) == 127 for c in name):
+    problem = class_name_problem(name)
+    if problem is not None:
+        raise UsageError(f"{where} {shown(name)} {problem}: {_CLASS_NAME_RULE}; rename it")
+
+
+def _readable(folder: ClassFolder, skip_unreadable: bool, what: str) -> ClassFolder:
+    """``folder``, or (with --skip_unreadable_folders) the same marked unreadable.
+
+    Raises:
+        UsageError: the folder cannot be listed, and the flag was not given.
+    """
+    try:
+        os.scandir(folder.path).close()
+    except OSError as error:
+        return _unreadable(folder, error, skip_unreadable, what)
+    return folder
+
+
+def _unreadable(folder: ClassFolder, error: OSError, skip_unreadable: bool, what: str):
+    if not skip_unreadable:
         raise UsageError(
-            f"{where} {name!r}: a class name must be non-blank and hold no newline or other "
-            "control character (labels.txt has one class per line); rename it"
-        )
+            f"--input: cannot read the {what} {shown(folder.path)} ({_why(error)}); fix its "
+            f"permissions, or pass {SKIP_UNREADABLE_FLAG} to convert the rest and list it "
+            "in skipped.jsonl"
+        ) from None
+    return dataclasses.replace(folder, unreadable=unreadable_folder_reason(error))
 
 
 def sort_class_names(names) -> list[str]:
@@ -236,11 +373,18 @@ def sort_class_names(names) -> list[str]:
     return sorted(names)
 
 
-def discover(input_path: str | None, manifest: str | None = None) -> Layout:
+def discover(
+    input_path: str | None, manifest: str | None = None, skip_unreadable_folders: bool = False
+) -> Layout:
     """Inspects the input and returns its :class:`Layout`.
 
+    Args:
+        skip_unreadable_folders: a local class folder (or split folder) that
+            cannot be read becomes one skipped row instead of an error.
+
     Raises:
-        UsageError: the input is missing, empty or not laid out as expected.
+        UsageError: the input is missing, empty or not laid out as expected, a
+            class name cannot be written to labels.txt, or a class folder cannot be read.
     """
     if manifest:
         return _discover_manifest(manifest, input_path)
@@ -254,19 +398,28 @@ def discover(input_path: str | None, manifest: str | None = None) -> Layout:
             raise UsageError(f"--input: {input_path} is not a folder")
     elif is_gcs(root):
         gcs.check_input(root)
-    top, loose = list_level(root)
+    try:
+        top, loose = list_level(root)
+    except OSError as error:
+        raise UsageError(f"--input: cannot read {shown(input_path)} ({_why(error)})") from None
     if not top:
         found = f" (its {len(loose)} files must be inside class folders)" if loose else ""
         raise UsageError(
             f"--input: no class folders in {input_path}{found}; "
             f"expected {input_path}/<class_name>/<images>"
         )
+    unread: list[ClassFolder] = []  # split folders that could not be read (with the flag)
     if set(top) <= set(PRESPLIT_FOLDERS) and "train" in top and len(top) >= 2:
         folders = []
         class_names: set[str] = set()
         per_split = {}
         for split in top:
-            per_split[split], files = list_level(join(root, split))
+            try:
+                per_split[split], files = list_level(join(root, split))
+            except OSError as error:
+                folder = ClassFolder(join(root, split), -1, split)
+                unread.append(_unreadable(folder, error, skip_unreadable_folders, "split folder"))
+                continue
             loose += files
         for split, names in per_split.items():
             for name in names:
@@ -285,14 +438,16 @@ def discover(input_path: str | None, manifest: str | None = None) -> Layout:
         kind = "classes"
     if not classes:
         raise UsageError(f"--input: {input_path} has split folders but no class folders in them")
-    if is_local(root) and not any(_has_any_file(f.path) for f in folders):
-        raise UsageError(f"--input: no image files found under {input_path}")
+    if is_local(root):
+        folders = [_readable(f, skip_unreadable_folders, "class folder") for f in folders]
+        if not any(_has_any_file(f.path) for f in folders if not f.unreadable):
+            raise UsageError(f"--input: no image files found under {input_path}")
     return Layout(
         kind=kind,
         root=root,
         classes=tuple(classes),
-        folders=tuple(folders),
-        loose_files=tuple(sorted(loose)),
+        folders=tuple(folders + unread),
+        loose_files=tuple(sorted(as_text(path) for path in loose)),
     )
 
 
@@ -336,6 +491,10 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
         for line, path, label, split in rows:
             if not path or not label:
                 raise UsageError(f"--manifest {manifest}:{line}: needs a path and a label")
+            if not is_text(path):  # a JSON "\udcff" escape: no file has that name
+                raise UsageError(
+                    f"--manifest {manifest}:{line}: the path {shown(path)} is not valid UTF-8"
+                )
             if split and not keys.is_valid_split_name(split):
                 raise UsageError(f"--manifest {manifest}:{line}: bad split name {split!r}")
             if is_local(path) and not os.path.isabs(path):
@@ -449,9 +608,11 @@ def files_under(folder: str) -> list[str]:
 def sized_files_under(folder: str) -> list[tuple[str, int | None]]:
     """``(path, size in bytes)`` of every file below ``folder``, as :func:`files_under`.
 
-    A local folder is walked without Beam, the way Beam's LocalFileSystem
-    lists one (``os.walk``, symlinked folders not followed, files that vanish
-    or cannot be stat'ed left out), so that both engines list the same files.
+    For the output folder and remote inputs. A local folder is walked without
+    Beam the way Beam's LocalFileSystem lists one (``os.walk``, symlinked
+    folders not followed, files that vanish or cannot be stat'ed left out);
+    a local *input* folder is listed by :func:`entries_under`, which leaves
+    nothing out.
     """
     prefix = folder.rstrip("/")
     if is_local(prefix):
@@ -472,26 +633,131 @@ def _walk_local(prefix: str) -> Iterator[tuple[str, int]]:
             yield path, size
 
 
-def list_folder(
-    folder: ClassFolder, root: str
-) -> Iterator[tuple[str, str, int, str | None] | Skipped]:
-    """Every non-hidden file below a class folder: ``(image_id, path, label, split)``,
-    or :class:`Skipped` for a file that is clearly not an image (``skip_reason``)."""
-    prefix = folder.path.rstrip("/")
-    for path in files_under(prefix):
+Entry = tuple[str, "int | None"]  # (path, size in bytes or None) of a file to convert
+
+
+def entries_under(
+    folder: str, sizes: bool = False, hidden: bool = False
+) -> Iterator[Entry | Skipped]:
+    """Every entry below a class folder (any depth, any filesystem): ``(path, size)``
+    for a file to convert, else a :class:`Skipped` row with the reason.
+
+    Sizes are given for remote files, and for local ones only with ``sizes`` (a
+    stat per file). Hidden files and folders are left out; with ``hidden``, each
+    is a ``HIDDEN`` row instead (the dry run counts them).
+    """
+    prefix = folder.rstrip("/")
+    if is_local(prefix):
+        yield from _walk_class_folder(prefix, sizes, hidden)
+        return
+    for path, size in sized_files_under(prefix):
         if path.endswith("/"):
             continue  # a GCS "folder placeholder" object, not a file
         if is_hidden(path[len(prefix) :]):
+            if hidden:
+                yield Skipped(path, HIDDEN)
             continue
+        yield path, size
+
+
+def _walk_class_folder(
+    top: str, sizes: bool = False, hidden: bool = False
+) -> Iterator[Entry | Skipped]:
+    """:func:`entries_under` for a local folder. Opens no file: a regular file is
+    known from its directory entry (no stat, unless ``sizes``), anything else is
+    stat'ed at most, so a FIFO or a device cannot block the listing or a worker."""
+    limit = _path_max(top)
+    pending = [(top, True)]  # (folder, whether its path below ``top`` is valid UTF-8)
+    while pending:
+        folder, text = pending.pop()
+        try:
+            with os.scandir(folder) as found:
+                entries = list(found)
+        except OSError as error:
+            yield Skipped(as_text(folder), unreadable_folder_reason(error))
+            continue
+        for entry in entries:
+            path = entry.path
+            if entry.name.startswith("."):
+                if hidden:
+                    yield Skipped(as_text(path), HIDDEN)
+                continue
+            own = is_text(entry.name)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((path, text and own))
+                elif not (text and own):  # its ID could not be hashed, written or read back
+                    yield Skipped(as_text(path), NOT_TEXT if text else IN_NOT_TEXT_FOLDER)
+                elif len(path) * 4 >= limit and len(os.fsencode(path)) >= limit:
+                    yield Skipped(as_text(path), path_too_long_reason(limit))  # open() would fail
+                elif entry.is_file(follow_symlinks=False):
+                    yield path, entry.stat(follow_symlinks=False).st_size if sizes else None
+                else:
+                    yield _odd_entry(entry, sizes)
+            except OSError as error:  # gone since the folder was read, or cannot be stat'ed
+                yield Skipped(as_text(path), f"cannot be read ({_why(error)})")
+
+
+def _odd_entry(entry: os.DirEntry, sizes: bool) -> Entry | Skipped:
+    """A symbolic link (a file to convert when it points to a regular file,
+    wherever that is), or an entry that is not a regular file at all."""
+    path, where = entry.path, as_text(entry.path)
+    if not entry.is_symlink():
+        return Skipped(where, not_regular_reason(entry.stat(follow_symlinks=False).st_mode))
+    try:
+        target = os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            return Skipped(where, BROKEN_SYMLINK)
+        return Skipped(where, f"symbolic link cannot be followed ({_why(error)})")
+    if stat.S_ISREG(target.st_mode):
+        return path, target.st_size if sizes else None
+    if stat.S_ISDIR(target.st_mode):
+        return Skipped(where, SYMLINKED_FOLDER)
+    return Skipped(where, not_regular_reason(target.st_mode))
+
+
+def _path_max(folder: str) -> int:
+    """The longest path (in bytes, with its terminating NUL) the system opens."""
+    try:
+        limit = os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return _PATH_MAX
+    return limit if limit > 0 else sys.maxsize
+
+
+def list_folder(
+    folder: ClassFolder, root: str
+) -> Iterator[tuple[str, str, int, str | None] | Skipped]:
+    """Every entry below a class folder: ``(image_id, path, label, split)`` per file
+    to convert, or :class:`Skipped` for anything else (:func:`entries_under`) and
+    for a file that is clearly not an image (``skip_reason``)."""
+    for row in sized_folder_rows(folder, root):
+        yield row if isinstance(row, Skipped) else row[:4]
+
+
+def sized_folder_rows(
+    folder: ClassFolder, root: str, sizes: bool = False, hidden: bool = False
+) -> Iterator[tuple[str, str, int, str | None, int | None] | Skipped]:
+    """:func:`list_folder` with each file's size last (see :func:`entries_under`
+    for ``sizes`` and ``hidden``): the dry run's census lists with this."""
+    if folder.unreadable:
+        yield Skipped(as_text(folder.path), folder.unreadable)
+        return
+    for row in entries_under(folder.path, sizes, hidden):
+        if isinstance(row, Skipped):
+            yield row
+            continue
+        path, size = row
         reason = skip_reason(path)
         if reason is not None:
-            yield Skipped(path, reason)
+            yield Skipped(as_text(path), reason)
             continue
-        yield relative_id(root, path), path, folder.label, folder.split
+        yield relative_id(root, path), path, folder.label, folder.split, size
 
 
 def local_files(layout: Layout, limit: int, max_bytes: int) -> list[str]:
-    """Files the pipeline will list, found with os.walk (no Beam), up to ``limit``
+    """Files the pipeline will list, found without Beam, up to ``limit``
     files or ``max_bytes`` of source data, whichever comes first.
 
     Used only to start converting while Beam loads: a file listed here that
@@ -518,17 +784,42 @@ def local_refs(
 
 
 def _local_files(layout: Layout, limit: int, max_bytes: int) -> list[tuple[str, ClassFolder]]:
+    # The same walk as the pipeline's listing: the workers converting ahead open
+    # these files, so a FIFO must not be among them.
     found: list[tuple[str, ClassFolder]] = []
     total = 0
     for folder in layout.folders:
-        for path in _visible_local_files(folder.path):
-            if skip_reason(path) is not None:
+        if folder.unreadable:
+            continue
+        for row in _walk_class_folder(folder.path, sizes=True):
+            if isinstance(row, Skipped) or skip_reason(row[0]) is not None:
                 continue
-            try:
-                total += os.path.getsize(path)
-            except OSError:
-                continue  # vanished or unreadable: the pipeline will say so
+            path, size = row
+            total += size or 0
             if total > max_bytes or len(found) >= limit:
                 return found
             found.append((path, folder))
     return found
+
+
+def estimate_image_count(layout: Layout) -> int:
+    """About how many images listing will yield: for a progress total, not for the books.
+
+    A plain walk, about 1 µs a file against listing's 13 µs (no stat, no
+    per-file checks beyond the name), so that a total is known long before
+    the listing, which runs only as fast as conversion pulls it, is done.
+    Files that listing skips for what a stat shows (not regular, unreadable)
+    are counted; the progress total is set to the exact count at the end.
+    """
+    if layout.kind == "manifest":
+        return layout.num_manifest_rows
+    if not is_local(layout.root):
+        return 0
+    count = 0
+    for folder in layout.folders:
+        for _, dirnames, filenames in os.walk(folder.path):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            count += sum(
+                1 for name in filenames if not name.startswith(".") and skip_reason(name) is None
+            )
+    return count

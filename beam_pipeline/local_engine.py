@@ -19,27 +19,21 @@ Convert     ImageRef -> Outcome (a ShardEntry that points into a spill file, or 
 Duplicates  ShardEntries -> (sha256, [Member]) groups; with --dedupe, the copies rejected
 Plan        listed / written / rejected keys per split -> SplitPlan (books + shard plan)
 Write       ShardEntries of one shard, sorted -> ShardInfo of a temp file
-Finalize    everything above -> rejects.jsonl, labels.txt, ..., dataset_info.json last
+Finalize    everything above -> rejects.jsonl, labels.txt, ..., imagerecords.json last
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import logging
 import sys
-import time
 from collections import Counter
 
-from beam_pipeline import books, duplicates, keys, listing, pooled
+from beam_pipeline import books, duplicates, keys, listing, pooled, progress
 from beam_pipeline.convert import Converted, Outcome, RecordBatch, Rejection, ShardEntry
 from beam_pipeline.finalize import Finalizer
 from beam_pipeline.job_config import JobConfig
 from beam_pipeline.shards import ShardInfo, by_shard, sort_entries, write_shard
-
-_LOG_EVERY_S = 15.0  # progress line while converting
-
-log = logging.getLogger(__name__)
 
 
 class _Listed:
@@ -80,7 +74,7 @@ def _count(outcome: Outcome, how: str, counters: Counter) -> None:
     counters.update(pooled.outcome_counts(outcome, how != pooled.RESUMED))
 
 
-def _convert(config: JobConfig, refs, counters: Counter) -> _Collected:
+def _convert(config: JobConfig, refs, counters: Counter, shown: progress.Phase) -> _Collected:
     """ImageRefs -> records (spill references) and rejections, on the local pool."""
     image = config.image
     converter = pooled.PoolConverter(
@@ -90,13 +84,17 @@ def _convert(config: JobConfig, refs, counters: Counter) -> _Collected:
         config.spill_directory,
         config.conversion_processes,
     )
+    # The total comes from a quick count on a pool process: listing itself only
+    # runs as fast as conversion pulls it.
+    estimate = converter.run_aside(listing.estimate_image_count, config.layout)
     collected = _Collected()
-    started = last_log = time.monotonic()
 
     def collect(outcomes):
-        nonlocal last_log
+        done = resumed = rejected = 0
         for outcome, how in outcomes:
             _count(outcome, how, counters)
+            done += 1
+            resumed += how == pooled.RESUMED
             result = outcome.result
             if isinstance(result, Converted):
                 entry = result.entry
@@ -104,12 +102,12 @@ def _convert(config: JobConfig, refs, counters: Counter) -> _Collected:
                 where = entry.data._replace(path=sys.intern(entry.data.path))
                 collected.entries[result.split].append(entry._replace(data=where))
             else:
+                rejected += 1
                 collected.rejects.append(result)
-        now = time.monotonic()
-        if now - last_log >= _LOG_EVERY_S:
-            done = counters["images_converted"]
-            log.info("converted %d images so far (%.1f images/s)", done, done / (now - started))
-            last_log = now
+        if shown.total is None and estimate.done() and not estimate.exception():
+            shown.set_total(max(estimate.result(), shown.done))
+        if done:
+            shown.update(done, skipped=resumed, resumed=resumed, rejected=rejected)
 
     try:
         for ref in refs:
@@ -163,7 +161,11 @@ def _plan(config: JobConfig, listed: _Listed, collected: _Collected) -> dict[str
 
 
 def _write_shards(
-    config: JobConfig, collected: _Collected, plans: dict[str, books.SplitPlan], counters: Counter
+    config: JobConfig,
+    collected: _Collected,
+    plans: dict[str, books.SplitPlan],
+    counters: Counter,
+    shown: progress.Reporter,
 ) -> list[ShardInfo]:
     """Each split's records, cut by its plan, sorted, into temp files.
 
@@ -184,26 +186,39 @@ def _write_shards(
         )
 
     threads = max(1, min(config.conversion_processes, len(tasks)))
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        written = list(pool.map(write, tasks))
+    written = []
+    with (
+        concurrent.futures.ThreadPoolExecutor(threads) as pool,
+        shown.phase("writing shards", len(tasks), "shards") as phase,
+    ):
+        for info in pool.map(write, tasks):
+            written.append(info)
+            phase.update(1)
     for info in written:
         counters["shards_written"] += 1
         counters["shard_bytes_written"] += info.num_bytes
     return written
 
 
-def run(config: JobConfig) -> dict[str, int]:
+def run(config: JobConfig, shown: progress.Reporter = progress.SILENT) -> dict[str, int]:
     """Runs the whole job; returns its counters (the names Beam's metrics would carry).
+
+    ``shown``: where each phase's progress goes (:mod:`progress`).
 
     Raises:
         BooksDoNotBalance: the job lost, doubled or rejected too many images
-            (dataset_info.json is then not written).
+            (imagerecords.json is then not written).
     """
     counters: Counter = Counter()
     listed = _Listed()
-    collected = _convert(config, _list_images(config, listed, counters), counters)
+    with shown.phase("converting") as phase:
+        collected = _convert(config, _list_images(config, listed, counters), counters, phase)
+        phase.set_total(counters["images_listed"])  # the exact count, now that listing is done
     groups = _find_duplicates(config, collected, counters)
     plans = _plan(config, listed, collected)
-    shards = _write_shards(config, collected, plans, counters)
+    planned = sum(plan.shards for plan in plans.values())
+    shown.step(f"planned {planned} shards in {len(plans)} splits")
+    shards = _write_shards(config, collected, plans, counters, shown)
+    shown.step("publishing: the lists, the books, the shards renamed, imagerecords.json last")
     Finalizer(config).run(shards, collected.rejects, plans.items(), listed.skipped, groups)
     return {name: value for name, value in counters.items() if value}

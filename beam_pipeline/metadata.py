@@ -1,4 +1,4 @@
-"""dataset_info.json and labels.txt (docs/format.md section 7). Pure: no Beam, no TF."""
+"""imagerecords.json and labels.txt (docs/format.md section 7). Pure: no Beam, no TF."""
 
 from __future__ import annotations
 
@@ -11,11 +11,22 @@ from beam_pipeline.records import FEATURE_TYPES
 
 # The contract version (docs/format.md section 11): change it only when an old
 # reader could misread the new output, and change that document with it.
-FORMAT_VERSION = 1
-INFO_FILE = "dataset_info.json"
+# 2: the metadata file is imagerecords.json, beside TFDS's own files.
+FORMAT_VERSION = 2
+INFO_FILE = "imagerecords.json"
+# Where format_version 1 kept it; in version 2 that name is TFDS's file.
+V1_INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
 REJECTS_FILE = "rejects.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
+# What every stored image is, whatever the settings: dataset_info.json's
+# "image" block ends with these, after the settings (settings.info_values).
+IMAGE_FACTS = {
+    "format": "jpeg",
+    "channels": 3,
+    # Embedded colour profiles are applied (docs/images.md).
+    "color_space": "sRGB",
+}
 # A job's temporary files live under OUTPUT/TMP_DIR (hidden: readers never list it).
 TMP_DIR = ".imagerecords-tmp"
 
@@ -38,7 +49,7 @@ def build_info(
     config: Mapping[str, object],
     skipped_reasons: Iterable[str] = (),
 ) -> dict:
-    """The dataset_info.json object.
+    """The imagerecords.json object.
 
     Args:
         shards: one mapping per written shard with ``split``, ``file``,

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from beam_pipeline import errors, listing, metadata, spill
+from beam_pipeline import duplicates, errors, listing, metadata, spill, tfds_metadata
 
 TMP_DIR = metadata.TMP_DIR
 # The job's marker (resume.py): the last file a successful run deletes.
@@ -41,8 +41,17 @@ MARKER = f"{TMP_DIR}/{spill.SETTINGS_FILE}"
 LOCK = f"{TMP_DIR}/lock"
 # What a run writes directly under OUTPUT (a final name, or its temporary name
 # while write_atomically runs); everything under TMP_DIR is the job's too.
+_FILES = (
+    metadata.INFO_FILE,
+    metadata.V1_INFO_FILE,  # format_version 1's metadata; TFDS's in version 2
+    metadata.LABELS_FILE,
+    metadata.REJECTS_FILE,
+    metadata.SKIPPED_FILE,
+    duplicates.DUPLICATES_FILE,
+    *tfds_metadata.FILES,
+)
 OURS = re.compile(
-    r"^(dataset_info\.json|labels\.txt|rejects\.jsonl|skipped\.jsonl|duplicates\.jsonl"
+    rf"^({'|'.join(map(re.escape, _FILES))}"
     r"|[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.idx)?)(\.tmp-[0-9a-f]{32})?$"
 )
 

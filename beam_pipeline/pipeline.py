@@ -7,7 +7,7 @@ FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; w
                 --dedupe also the batches without the copies + a Rejection per copy
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
 WriteShards     RecordBatch + plans -> ShardInfo of a temp file
-Finalize        side inputs -> rejects.jsonl, labels.txt, dataset_info.json (last)
+Finalize        side inputs -> rejects.jsonl, labels.txt, imagerecords.json (last)
 
 Two paths share this graph (docs/scale.md). With the local pool
 (``conversion_processes > 1``) records go to spill files on local disk and a
@@ -50,9 +50,8 @@ from beam_pipeline.shards import (  # noqa: F401  (ShardInfo, check_shards, plac
     by_shard,
     check_shards,
     place_shards,
-    sort_entries,
-    write_shard,
 )
+from beam_pipeline.staging import write_staged_shard
 
 NAMESPACE = "imagerecords"
 TMP_DIR = metadata.TMP_DIR
@@ -439,8 +438,9 @@ class PlanShards(beam.PTransform):
 class _WriteShardFn(beam.DoFn):
     """((split, shard), [RecordBatch]) -> ShardInfo of a temp file.
 
-    Holds one shard's entries in memory (to sort them): references only on
-    the local path, record bytes (the shard's size) on the shuffle path.
+    Consumes the grouped batches once, staging their records on the worker's
+    own disk (staging.py): memory holds each record's key and position, not
+    its bytes, however large the shard.
     """
 
     def __init__(self, output: str, index_files: bool = False):
@@ -451,8 +451,8 @@ class _WriteShardFn(beam.DoFn):
 
     def process(self, element, plans):
         (split, shard), batches = element
-        entries = sort_entries([entry for batch in batches for entry in batch.entries])
-        info = write_shard(
+        entries = (entry for batch in batches for entry in batch.entries)
+        info = write_staged_shard(
             self._output, split, shard, plans[split].shards, entries, self._index_files
         )
         self._shards.inc()

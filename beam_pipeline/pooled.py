@@ -127,6 +127,10 @@ class PoolConverter:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
+    def run_aside(self, fn, *args) -> concurrent.futures.Future:
+        """Runs ``fn(*args)`` on a pool process beside the conversions (a quick count, say)."""
+        return self._executor.submit(fn, *args)
+
     def _submit(self) -> None:
         if self._chunk:
             future = self._executor.submit(spill_chunk, self._chunk, *self._task_args)

@@ -1,18 +1,22 @@
 """A job's own leftovers in --output: recognised, so that the same command carries on.
 
 At start the CLI writes a marker, ``OUTPUT/.imagerecords-tmp/job.json``,
-holding the settings that decide the records' bytes, split and label (seed,
-image settings, splits, input, classes). The marker is the last file a
-successful run deletes, after ``dataset_info.json`` is written. So an
-output folder is one of:
+holding the settings that decide the records' bytes, split and label (the
+fields of JobConfig and ImageSpec declared so, settings.py: input, classes,
+seed, splits, image settings) and the per-image time limit. The marker is
+the last file a successful run deletes, after ``imagerecords.json`` is
+written. So an output folder is one of:
 
 * empty: a new run;
-* finished (``dataset_info.json``): replacing it needs ``--overwrite``;
-* unfinished (the marker, no ``dataset_info.json``): a run that failed or was
+* finished (``imagerecords.json``): replacing it needs ``--overwrite``;
+* unfinished (the marker, no ``imagerecords.json``): a run that failed or was
   killed. With the same settings, the rerun resumes it: the records in its
-  spill files are used, not converted again; with other settings it is
-  refused (``--overwrite`` starts afresh), so records of two configurations
-  never mix;
+  spill files are used, not converted again, and so are the rejections the
+  same bytes would get again (a file that could not be read, or timed out,
+  is never spilled: ``convert.is_transient``); with other settings, or a
+  lower time limit, it is refused (``--overwrite`` starts afresh), so records
+  of two configurations never mix and the result is what an uninterrupted
+  run of the rerun's command gives;
 * anything else: refused without ``--overwrite``, as it holds files this
   job did not write.
 
@@ -28,32 +32,41 @@ import os
 
 from beam_pipeline import listing, metadata, spill
 from beam_pipeline import output as output_files
+from beam_pipeline import settings as declared
 from beam_pipeline.errors import UsageError
+from beam_pipeline.job_config import JobConfig
 
 MARKER = output_files.MARKER
-SPILL_FORMAT = 2  # 2: records carry their source's sha256 (duplicates)
 
 
 def settings(args, layout) -> dict:
+    """The resume key of the command line ``args``: see :func:`key`."""
+    from beam_pipeline.job import config_from_args  # the config the run itself will use
+
+    return key(config_from_args(args, layout, 1))
+
+
+def key(config: JobConfig) -> dict:
     """What decides each record's bytes, split and label: a change means no reuse.
 
-    The shard target, --min_shards and --max_reject_fraction are not in it:
-    they only decide how the same records are cut into shards, so a rerun
-    with a new shard size reuses the records of an interrupted run.
+    Derived from the declarations on JobConfig and ImageSpec (settings.py),
+    with the spill files' format. The shard target, --min_shards,
+    --max_reject_fraction and --dedupe are not in it: they act on the records
+    once they are made, so a rerun with a new shard size reuses the records of
+    an interrupted run. --image_timeout_s is, as a limit a rerun may raise
+    (:func:`conflict`).
     """
-    spec = args.image_spec
-    return {
-        "spill_format": SPILL_FORMAT,
-        "input": layout.manifest or layout.root,
-        "layout": layout.kind,
-        "classes": list(layout.classes),
-        "seed": args.seed,
-        "splits": None if layout.kind == "presplit" else args.split_fractions,
-        "resize": spec.resize,
-        "image_size": spec.size,
-        "upscale": spec.upscale,
-        "jpeg_quality": spec.jpeg_quality,
-    }
+    return {"spill_format": spill.FORMAT, **declared.resume_key(config)}
+
+
+def conflict(old: dict, new: dict) -> str:
+    """Why a run with settings ``new`` cannot resume one with ``old``; "" when it can."""
+    if old.get("spill_format") != new.get("spill_format"):
+        return (
+            f"spill_format {old.get('spill_format')} -> {new.get('spill_format')}: "
+            "written by another version of imagerecords"
+        )
+    return declared.resume_conflict(old, new, JobConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +112,9 @@ def inspect(output: str) -> Leftovers:
         return Leftovers("empty")
     ours = tuple(n for n in names if output_files.is_ours(n))
     others = tuple(n for n in names if n not in set(ours))
-    if metadata.INFO_FILE in names:
+    # A finished dataset: imagerecords.json, or a format_version 1 one's
+    # imagerecords.json (in version 2 TFDS's file, written just before ours).
+    if metadata.INFO_FILE in names or (metadata.V1_INFO_FILE in names and MARKER not in names):
         return Leftovers("finished", ours, others)
     if MARKER not in names:
         if ours and all(n.startswith(metadata.TMP_DIR + "/") for n in ours) and not others:
@@ -110,14 +125,16 @@ def inspect(output: str) -> Leftovers:
         recorded = json.loads(data) if data else None
     except ValueError:
         recorded = None
+    if not isinstance(recorded, dict):
+        recorded = None  # unreadable: the run starts over
     return Leftovers("unfinished", ours, others, recorded)
 
 
 def _spill_is_for(spill_dir: str, settings: dict) -> bool:
     data = _read(os.path.join(spill_dir, spill.SETTINGS_FILE))
     try:
-        return data is not None and json.loads(data) == settings
-    except ValueError:
+        return data is not None and not conflict(json.loads(data), settings)
+    except (ValueError, AttributeError):  # not JSON, or not a JSON object
         return False
 
 
@@ -139,16 +156,17 @@ def prepare(output: str, settings: dict, overwrite: bool, spill_dir: str | None)
     keeping its spill files); refuses anything else with a UsageError.
     """
     found = check(output, overwrite)
-    if found.kind == "unfinished" and found.settings not in (None, settings) and not overwrite:
-        change = spill.describe_change(found.settings, settings)
+    change = conflict(found.settings, settings) if found.settings is not None else ""
+    if found.kind == "unfinished" and change and not overwrite:
         raise UsageError(
             f"--output {output} holds an unfinished run with other settings ({change}); "
             "run its command again to resume it, or pass --overwrite to start afresh"
         )
     if overwrite or found.kind != "unfinished" or found.settings is None:
-        if metadata.INFO_FILE in found.ours:  # first: the folder stops claiming to be complete
-            output_files.delete_ours(output, [metadata.INFO_FILE])
-        output_files.delete_ours(output, [n for n in found.ours if n != metadata.INFO_FILE])
+        # First: the folder stops claiming to be complete.
+        claims = [n for n in (metadata.INFO_FILE, metadata.V1_INFO_FILE) if n in found.ours]
+        output_files.delete_ours(output, claims)
+        output_files.delete_ours(output, [n for n in found.ours if n not in claims])
         output_files.delete_local_folder(spill_dir)  # a spill folder is only ever the job's own
     else:
         # Resuming: keep the spill files (and the marker); the rest is rewritten.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import uuid
+from array import array
 from collections import Counter
 
 from beam_pipeline import books, keys, metadata, spill
@@ -63,16 +64,18 @@ def sort_entries(entries: list[ShardEntry]) -> list[ShardEntry]:
 def write_shard(
     output: str, split: str, shard: int, count: int, entries, index_files: bool = False
 ) -> ShardInfo:
-    """Writes ``entries`` (already sorted) to a temp file of shard ``shard`` of ``count``.
+    """Writes ``entries`` (already sorted; any iterable, read once) to a temp file of
+    shard ``shard`` of ``count``.
 
     A unique temporary name per attempt: a retried write never collides with,
     or leaves, a partial file under a final name. Finalize renames the reported
-    files into place once the books balance.
+    files into place once the books balance. Per record only its key and size
+    stay in memory (16 bytes), never its bytes.
     """
     temp = output_path(output, f"{TMP_DIR}/{split}-{shard:05d}.{uuid.uuid4().hex}")
     digest = hashlib.sha256()
-    size = 0
-    index: list[str] = []
+    written_keys = array("Q")
+    sizes = array("q")
     class_counts: Counter[int] = Counter()
     reader = spill.Reader()
     try:
@@ -83,8 +86,8 @@ def write_shard(
                     framed = reader.read(framed.path, framed.offset, entry.size)
                 stream.write(framed)
                 digest.update(framed)
-                index.append(f"{size} {len(framed)}\n")
-                size += len(framed)
+                written_keys.append(entry.key)
+                sizes.append(len(framed))
                 class_counts[entry.label] += 1
     finally:
         reader.close()
@@ -92,19 +95,31 @@ def write_shard(
     if index_files:
         temp_index = temp + ".idx"
         with output_files.create(temp_index) as stream:
-            stream.write("".join(index).encode())
+            for chunk in _index_chunks(sizes):
+                stream.write(chunk)
     return ShardInfo(
         split=split,
         index=shard,
         shards=count,
         temp=temp,
-        num_examples=len(entries),
-        num_bytes=size,
+        num_examples=len(sizes),
+        num_bytes=sum(sizes),
         sha256=digest.hexdigest(),
-        key_sum=books.key_sum([e.key for e in entries]),
+        key_sum=books.key_sum(written_keys),
         class_counts=tuple(sorted(class_counts.items())),
         temp_index=temp_index,
     )
+
+
+def _index_chunks(sizes, lines_per_chunk: int = 4096):
+    """The .idx file's bytes, a line ``"offset size"`` per record, a few thousand lines at a time."""
+    offset = 0
+    for start in range(0, len(sizes), lines_per_chunk):
+        lines = []
+        for size in sizes[start : start + lines_per_chunk]:
+            lines.append(f"{offset} {size}\n")
+            offset += size
+        yield "".join(lines).encode()
 
 
 def check_shards(
@@ -140,7 +155,7 @@ def place_shards(shards: list[ShardInfo], output: str) -> list[dict]:
     Idempotent, so a retried Finalize completes the renames the first try began.
 
     Returns:
-        One dataset_info row per shard (see ``metadata.build_info``).
+        One imagerecords.json row per shard (see ``metadata.build_info``).
     """
     rows = []
     moves = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import resource
 
-from beam_pipeline import duplicates
+from beam_pipeline import duplicates, images, settings
 
 
 def cpu_seconds() -> float:
@@ -27,7 +27,7 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
     """The table printed at the end of a run: per split, the total, the rate, the counters.
 
     Args:
-        info: The run's dataset_info.json, parsed.
+        info: The run's imagerecords.json, parsed.
         seconds: Wall time of the run.
         counted: The ``imagerecords`` counters (:func:`counters`).
         cpu: CPU seconds of this process tree, or None when the work ran elsewhere.
@@ -55,6 +55,9 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
             f"{rate}, {cpu / max(total, 1):.4f} CPU-s/image "
             f"({cpu:.1f} CPU-s in this process and its local worker processes)"
         )
+    stored = settings.image_settings_from_info(info, images.ImageSpec)
+    if stored:
+        lines.append(f"images stored with {settings.describe(stored)}")
     skipped = info.get("skipped", {})
     if skipped.get("count"):
         reasons = ", ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())

@@ -7,6 +7,7 @@ Examples::
     python -m bench --only converter   # re-measure one half, keep the other half's numbers
     python -m bench --only reader
     python -m bench --only scale       # memory and speed at 1x, 8x, 64x the web set
+    python -m bench --only trainers    # the shards through tf.data, TFDS and Grain loaders
     python -m bench --only codecs      # the codec study: Pillow vs libvips vs simplejpeg
     python -m bench --report-only      # redraw table and chart from results.json
 
@@ -28,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from beam_pipeline.metadata import INFO_FILE
 from bench import (
     codecs,
     converters,
@@ -39,6 +41,7 @@ from bench import (
     report,
     scale,
     settings,
+    trainers,
 )
 from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
 
@@ -52,7 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument(
-        "--only", choices=("converter", "codecs", "reader", "scale"), help="run one part"
+        "--only",
+        choices=("converter", "codecs", "reader", "scale", "trainers"),
+        help="run one part",
     )
     parser.add_argument(
         "--scale-factors",
@@ -78,7 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--read-rounds",
         type=int,
-        help="rounds of every reader pipeline, best one reported (default: 2; quick: 1)",
+        help="rounds of every reader pipeline and trainer's loader, best one reported "
+        "(default: 2; quick: 1)",
     )
     parser.add_argument(
         "--codec-rounds",
@@ -172,7 +178,7 @@ def _codec_half(args, sizes: Sizes, sets: dict, out_root: Path, log_dir: Path) -
 def _records_for_reader(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path):
     """imagerecords' output for the web set, converting it (untimed) if needed."""
     out = converters.imagerecords_output(out_root, "web")
-    if (out / "dataset_info.json").exists():
+    if (out / INFO_FILE).exists():
         return out
     print("[bench] converting the web set for the reader benchmark ...", flush=True)
     result = converters.run_converter("imagerecords", web, out_root, log_dir, sizes.timeout_s)
@@ -238,10 +244,18 @@ def _scale_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
+def _trainers_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
+    """tf.data reader, TFDS and Grain on the same shards: trainers.md and trainers.json."""
+    result = trainers.run_trainers(sizes, cache_dir, args.read_rounds)
+    trainers.write(result, results_dir)
+    print(trainers.markdown(result))
+    return 0 if all(r["ok"] for r in result["rows"]) else 1
+
+
 def _gpu_part(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -> dict:
     """ResNet-50 fed by the reader vs image_dataset_from_directory (skipped without a GPU)."""
     records = converters.imagerecords_output(out_root, "web")
-    if not (records / "dataset_info.json").exists():
+    if not (records / INFO_FILE).exists():
         return {"skipped": "skipped: no imagerecords output to read", "rows": []}
     cmd = [sys.executable, "-m", "bench.gpu_step", "--records", str(records)]
     cmd += ["--files-root", str(web.path), "--batch", str(sizes.read_batch_size)]
@@ -277,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = args.cache_dir
     if args.only == "scale":
         return _scale_part(args, sizes, cache_dir, results_dir)
+    if args.only == "trainers":
+        return _trainers_part(args, sizes, cache_dir, results_dir)
     out_root = cache_dir / "out" / sizes.name
     log_dir = cache_dir / "logs" / sizes.name
     results = _previous(results_dir, sizes)
@@ -300,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.only is None:
         _scale_part(args, sizes, cache_dir, results_dir)
+        _trainers_part(args, sizes, cache_dir, results_dir)
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     results["finished_at"] = _now()
     results["duration_s"] = round(time.perf_counter() - started, 1)

@@ -298,8 +298,9 @@ def _child(args) -> dict:
 
         jax.config.update("jax_compilation_cache_dir", str(args.compile_cache))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    info = json.loads((args.records / "dataset_info.json").read_text())
-    num_classes = len(info["classes"])
+    import reader  # a training host needs TensorFlow only, not the converter's packages
+
+    num_classes = reader.load_info(str(args.records)).num_classes
     dataset, fixed, dtype = _batches(
         args.child, args.records, args.files_root, args.batch, num_classes
     )

@@ -47,6 +47,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from beam_pipeline.metadata import INFO_FILE
+
 VARIANTS = (
     "keras_dir",
     "tfdata_files",
@@ -136,7 +138,7 @@ def _train_shards(records_dir: Path) -> list[str]:
 def _num_examples(records_dir: Path, split: str) -> int:
     import json
 
-    info = json.loads((records_dir / "dataset_info.json").read_text())
+    info = json.loads((records_dir / INFO_FILE).read_text())
     return int(info["splits"][split]["num_examples"])
 
 

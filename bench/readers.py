@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from beam_pipeline.metadata import INFO_FILE
 from bench.procstats import run_measured
 from bench.read_pipelines import VARIANTS
 from bench.settings import READ_IMAGE_SIZE, REPO_DIR
@@ -86,7 +87,7 @@ def ratio_lines(results: list[ReaderResult]) -> list[str]:
 
 def _unavailable(variant: str, files_root: Path, records_dir: Path | None) -> str:
     if variant in _NEEDS_RECORDS and (
-        records_dir is None or not (records_dir / "dataset_info.json").exists()
+        records_dir is None or not (records_dir / INFO_FILE).exists()
     ):
         return "no imagerecords output to read"
     return ""

@@ -4,7 +4,7 @@ A training batch is large (128 x 224 x 224 x 3 float32 = 77 MB). TensorFlow's
 default CPU allocator takes every such block from ``malloc``, which serves
 anything over 32 MB with a fresh ``mmap``: the kernel then faults in and
 zeroes every page of every batch, and takes them back on ``free``
-(docs/performance.md, "Reader against its floors", has the measurement).
+(docs/performance.md, "Measurements behind code choices", has the measurement).
 TensorFlow's BFC allocator
 (``TF_CPU_ALLOCATOR_USE_BFC``, the one it uses on GPUs) keeps the blocks and
 hands them out again, so the pages are touched once per process.

@@ -44,7 +44,7 @@ _LOG = logging.getLogger(__name__)
 # cache="decoded": the memory estimate (see decoded_cache_bytes). Images stored
 # with resize="shorter" are assumed 1.5x as long as they are wide (3:2 photos; 4:3
 # and squares need less), "longer" ones square (an upper bound). When
-# dataset_info.json gives no stored size, decoded pixels are assumed
+# imagerecords.json gives no stored size, decoded pixels are assumed
 # _ASSUMED_JPEG_RATIO times the shard bytes (JPEG at quality ~90).
 _ASSUMED_ASPECT = 1.5
 _ASSUMED_JPEG_RATIO = 10
@@ -85,7 +85,7 @@ def decoded_cache_bytes(info: DatasetInfo, split: str, num_records: int | None =
         per_image = _ASSUMED_JPEG_RATIO * split_info.num_bytes / split_info.num_examples
         how = f"{n} images x ~{_ASSUMED_JPEG_RATIO}x their JPEG bytes (stored size unknown)"
     else:
-        return None, "unknown: dataset_info.json gives neither the stored size nor the bytes"
+        return None, "unknown: imagerecords.json gives neither the stored size nor the bytes"
     return int(n * per_image), how
 
 
@@ -277,8 +277,8 @@ class InputReader:
             # many hosts, the benchmark's sets): the shards one after the other,
             # exactly the interleave's order, read on the consumer's thread. The
             # parallel interleave hands every record between threads: ~20-60 us
-            # of CPU per record against ~4 for this (docs/performance.md, "Round
-            # 4"). On gs:// the interleave stays even for one shard: each 8 MB
+            # of CPU per record against ~4 for this (docs/performance.md, "Measurements
+            # behind code choices"). On gs:// the interleave stays even for one shard: each 8 MB
             # refill is a network round trip, which its thread overlaps with the
             # decoding instead of stalling the batches behind it.
             return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
@@ -332,7 +332,7 @@ class InputReader:
         return ds.shard(num_pipelines, pipeline_id)
 
     def _expected_records(self, num_pipelines: int, pipeline_id: int) -> int | None:
-        """Records this pipeline reads in one pass, when dataset_info.json tells."""
+        """Records this pipeline reads in one pass, when imagerecords.json tells."""
         split = self._info.split(self._config.split)
         if num_pipelines == 1:
             return split.num_examples
@@ -378,7 +378,7 @@ class InputReader:
         after different numbers of batches; on a TPU pod, where hosts step
         together, the host that ends first leaves the others waiting forever.
         Each pipeline therefore adds all-padding batches (weight 0) up to the
-        largest pipeline's count, computed from dataset_info.json's per-shard
+        largest pipeline's count, computed from imagerecords.json's per-shard
         counts; real examples are untouched, each still read exactly once.
         """
         cfg = self._config
@@ -406,7 +406,7 @@ class InputReader:
 
         Keras then knows the number of steps (progress bar, no "ran out of data"
         warning), and a shard that holds fewer or more records than
-        dataset_info.json says fails loudly instead of skewing an evaluation.
+        imagerecords.json says fails loudly instead of skewing an evaluation.
         """
         cfg = self._config
         records = None if cfg.repeat_forever else self._expected_records(num_pipelines, pipeline_id)

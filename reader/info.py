@@ -1,8 +1,8 @@
-"""``dataset_info.json`` -> a small, frozen, typed object (docs/format.md section 7).
+"""``imagerecords.json`` -> a small, frozen, typed object (docs/format.md section 7).
 
-The converter writes ``dataset_info.json`` *last*, so its presence is what says
+The converter writes ``imagerecords.json`` *last*, so its presence is what says
 "this conversion finished and its books balanced". The reader therefore never
-guesses a dataset from a shard glob: no ``dataset_info.json``, no dataset.
+guesses a dataset from a shard glob: no ``imagerecords.json``, no dataset.
 
 Everything goes through ``tf.io.gfile``, so ``gs://`` (and any other filesystem
 TensorFlow knows, e.g. ``ram://`` in tests) works exactly like a local path.
@@ -19,10 +19,12 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-INFO_FILENAME = "dataset_info.json"
+INFO_FILENAME = "imagerecords.json"
+# Where format_version 1 kept the metadata; in version 2 that name is TFDS's file.
+V1_INFO_FILENAME = "dataset_info.json"
 LABELS_FILENAME = "labels.txt"
 # docs/format.md section 11: a version this reader does not list is refused.
-SUPPORTED_FORMAT_VERSIONS = (1,)
+SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 
 class DatasetInfoError(ValueError):
@@ -274,13 +276,15 @@ def _parse_split(name: str, raw, folder: str, classes: tuple[str, ...], where: s
     )
 
 
-def info_from_dict(raw: Mapping, path: str) -> DatasetInfo:
+def info_from_dict(raw: Mapping, path: str, name: str = INFO_FILENAME) -> DatasetInfo:
     """Builds a :class:`DatasetInfo` from the decoded JSON of the dataset at ``path``.
+
+    ``name``: the metadata file it came from (format_version 1: dataset_info.json).
 
     Raises:
         DatasetInfoError: on an unknown ``format_version`` or a malformed field.
     """
-    where = join_path(path, INFO_FILENAME)
+    where = join_path(path, name)
     if not isinstance(raw, Mapping):
         raise DatasetInfoError(f"{where}: expected a JSON object")
     version = raw.get("format_version")
@@ -324,30 +328,50 @@ def info_from_dict(raw: Mapping, path: str) -> DatasetInfo:
     )
 
 
+def _split_info_path(path: str) -> tuple[str, str | None]:
+    """``(folder, metadata file name)`` for a folder or a metadata file's path.
+
+    A folder's file is ``imagerecords.json``, or for a format_version 1 dataset
+    ``dataset_info.json`` holding a ``format_version`` (in version 2 that name
+    is TFDS's file, which has none); None when the folder has neither.
+    """
+    for name in (INFO_FILENAME, V1_INFO_FILENAME):
+        if path == name or path.endswith(("/" + name, "\\" + name)):
+            return path[: -len(name)].rstrip("/\\") or ".", name
+    folder = path.rstrip("/") or "/"
+    if tf.io.gfile.exists(join_path(folder, INFO_FILENAME)):
+        return folder, INFO_FILENAME
+    old = join_path(folder, V1_INFO_FILENAME)
+    if tf.io.gfile.exists(old):
+        try:
+            with tf.io.gfile.GFile(old, "r") as f:
+                if "format_version" in json.loads(f.read()):
+                    return folder, V1_INFO_FILENAME
+        except (json.JSONDecodeError, TypeError):
+            return folder, V1_INFO_FILENAME  # ours, damaged: say so when it is read
+    return folder, None
+
+
 def load_info(path: str) -> DatasetInfo:
-    """Reads and checks ``dataset_info.json`` of the dataset at ``path``.
+    """Reads and checks the metadata of the dataset at ``path``.
 
     Args:
         path: The dataset folder (local, ``gs://...``, any ``tf.io.gfile`` path),
-            or the ``dataset_info.json`` file itself.
+            or its ``imagerecords.json`` (``dataset_info.json`` for a dataset
+            of format_version 1) itself.
 
     Returns:
         The parsed, frozen :class:`DatasetInfo`.
 
     Raises:
-        IncompleteDatasetError: the folder has no ``dataset_info.json`` (the
+        IncompleteDatasetError: the folder has no ``imagerecords.json`` (the
             converter writes it last, so the conversion is unfinished or failed).
         DatasetInfoError: the file is not JSON, has an unknown ``format_version``,
             or a malformed field.
     """
-    path = str(path)
-    if path == INFO_FILENAME or path.endswith(("/" + INFO_FILENAME, "\\" + INFO_FILENAME)):
-        info_file = path
-        path = path[: -len(INFO_FILENAME)].rstrip("/\\") or "."
-    else:
-        path = path.rstrip("/") or "/"
-        info_file = join_path(path, INFO_FILENAME)
-    if not tf.io.gfile.exists(info_file):
+    path, name = _split_info_path(str(path))
+    info_file = join_path(path, name or INFO_FILENAME)
+    if name is None or not tf.io.gfile.exists(info_file):
         if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path):
             shards = tf.io.gfile.glob(join_path(path, "*.tfrecord"))
             detail = (
@@ -366,4 +390,4 @@ def load_info(path: str) -> DatasetInfo:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetInfoError(f"{info_file} is not valid JSON: {e}") from None
-    return info_from_dict(raw, path)
+    return info_from_dict(raw, path, name)

@@ -5,7 +5,7 @@ prints a summary (classes, splits, records, shards, sizes, image settings,
 rejects, duplicates when recorded) and the evidence that the global shuffle
 worked: for each shard, how its first records mix the classes compared with
 the split as a whole. ``--verify`` re-reads every shard and checks it against
-``dataset_info.json``; ``--contact_sheet`` and ``--histogram`` draw pictures.
+``imagerecords.json``; ``--contact_sheet`` and ``--histogram`` draw pictures.
 
 Like the rest of ``reader`` it reads through ``tf.io.gfile`` (local, ``gs://``).
 Pillow is imported only when a picture is asked for, and ``google_crc32c``
@@ -400,10 +400,10 @@ def _check_record(check: ShardCheck, where: str, data: bytes, info: info_lib.Dat
 
 def verify_shard(split: str, shard: info_lib.ShardInfo, info: info_lib.DatasetInfo) -> ShardCheck:
     """Re-reads one shard: framing, both CRCs of every record, the records
-    themselves, and the shard's count, size and SHA-256 against dataset_info.json."""
+    themselves, and the shard's count, size and SHA-256 against imagerecords.json."""
     check = ShardCheck(split, shard.file)
     if not tf.io.gfile.exists(shard.path):
-        check.problems.append(f"{shard.file}: missing (listed in dataset_info.json)")
+        check.problems.append(f"{shard.file}: missing (listed in imagerecords.json)")
         return check
     digest = hashlib.sha256()
     offset = 0
@@ -448,15 +448,15 @@ def verify_shard(split: str, shard: info_lib.ShardInfo, info: info_lib.DatasetIn
             pass
     if shard.num_examples is not None and check.records != shard.num_examples:
         check.problems.append(
-            f"{shard.file}: {check.records:,} records, dataset_info.json says "
+            f"{shard.file}: {check.records:,} records, imagerecords.json says "
             f"{shard.num_examples:,}"
         )
     if shard.num_bytes is not None and offset != shard.num_bytes:
         check.problems.append(
-            f"{shard.file}: {offset:,} bytes, dataset_info.json says {shard.num_bytes:,}"
+            f"{shard.file}: {offset:,} bytes, imagerecords.json says {shard.num_bytes:,}"
         )
     if shard.sha256 and digest.hexdigest() != shard.sha256:
-        check.problems.append(f"{shard.file}: SHA-256 differs from dataset_info.json")
+        check.problems.append(f"{shard.file}: SHA-256 differs from imagerecords.json")
     return check
 
 
@@ -472,7 +472,7 @@ def verify(
     elif labels.splitlines() != list(info.classes):
         problems.append(
             f"{info_lib.LABELS_FILENAME}: its {len(labels.splitlines())} lines are not "
-            f"dataset_info.json's {info.num_classes} classes in order"
+            f"imagerecords.json's {info.num_classes} classes in order"
         )
     jobs = [(split.name, shard) for split in info.splits.values() for shard in split.shards]
     checks: dict[str, ShardCheck] = {}
@@ -502,7 +502,7 @@ def verify(
             if counted.get(name, 0) != split.class_counts.get(name, 0):
                 problems.append(
                     f"split {split.name}: {counted.get(name, 0):,} records of class {name!r}, "
-                    f"dataset_info.json says {split.class_counts.get(name, 0):,}"
+                    f"imagerecords.json says {split.class_counts.get(name, 0):,}"
                 )
     return problems
 
@@ -725,12 +725,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--contact_sheet sheet.png",
     )
     add = parser.add_argument
-    add("path", help="The dataset folder (holding dataset_info.json)")
+    add("path", help="The dataset folder (holding imagerecords.json)")
     add(
         "--verify",
         action="store_true",
         help="Re-read every shard: framing and CRCs, record counts, sizes and SHA-256 against "
-        "dataset_info.json, every image decodes at its recorded size, labels agree with "
+        "imagerecords.json, every image decodes at its recorded size, labels agree with "
         "labels.txt. Exit status 1 naming each problem",
     )
     add("--contact_sheet", metavar="FILE.png", help="Draw random records of each split")
@@ -777,7 +777,7 @@ def _run(argv: Sequence[str] | None) -> int:
         say = (lambda text: print(text, file=sys.stderr, flush=True)) if shards > 10 else None
         problems = verify(info, args.workers, say)
         for name in _unlisted_shards(info):
-            print(f"note: {name} is not listed in dataset_info.json (not part of the dataset)")
+            print(f"note: {name} is not listed in imagerecords.json (not part of the dataset)")
         if problems:
             for problem in problems[:100]:
                 print(f"FAIL {problem}")
@@ -789,7 +789,7 @@ def _run(argv: Sequence[str] | None) -> int:
             records = sum(s.num_examples for s in info.splits.values())
             print(
                 f"verify: OK: {shards} shards, {records:,} records: framing, CRCs, counts, "
-                "sizes, SHA-256, images and labels all agree with dataset_info.json"
+                "sizes, SHA-256, images and labels all agree with imagerecords.json"
             )
     return status
 

@@ -8,6 +8,8 @@ import os
 
 import tensorflow as tf
 
+from beam_pipeline import metadata
+
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/format": tf.io.FixedLenFeature([], tf.string),
@@ -22,7 +24,7 @@ FEATURES = {
 
 
 def load_info(out: str) -> dict:
-    with open(os.path.join(out, "dataset_info.json")) as f:
+    with open(os.path.join(out, metadata.INFO_FILE)) as f:
         return json.load(f)
 
 
@@ -47,7 +49,7 @@ def check_output(out: str, input_root: str | None = None, decode: bool = True) -
     classes = info["classes"]
     with open(os.path.join(out, "labels.txt")) as f:
         assert f.read().splitlines() == classes
-    assert info["format_version"] == 1
+    assert info["format_version"] == metadata.FORMAT_VERSION
     by_split: dict[str, list[dict]] = {}
     for split, entry in info["splits"].items():
         rows: list[dict] = []

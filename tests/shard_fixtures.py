@@ -12,7 +12,7 @@ slow to start), so this module produces the same *files* in pure Python:
   and the rest renumbered, so classes are interleaved inside every shard just
   as the real converter leaves them;
 * records built with ``beam_pipeline.records`` (the converter's own encoder);
-* ``labels.txt``, ``rejects.jsonl`` and ``dataset_info.json`` written last.
+* ``labels.txt``, ``rejects.jsonl`` and ``imagerecords.json`` written last.
 
 The hashing is re-implemented here (a few lines) rather than imported from
 ``beam_pipeline.keys`` so the fixture does not move when the converter's
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
-from beam_pipeline import records
+from beam_pipeline import metadata, records
 
 # Far apart in RGB, so a decoded image's mean colour names its class.
 CLASS_COLOURS = (
@@ -64,7 +64,7 @@ class FixtureDataset:
 
     Attributes:
         path: The dataset folder.
-        info: The ``dataset_info.json`` content that was written.
+        info: The ``imagerecords.json`` content that was written.
         records: split name -> its records in shard order (the on-disk order).
     """
 
@@ -114,7 +114,7 @@ def write_dataset(
     min_side: int = 24,
     max_side: int = 96,
     jpeg_quality: int = 90,
-    format_version: int = 1,
+    format_version: int = metadata.FORMAT_VERSION,
     write_info: bool = True,
     class_sorted_shards: bool = False,
 ) -> FixtureDataset:
@@ -130,8 +130,8 @@ def write_dataset(
         seed: The split and order hash seed.
         min_side, max_side: Image sides are drawn from this range, independently.
         jpeg_quality: JPEG quality of the stored images.
-        format_version: Written into ``dataset_info.json`` (tests of refusals).
-        write_info: ``False`` leaves out ``dataset_info.json``, like an unfinished run.
+        format_version: Written into ``imagerecords.json`` (tests of refusals).
+        write_info: ``False`` leaves out ``imagerecords.json``, like an unfinished run.
         class_sorted_shards: Sort the records inside each shard by class instead of
             by order key. Not what the converter writes: a worst case that shows
             whether the *reader's* shuffle mixes classes.
@@ -228,6 +228,7 @@ def write_dataset(
     }
     if write_info:
         # Last, as the converter does: its presence means "complete".
-        with open(os.path.join(out_dir, "dataset_info.json"), "w", encoding="utf-8") as f:
+        name = metadata.V1_INFO_FILE if format_version == 1 else metadata.INFO_FILE
+        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             json.dump(info, f, indent=2)
     return FixtureDataset(path=out_dir, info=info, records=ordered)

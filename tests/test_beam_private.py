@@ -295,7 +295,7 @@ def test_failing_multi_processing_workers_print_no_traceback(images, tmp_path, v
         assert "Traceback" not in err, err
         assert f"imagerecords: the worker processes' messages are in {log}" in lines
         assert "BooksDoNotBalance" in log.read_text()
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / "imagerecords.json").exists()
 
 
 @pytest.mark.parametrize("beam_changed", [False, True], ids=["log", "fallback"])

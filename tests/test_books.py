@@ -113,7 +113,7 @@ _LOST = books.Problem("lost", 255, 1, 0, 0)
             0,
             [],
             "the job's books do not balance: listed 10, wrote 9, rejected 0; "
-            "dataset_info.json was not written",
+            "imagerecords.json was not written",
         ),
         (
             [_plan(10, [10], [_LOST])],
@@ -121,7 +121,7 @@ _LOST = books.Problem("lost", 255, 1, 0, 0)
             0,
             [],
             "the job's books do not balance: 1 image IDs were lost or doubled; "
-            "dataset_info.json was not written. First: "
+            "imagerecords.json was not written. First: "
             "lost (neither written nor rejected): cat/1.jpg",
         ),
         (
@@ -130,7 +130,7 @@ _LOST = books.Problem("lost", 255, 1, 0, 0)
             0,
             ["shard 0 of train was not written"],
             "the job's books do not balance: 0 image IDs were lost or doubled; "
-            "dataset_info.json was not written. First: shard 0 of train was not written",
+            "imagerecords.json was not written. First: shard 0 of train was not written",
         ),
     ],
 )

@@ -234,7 +234,7 @@ def test_too_many_rejections_fail_without_dataset_info(dataset, tmp_path, capsys
     assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.01") == 1
     err = capsys.readouterr().err
     assert "too many rejected images: 2 of 62" in err
-    assert not (tmp_path / "o" / "dataset_info.json").exists()
+    assert not (tmp_path / "o" / "imagerecords.json").exists()
     assert {r["id"] for r in contract.read_rejects(str(tmp_path / "o"))} == set(bad)
 
 
@@ -254,7 +254,7 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
     assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.1") == 1
     err = capsys.readouterr().err
     assert "books do not balance" in err and victim in err
-    assert not (tmp_path / "o" / "dataset_info.json").exists()
+    assert not (tmp_path / "o" / "imagerecords.json").exists()
 
 
 def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
@@ -278,7 +278,7 @@ def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, 
     assert convert(root, tmp_path / "o", *argv, mode=None) == 1
     err = capsys.readouterr().err
     assert "books do not balance" in err and f"doubled (2 records, 0 rejections): {victim}" in err
-    assert not (tmp_path / "o" / "dataset_info.json").exists()
+    assert not (tmp_path / "o" / "imagerecords.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from beam_pipeline import beam_options, job, local_pool, spill
+from beam_pipeline import beam_options, job, local_pool, metadata, spill
 from beam_pipeline.__main__ import main
 from beam_pipeline.errors import UsageError
 from tests.image_factory import add_bad_files, make_class_folders
@@ -126,7 +126,7 @@ def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
         "not an image",
     ]
     assert all(r.split()[0] == "1" for r in reasons)
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / "imagerecords.json").exists()
 
 
 def test_verbose_shows_the_traceback(images, tmp_path):
@@ -209,9 +209,9 @@ def test_ctrl_c_exits_130_with_how_to_go_on(busy_images, tmp_path, runner):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     last = err.strip().splitlines()[-1]
     assert last == (
-        "error: interrupted; no dataset_info.json was written; rerun the same command to resume"
+        f"error: interrupted; no {metadata.INFO_FILE} was written; rerun the same command to resume"
     ), err
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / metadata.INFO_FILE).exists()
     assert not (out / ".imagerecords-tmp" / "lock").exists()  # given back
 
 

@@ -131,6 +131,7 @@ def test_workers_install_setup_py_without_tensorflow(template):
         "google-crc32c",
         "protobuf",
         "simplejpeg",  # libjpeg-turbo's strict decode (beam_pipeline/jpeg.py)
+        "tqdm",  # the launcher's progress line (beam_pipeline/progress.py); small, pure Python
     }
     with tarfile.open(sdist) as tar:
         names = {m.name.split("/", 1)[-1] for m in tar.getmembers()}

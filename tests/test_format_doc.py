@@ -1,4 +1,4 @@
-"""docs/format.md describes what the code writes: version, record keys, dataset_info.json keys."""
+"""docs/format.md describes what the code writes: version, record keys, imagerecords.json keys."""
 
 import re
 from pathlib import Path
@@ -54,7 +54,7 @@ def test_every_dataset_info_key_is_documented():
     )
     documented = _section(7)
     for key in info:
-        assert f"| `{key}` |" in documented, f"dataset_info.json key {key} not in the table"
+        assert f"| `{key}` |" in documented, f"imagerecords.json key {key} not in the table"
     for key in info["splits"]["train"]["shards"][0]:
         assert f"`{key}`" in documented.split("splits.*.shards[]", 1)[1].splitlines()[0]
     for block in ("rejected", "skipped"):

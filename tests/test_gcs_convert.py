@@ -2,7 +2,7 @@
 
 Every output is checked from the bucket: downloaded, then held to the contract
 by ``tests.contract`` (records parsed by ``tf.io.parse_example``, counts and
-hashes against dataset_info.json, source hashes against the input), with every
+hashes against imagerecords.json, source hashes against the input), with every
 input accounted for as a record or a rejection and no temporary object left.
 The same input and seed must give the same shards whichever side is GCS.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from beam_pipeline import tfds_metadata
 from beam_pipeline.__main__ import main
 from beam_pipeline.pipeline import TMP_DIR
 from tests import contract
@@ -27,11 +28,12 @@ from tests.image_factory import add_bad_files, make_class_folders
 IN_MEMORY = "--direct_running_mode=in_memory"
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 OUR_FILES = {
-    "dataset_info.json",
+    "imagerecords.json",
     "labels.txt",
     "rejects.jsonl",
     "skipped.jsonl",
     "duplicates.jsonl",
+    *tfds_metadata.FILES,  # TFDS's metadata (format_version 2)
 }
 
 
@@ -152,7 +154,7 @@ def test_same_shards_whichever_side_is_gcs(gcs_emulator, source):
 
 def test_nonempty_gcs_output_is_refused_then_overwritten(gcs_emulator, source, capsys):
     out = f"gs://{source.bucket}/out/overwrite"
-    stale = ["train-00000-of-00009.tfrecord", "dataset_info.json", f"{TMP_DIR}/train-00003.abc"]
+    stale = ["train-00000-of-00009.tfrecord", "imagerecords.json", f"{TMP_DIR}/train-00003.abc"]
     for name in stale + ["notes/readme.md"]:
         gcs_emulator.upload_bytes(f"{out}/{name}", b"from an earlier run")
 
@@ -165,7 +167,7 @@ def test_nonempty_gcs_output_is_refused_then_overwritten(gcs_emulator, source, c
     assert "notes/readme.md" in names  # not ours: left alone
     assert "train-00000-of-00009.tfrecord" not in names
     assert not [n for n in names if n.startswith(TMP_DIR)]
-    info = json.loads(gcs_emulator.read_bytes(f"{out}/dataset_info.json"))
+    info = json.loads(gcs_emulator.read_bytes(f"{out}/imagerecords.json"))
     assert info["rejected"]["count"] == len(source.bad)
     assert info["skipped"]["by_reason"] == {
         "not an image file (.txt)": 1,

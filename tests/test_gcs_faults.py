@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from beam_pipeline import metadata
 from tests import contract
 from tests.gcs_faults import MEDIA_DOWNLOAD, SHARD_UPLOAD, DroppingProxy
 from tests.image_factory import make_class_folders
@@ -96,7 +97,7 @@ def test_gcs_lost_for_good_ends_the_run_in_one_line_and_the_rerun_resumes(
     assert named.format(bucket=bucket) in line, line
     assert "--gcs_timeout_s 5" in line and line.endswith("rerun the same command to resume")
     assert took < TIMEOUT_S + SLACK_S, f"the run ended {took:.0f} s after GCS was lost"
-    assert "dataset_info.json" not in gcs_emulator.list_names(out)
+    assert metadata.INFO_FILE not in gcs_emulator.list_names(out)
 
     # GCS is back (straight to the emulator): the same command finishes the job,
     # from the records the first run converted, not from scratch.

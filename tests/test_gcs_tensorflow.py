@@ -34,15 +34,15 @@ from reader.info import IncompleteDatasetError
 url, unfinished, converted = sys.argv[1:4]
 out = {}
 gfile = tf.io.gfile
-out["exists"] = [gfile.exists(url + "/dataset_info.json"), gfile.exists(url + "/nope.json")]
+out["exists"] = [gfile.exists(url + "/imagerecords.json"), gfile.exists(url + "/nope.json")]
 out["isdir"] = gfile.isdir(url)
 out["listdir"] = sorted(gfile.listdir(url))
 out["glob"] = sorted(gfile.glob(url + "/train-*.tfrecord"))
-out["size"] = gfile.stat(url + "/dataset_info.json").length
-with gfile.GFile(url + "/dataset_info.json") as f:
+out["size"] = gfile.stat(url + "/imagerecords.json").length
+with gfile.GFile(url + "/imagerecords.json") as f:
     info = json.load(f)
 
-# Every shard with TFRecordDataset, in the order dataset_info.json lists them.
+# Every shard with TFRecordDataset, in the order imagerecords.json lists them.
 out["tfrecord"] = {}
 for split, entry in info["splits"].items():
     files = [url + "/" + s["file"] for s in entry["shards"]]
@@ -103,7 +103,7 @@ def dataset(gcs_emulator, tmp_path_factory):
     bucket = gcs_emulator.create_bucket()
     url = f"gs://{bucket}/datasets/ds"
     gcs_emulator.upload_dir(local, url)
-    # An unfinished conversion: shards but no dataset_info.json.
+    # An unfinished conversion: shards but no imagerecords.json.
     unfinished = f"gs://{bucket}/datasets/unfinished"
     for name in ("train-00000-of-00001.tfrecord", "labels.txt"):
         gcs_emulator.upload_bytes(f"{unfinished}/{name}", b"")
@@ -120,7 +120,7 @@ def converted(gcs_emulator, tmp_path_factory):
     out = f"gs://{bucket}/records"
     argv = ["--input", f"gs://{bucket}/images", "--output", out, "--quiet"]
     assert main(argv + ["--direct_running_mode=in_memory", "--splits", "train=0.6,val=0.4"]) == 0
-    info = json.loads(gcs_emulator.read_bytes(f"{out}/dataset_info.json"))
+    info = json.loads(gcs_emulator.read_bytes(f"{out}/imagerecords.json"))
     truth = {}
     for split, entry in info["splits"].items():
         truth[split] = [
@@ -156,7 +156,7 @@ def test_gfile_metadata_and_listing(dataset, seen):
     assert seen["exists"] == [True, False]
     assert seen["isdir"] is True
     assert seen["listdir"] == sorted(
-        ["dataset_info.json", "labels.txt", "rejects.jsonl"] + shard_files
+        ["imagerecords.json", "labels.txt", "rejects.jsonl"] + shard_files
     )
     assert seen["glob"] == sorted(f"{url}/{f}" for f in shard_files if f.startswith("train-"))
     assert len(truth.info["splits"]["train"]["shards"]) == 3
@@ -193,7 +193,7 @@ def test_reader_training_mode_over_gcs(seen):
 
 def test_unfinished_dataset_is_refused_with_the_reason(seen):
     assert seen["unfinished"] is not None
-    assert "no dataset_info.json" in seen["unfinished"]
+    assert "no imagerecords.json" in seen["unfinished"]
     assert "1 .tfrecord file(s)" in seen["unfinished"]
 
 

@@ -50,12 +50,12 @@ def _run(*argv) -> tuple[int, str]:
 
 
 def _info(path) -> dict:
-    with open(os.path.join(path, "dataset_info.json")) as f:
+    with open(os.path.join(path, "imagerecords.json")) as f:
         return json.load(f)
 
 
 def _write_info(path, info: dict) -> None:
-    with open(os.path.join(path, "dataset_info.json"), "w") as f:
+    with open(os.path.join(path, "imagerecords.json"), "w") as f:
         json.dump(info, f)
 
 
@@ -167,7 +167,7 @@ def test_verify_names_a_truncated_shard(copy):
         copy,
         f"train-00002-of-00004.tfrecord: record {records - 1} (byte {last_offset - 12:,}): "
         "truncated",
-        f"train-00002-of-00004.tfrecord: {records - 1:,} records, dataset_info.json says "
+        f"train-00002-of-00004.tfrecord: {records - 1:,} records, imagerecords.json says "
         f"{records:,}",
         "train-00002-of-00004.tfrecord: SHA-256 differs",
     )
@@ -203,10 +203,10 @@ def test_verify_names_edited_counts(copy):
     _write_info(copy, info)
     _fails(
         copy,
-        f"{shard['file']}: {shard['num_examples'] - 1:,} records, dataset_info.json says "
+        f"{shard['file']}: {shard['num_examples'] - 1:,} records, imagerecords.json says "
         f"{shard['num_examples']:,}",
         "split train: ",
-        "of class 'dog', dataset_info.json says",
+        "of class 'dog', imagerecords.json says",
     )
 
 
@@ -221,7 +221,7 @@ def test_verify_names_a_count_that_does_not_add_up(copy):
 
 def test_verify_names_labels_that_disagree(copy):
     (copy / "labels.txt").write_text("cat\nfish\ndog\n")
-    _fails(copy, "labels.txt: its 3 lines are not dataset_info.json's 3 classes in order")
+    _fails(copy, "labels.txt: its 3 lines are not imagerecords.json's 3 classes in order")
 
 
 def test_bad_arguments_exit_2_with_one_line(good, tmp_path):

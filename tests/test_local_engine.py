@@ -173,7 +173,7 @@ def test_a_lost_record_fails_the_books_and_names_it(messy, tmp_path, capsys, mon
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "books do not balance" in err and victim in err
-    assert not (tmp_path / "o" / "dataset_info.json").exists()
+    assert not (tmp_path / "o" / "imagerecords.json").exists()
 
 
 def test_a_doubled_record_fails_the_books(messy, tmp_path, capsys, monkeypatch):
@@ -181,8 +181,8 @@ def test_a_doubled_record_fails_the_books(messy, tmp_path, capsys, monkeypatch):
     victim = "dog/dog_0004.jpg"
     original = local_engine._convert
 
-    def doubling(config, refs, counters):
-        collected = original(config, refs, counters)
+    def doubling(*args):
+        collected = original(*args)
         for entries in collected.entries.values():
             entries += [e for e in entries if e.image_id == victim]
         return collected
@@ -192,7 +192,7 @@ def test_a_doubled_record_fails_the_books(messy, tmp_path, capsys, monkeypatch):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert f"doubled (2 records, 0 rejections): {victim}" in err
-    assert not (tmp_path / "o" / "dataset_info.json").exists()
+    assert not (tmp_path / "o" / "imagerecords.json").exists()
 
 
 def test_the_listing_matches_beams_on_odd_names(tmp_path):
@@ -237,7 +237,7 @@ def test_an_interrupted_local_run_resumes_on_beam_with_the_same_bytes(
     with monkeypatch.context() as patch:
         patch.setattr(finalize.Finalizer, "run", crash)
         assert main([*common, "--output", str(out)]) == 130
-    assert not (out / "dataset_info.json").exists()
+    assert not (out / "imagerecords.json").exists()
     capsys.readouterr()
     assert main([*common, "--output", str(out), *BEAM]) == 0
     captured = capsys.readouterr()

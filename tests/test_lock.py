@@ -119,18 +119,8 @@ def test_a_killed_runs_lock_is_taken_over_and_the_run_resumed(images, tmp_path):
     assert "resuming the unfinished run" in result.stderr
     counters = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", result.stdout)}
     assert counters["images_resumed"] >= 300
-    assert sorted(os.listdir(out)) == sorted(
-        [
-            "dataset_info.json",
-            "duplicates.jsonl",
-            "labels.txt",
-            "rejects.jsonl",
-            "skipped.jsonl",
-            "test-00000-of-00001.tfrecord",
-            "train-00000-of-00001.tfrecord",
-            "val-00000-of-00001.tfrecord",
-        ]
-    )
+    assert (out / metadata.INFO_FILE).exists()
+    assert not (out / metadata.TMP_DIR).exists()
 
 
 def test_the_lock_names_its_owner_and_goes_with_its_folders(tmp_path):

@@ -67,7 +67,10 @@ def where(request, tmp_path):
 @pytest.mark.parametrize(
     "name, ours",
     [
-        ("dataset_info.json", True),
+        ("imagerecords.json", True),
+        ("dataset_info.json", True),  # format_version 1's metadata, TFDS's in version 2
+        ("features.json", True),
+        ("image-class-label.labels.txt", True),
         ("labels.txt", True),
         ("rejects.jsonl", True),
         ("skipped.jsonl", True),
@@ -82,7 +85,8 @@ def where(request, tmp_path):
         ("train-0-of-1.tfrecord", False),
         ("notes.txt", False),
         ("sub/labels.txt", False),
-        ("dataset_info.json.bak", False),
+        ("imagerecords.json.bak", False),
+        ("features.json.tmp-1", False),
         (f"x{TMP}/job.json", False),
     ],
 )

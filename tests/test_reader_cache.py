@@ -169,12 +169,12 @@ def test_memory_estimate_and_warning(fixture, monkeypatch, caplog):
 
 
 def _write_info(fixture, info: dict) -> str:
-    """A copy of the fixture's dataset_info.json with other fields (shards stay where they are)."""
+    """A copy of the fixture's imagerecords.json with other fields (shards stay where they are)."""
     import json
     import os
 
     folder = os.path.join(os.path.dirname(fixture.path), "shorter")
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "dataset_info.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(folder, "imagerecords.json"), "w", encoding="utf-8") as f:
         json.dump(info, f)
     return folder

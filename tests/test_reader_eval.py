@@ -205,12 +205,12 @@ def test_eval_length_is_known_and_checked(fixture, tmp_path):
         )
         records = sum(s.num_examples for s in info.split("train").shards[i::2])
         assert int(part.cardinality()) == -(-records // 8)
-    # dataset_info.json promising more records than the shards hold: reading fails loudly.
+    # imagerecords.json promising more records than the shards hold: reading fails loudly.
     broken = write_dataset(tmp_path / "ds", per_class=4)
     raw = dict(broken.info)
     raw["splits"]["val"]["num_examples"] += 8
     raw["splits"]["val"]["shards"][0]["num_examples"] += 8
-    (tmp_path / "ds" / "dataset_info.json").write_text(json.dumps(raw))
+    (tmp_path / "ds" / "imagerecords.json").write_text(json.dumps(raw))
     with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain"):
         for _ in reader.make_dataset(broken.path, "val", 4, SIZE, training=False):
             pass

@@ -1,4 +1,4 @@
-"""reader.load_info: dataset_info.json -> typed object, and its refusals."""
+"""reader.load_info: imagerecords.json -> typed object, and its refusals."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_parses_classes_counts_and_shards(fixture):
     written = fixture.info
     assert info.classes == tuple(written["classes"])
     assert info.num_classes == len(written["classes"])
-    assert info.format_version == 1
+    assert info.format_version == 2
     assert info.raw["created_by"] == written["created_by"]
     assert info.seed == written["seed"]
     assert info.image == StoredImage(
@@ -59,7 +59,7 @@ def test_steps_per_epoch_rounds_down_or_up(fixture):
 
 
 def test_accepts_the_json_file_itself(fixture):
-    by_file = reader.load_info(os.path.join(fixture.path, "dataset_info.json"))
+    by_file = reader.load_info(os.path.join(fixture.path, "imagerecords.json"))
     assert by_file.files("train") == reader.load_info(fixture.path).files("train")
 
 
@@ -75,23 +75,23 @@ def test_missing_info_says_conversion_unfinished(tmp_path):
     write_dataset(tmp_path / "partial", per_class=3, write_info=False)
     with pytest.raises(reader.IncompleteDatasetError, match="unfinished") as err:
         reader.load_info(tmp_path / "partial")
-    assert "dataset_info.json" in str(err.value)
+    assert "imagerecords.json" in str(err.value)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(reader.IncompleteDatasetError, match="no dataset_info.json"):
+    with pytest.raises(reader.IncompleteDatasetError, match="no imagerecords.json"):
         reader.load_info(tmp_path / "empty")
     with pytest.raises(reader.IncompleteDatasetError, match="does not exist"):
         reader.load_info(tmp_path / "nowhere")
 
 
 def test_unknown_format_version_is_refused(tmp_path):
-    write_dataset(tmp_path / "v2", per_class=3, format_version=2)
-    with pytest.raises(reader.DatasetInfoError, match="format_version 2 is not supported"):
-        reader.load_info(tmp_path / "v2")
+    write_dataset(tmp_path / "v3", per_class=3, format_version=3)
+    with pytest.raises(reader.DatasetInfoError, match="format_version 3 is not supported"):
+        reader.load_info(tmp_path / "v3")
 
 
 def test_malformed_info_is_refused(tmp_path):
     fx = write_dataset(tmp_path / "ds", per_class=3)
-    info_file = tmp_path / "ds" / "dataset_info.json"
+    info_file = tmp_path / "ds" / "imagerecords.json"
     info_file.write_text("{not json")
     with pytest.raises(reader.DatasetInfoError, match="not valid JSON"):
         reader.load_info(fx.path)
@@ -142,3 +142,24 @@ def test_public_names_are_the_front_door():
     # The beam_pipeline's ImageSpec (converter settings) has no namesake here.
     assert not hasattr(reader, "ImageSpec")
     assert not hasattr(reader.info, "ImageSpec")
+
+
+V1_DATASET = os.path.join(os.path.dirname(__file__), "data", "v1_dataset")
+
+
+def test_a_format_version_1_dataset_still_reads():
+    """tests/data/v1_dataset: written before the metadata moved to imagerecords.json."""
+    info = reader.load_info(V1_DATASET)
+    assert info.format_version == 1
+    assert info.classes == ("cat", "dog", "fish")
+    assert sum(info.num_examples(s) for s in info.split_names) == 12
+    ds = reader.make_dataset(V1_DATASET, "train", batch_size=3, image_size=16, training=False)
+    labels = [int(label) for _, batch in ds for label in batch.numpy()]
+    assert len(labels) == info.num_examples("train")
+
+
+def test_tfds_dataset_info_beside_ours_is_not_taken_for_ours(tmp_path):
+    """In format_version 2, dataset_info.json is TFDS's (no format_version): not ours."""
+    (tmp_path / "dataset_info.json").write_text('{"name": "x", "fileFormat": "tfrecord"}')
+    with pytest.raises(reader.IncompleteDatasetError, match="no imagerecords.json"):
+        reader.load_info(str(tmp_path))

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from beam_pipeline import duplicates, keys, metadata, spill
+from beam_pipeline import duplicates, keys, metadata, spill, tfds_metadata
 from beam_pipeline.__main__ import main
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
@@ -58,10 +58,10 @@ def _spilled(out) -> int:
     return count
 
 
-def _kill_midway(root, out, at_least: int):
+def _kill_midway(root, out, at_least: int, *extra):
     """Starts the CLI and SIGKILLs its whole process group once records are on disk."""
     process = subprocess.Popen(
-        _command(root, out),
+        _command(root, out, *extra),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -112,7 +112,7 @@ def test_thousands_of_images_over_many_shards_are_exactly_once_and_leave_no_temp
         assert order == sorted(order)
     assert sorted(os.listdir(reference)) == sorted(
         [metadata.INFO_FILE, metadata.LABELS_FILE, metadata.REJECTS_FILE, metadata.SKIPPED_FILE]
-        + [duplicates.DUPLICATES_FILE]
+        + [duplicates.DUPLICATES_FILE, *tfds_metadata.FILES]
         + [s["file"] for split in info["splits"].values() for s in split["shards"]]
     ), "a temp or spill file was left behind"
 
@@ -147,6 +147,48 @@ def test_a_changed_image_size_after_a_kill_does_not_reuse_the_records(images, tm
     assert counters["images_converted"] == len(ids)
     rows = contract.check_output(str(out), decode=False)["train"]
     assert max(max(r["image/height"], r["image/width"]) for r in rows) <= 24 * 48 // 20
+
+
+def test_a_run_killed_with_another_filter_is_not_resumed_into_the_default_one(images, tmp_path):
+    """Issue 24: records made with --resample lanczos never mix into a bicubic dataset."""
+    root, ids, bad, reference = images
+    out = tmp_path / "o"
+    _kill_midway(root, out, 300, "--resample", "lanczos")
+    result, _ = _run(root, out)  # the default filter, bicubic
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --output {out} holds an unfinished run with other settings "
+        "(resample lanczos -> bicubic); run its command again to resume it, or pass "
+        "--overwrite to start afresh"
+    )
+    result, counters = _run(root, out, "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert counters.get("images_resumed", 0) == 0
+    assert contract.all_files(str(out)) == contract.all_files(str(reference))
+
+
+def test_an_unreadable_file_is_read_again_on_resume(tmp_path, capsys):
+    """A file that could not be read (here: not there yet) is retried, not its rejection reused."""
+    root = tmp_path / "images"
+    ids = make_class_folders(str(root), classes=("a", "b"), per_class=6, nested=False)
+    late = "b/late.jpg"
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("".join(f"{i},{i.split('/')[0]}\n" for i in [*ids, late]))
+    argv = ["--manifest", str(manifest), "--input", str(root), "--local_processes", "2"]
+    argv += ["--image_size", "24", "--max_reject_fraction", "0"]
+    out = tmp_path / "o"
+    assert main([*argv, "--output", str(out)]) == 1  # the missing file fails the books
+    assert "cannot read: FileNotFoundError" in (out / metadata.REJECTS_FILE).read_text()
+    capsys.readouterr()
+    (root / late).write_bytes((root / ids[0]).read_bytes())  # the cause is gone
+    assert main([*argv, "--output", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "images_converted=1," in captured.out, captured.out  # only the late one
+    assert f"images_resumed={len(ids)}" in captured.out
+    reference = tmp_path / "reference"  # an uninterrupted run of the same command
+    assert main([*argv, "--output", str(reference)]) == 0
+    assert contract.all_files(str(out)) == contract.all_files(str(reference))
+    assert contract.read_rejects(str(out)) == []
 
 
 def test_a_failed_run_reruns_without_overwrite_and_never_looks_finished(images, tmp_path, capsys):

@@ -157,18 +157,89 @@ def test_default_spill_dir_is_local(monkeypatch, tmp_path):
     assert a.startswith(str(tmp_path)) and a != b and a == spill.default_dir("gs://b/out1")
 
 
-@pytest.mark.parametrize(
-    "old, new, expected",
-    [
-        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 256}, ""),
-        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 128}, "image_size 256 -> 128"),
-        (
-            {"seed": 1, "splits": {"a": 1.0}},
-            {"seed": 7, "splits": {"a": 0.5, "b": 0.5}},
-            "seed 1 -> 7, splits changed",
-        ),
-    ],
-)
-def test_describe_change(old, new, expected):
-    assert spill.describe_change(old, new) == expected
-    assert (spill.settings_digest(old) == spill.settings_digest(new)) == (not expected)
+def test_a_rejection_the_same_bytes_would_get_again_is_spilled_a_transient_one_is_not(tmp_path):
+    """An unreadable file (a real failing open(), here: not there yet) is retried on resume."""
+    root = tmp_path / "images"
+    ids = make_class_folders(str(root), classes=("a",), per_class=2, nested=False)
+    bad = add_bad_files(str(root), "a")  # bad image data: deterministic rejections
+    missing = str(root / "a" / "not-there-yet.jpg")
+    refs = [(i, str(root / i), 0, "train") for i in sorted(ids + list(bad))]
+    refs.append(("a/not-there-yet.jpg", missing, 0, "train"))
+    spill_dir = str(tmp_path / "spill")
+    outcomes = convert.spill_chunk(refs, images.ImageSpec(size=16), 42, ("a",), spill_dir)
+    reasons = {
+        o.result.image_id: o.result.reason
+        for o in outcomes
+        if isinstance(o.result, convert.Rejection)
+    }
+    assert reasons["a/not-there-yet.jpg"].startswith("cannot read: FileNotFoundError")
+    index = spill.load_index(spill_dir)
+    spill.forget_indexes()
+    assert sorted(index) == sorted(ids + list(bad))  # all but the unreadable one
+    assert {i for i, item in index.items() if item.reason} == set(bad)
+    assert convert.is_transient(reasons["a/not-there-yet.jpg"])
+    assert not any(convert.is_transient(reasons[i]) for i in bad)
+    assert convert.is_transient(convert.timeout_reason(1))
+
+
+def _spill_many(directory, count, copies_from=0):
+    """``count`` records (every 7th a rejection) in one new spill file; returns the entries."""
+    entries = []
+    for i in range(copies_from, copies_from + count):
+        image_id = f"class {i % 3}/photo-{i:06d}.jpg"
+        if i % 7 == 0:
+            entries.append(
+                spill.encode(spill.REJECTION, "val", image_id, 10 * i, -1, b"", f"bad {i}")
+            )
+        else:
+            sha = hashlib.sha256(image_id.encode()).hexdigest()
+            framed = records.frame_record(image_id.encode() * 3)
+            entries.append(
+                spill.encode(
+                    spill.RECORD, ("train", "test")[i % 2], image_id, 10 * i, i % 3, framed, "", sha
+                )
+            )
+    writer = spill.Writer(str(directory))
+    writer.append(entries)
+    writer.close()
+
+
+def test_the_index_answers_as_a_dict_of_every_first_copy_would(tmp_path):
+    _spill_many(tmp_path, 500)
+    _spill_many(tmp_path, 300, copies_from=400)  # 100 IDs spilled twice, 200 new
+    expected = {}
+    for path in spill.spill_files(str(tmp_path)):
+        for item in spill.scan(path):
+            expected.setdefault(item.image_id, item)
+    index = spill.Index(spill.spill_files(str(tmp_path)))
+    assert len(index) == len(expected) == 700
+    assert sorted(index) == sorted(expected)
+    assert all(index[image_id] == item for image_id, item in expected.items())
+    assert "class 0/photo-999999.jpg" not in index and index.get("nope") is None
+    assert 12 not in index  # not an ID at all
+
+
+def test_the_index_holds_an_image_in_half_what_a_dict_of_tuples_held(tmp_path):
+    """What a resumed run holds per image already converted (tracemalloc: Python's own count)."""
+    import tracemalloc
+
+    _spill_many(tmp_path, 20_000)
+    paths = spill.spill_files(str(tmp_path))
+
+    def held(build):
+        tracemalloc.start()
+        built = build()
+        size, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(built) == 20_000
+        return size / len(built)
+
+    def as_tuples():  # the index before this change
+        index = {}
+        for path in paths:
+            for item in spill.scan(path):
+                index.setdefault(item.image_id, item)
+        return index
+
+    compact, tuples = held(lambda: spill.Index(paths)), held(as_tuples)
+    assert compact < 0.6 * tuples, f"{compact:.0f} vs {tuples:.0f} bytes an image"

@@ -92,3 +92,30 @@ def test_a_stalling_image_is_rejected_and_the_job_finishes(tmp_path, monkeypatch
         for i in contract.ids(rows)
     ]
     assert sorted(written) == sorted(set(ids) - {victim})
+
+
+def test_a_timed_out_image_is_converted_again_when_the_run_resumes(tmp_path, monkeypatch, capsys):
+    """Issue 24: a timeout is no property of the image's bytes: a resumed run retries it,
+    with a higher limit too, and the result is what an uninterrupted run gives."""
+    root = tmp_path / "images"
+    ids = make_class_folders(str(root), classes=("a", "b"), per_class=6, nested=False)
+    victim = sorted(ids)[2]
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "_STALL_ON", (root / victim).read_bytes())
+    monkeypatch.setattr(images, "convert", _stalling_convert)
+    out = tmp_path / "out"
+    argv = ["--input", str(root), "--output", str(out), "--local_processes", "2"]
+    argv += ["--image_size", "24", "--max_reject_fraction", "0"]
+    assert main([*argv, "--image_timeout_s", "1"]) == 1  # the one timeout fails the run
+    assert "timed out:" in capsys.readouterr().err
+    monkeypatch.undo()  # the image converts in time now (a quieter machine)
+    # A lower limit could keep records that it would have rejected: refused.
+    assert main([*argv, "--image_timeout_s", "0.5"]) == 2
+    assert "(image_timeout_s lowered from 1 to 0.5)" in capsys.readouterr().err
+    assert main([*argv, "--image_timeout_s", "30"]) == 0
+    counted = capsys.readouterr().out
+    assert "images_converted=1," in counted and f"images_resumed={len(ids) - 1}" in counted
+    reference = tmp_path / "reference"
+    assert main([*argv[:3], str(reference), *argv[4:], "--image_timeout_s", "30"]) == 0
+    assert contract.all_files(str(out)) == contract.all_files(str(reference))
+    assert contract.read_rejects(str(out)) == []

@@ -63,7 +63,9 @@ def _one_error_line(status: int, err: str) -> str:
     return lines[0]
 
 
-EFBIG = "File too large (EFBIG); no dataset_info.json was written; the file reached a size limit"
+EFBIG = (
+    f"File too large (EFBIG); no {metadata.INFO_FILE} was written; the file reached a size limit"
+)
 
 
 def test_a_spill_file_past_the_file_size_limit_is_named(images, tmp_path):
@@ -148,18 +150,18 @@ def test_a_full_disk_is_named(images, tmp_path):
     )
     line = _one_error_line(status, err)
     assert line.startswith(f"error: could not write {out}/"), line
-    assert "No space left on device (ENOSPC); no dataset_info.json was written; " in line
+    assert f"No space left on device (ENOSPC); no {metadata.INFO_FILE} was written; " in line
     assert "the disk is full: free some space, then rerun the same command to resume" in line
 
 
 def test_cannot_write_says_what_failed_where_and_what_next():
     error = errors.cannot_write("/x/y", OSError(28, "No space left on device"))
     assert str(error) == (
-        "could not write /x/y: No space left on device (ENOSPC); no dataset_info.json was "
+        f"could not write /x/y: No space left on device (ENOSPC); no {metadata.INFO_FILE} was "
         "written; the disk is full: free some space, then rerun the same command to resume"
     )
     error = errors.cannot_write("/x/y", PermissionError(13, "Permission denied"))
     assert str(error) == (
-        "could not write /x/y: Permission denied (EACCES); no dataset_info.json was "
+        f"could not write /x/y: Permission denied (EACCES); no {metadata.INFO_FILE} was "
         "written; rerun the same command to resume"
     )

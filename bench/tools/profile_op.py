@@ -16,7 +16,7 @@ Why it matters: the training floor of ``make bench`` (``decode_and_crop_jpeg``
 of each window) writes the uint8 crops, ~100 KB per image; a float32 batch at
 224 px is 602 KB per image. Whether that write adds to the arithmetic or
 overlaps with it depends on the host and its load (docs/performance.md,
-"Session 8" and its correction in "Session 9").
+"What a float32 batch costs the host").
 
 Written to ``bench/results/raw/profile/op.txt`` and printed.
 """

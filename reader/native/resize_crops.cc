@@ -371,7 +371,7 @@ __attribute__((target("avx2"))) void HorizontalRowAvx2(const uint8_t* __restrict
 // lerp): the same bits. Without the per-row widening pass and the per-pixel
 // loads and permutes, it does about half the work per value (op alone: 0.126
 // -> 0.086 ms per training image, then 0.121 -> 0.114 for the shuffles that
-// widen too; docs/performance.md, "Session 8").
+// widen too; docs/performance.md, "The native resize op").
 //
 // Crops up to about 3.3x the output width (downscaled crops of larger records)
 // take the same pass with a 32-byte window: two 16-byte halves, each sample

@@ -1,0 +1,100 @@
+"""Where each record of a shard starts: from its ``.idx`` file, or by scanning its framing.
+
+A shard's records are contiguous TFRecords (docs/format.md section 5), so one
+array of ``num_examples + 1`` offsets locates them all: record ``i`` is the
+bytes ``[offsets[i], offsets[i + 1])``, 8 bytes of memory per record.
+
+With ``--index_files`` the converter wrote ``<shard>.idx`` ("offset length"
+per record, NVIDIA DALI's format); that file is read (one small read per
+shard). Without it the offsets are found by hopping from header to header:
+each TFRecord starts with its length (8 bytes) and that length's CRC (4), so
+no record is decoded or even read in full. Locally that is one 12-byte read
+per record; on ``gs://`` one ranged request cannot skip bytes, so the scan
+reads each shard once, in large windows (a pass over the data: write the
+index files when a dataset lives on GCS).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+
+from beam_pipeline.records import FRAME_OVERHEAD, _masked_crc
+from imagerecords import storage
+from imagerecords.info import Shard
+
+HEADER_BYTES = 12  # length (uint64) + masked CRC32C of the length
+FOOTER_BYTES = FRAME_OVERHEAD - HEADER_BYTES  # masked CRC32C of the data
+# Bytes per request when scanning a gs:// shard: few requests, bounded memory.
+GCS_SCAN_WINDOW = 8 << 20
+
+
+class IndexFileError(ValueError):
+    """A ``.idx`` file, or a shard's framing, does not match what the metadata says."""
+
+
+def shard_offsets(files: storage.Files, shard: Shard) -> array:
+    """``num_examples + 1`` record boundaries of ``shard``, checked against its metadata."""
+    if shard.index_path is not None:
+        data = files.read_all(shard.index_path)
+        if data is None:
+            raise IndexFileError(f"{shard.index_path} is missing (the metadata lists it)")
+        return parse_index(data, shard)
+    window = GCS_SCAN_WINDOW if storage.is_gcs(shard.path) else HEADER_BYTES
+    return scan_offsets(files, shard, window)
+
+
+def parse_index(data: bytes, shard: Shard) -> array:
+    """The offsets of a ``.idx`` file; every line must continue where the last one ended."""
+    offsets = array("q", [0])
+    try:
+        for number, line in enumerate(data.decode("ascii").splitlines(), 1):
+            offset_text, length_text = line.split()
+            offset, length = int(offset_text), int(length_text)
+            if offset != offsets[-1] or length < FRAME_OVERHEAD:
+                raise ValueError(
+                    f"line {number} says record at {offset} of {length} bytes, "
+                    f"the previous one ended at {offsets[-1]}"
+                )
+            offsets.append(offset + length)
+    except ValueError as error:  # also a line that is not two integers
+        raise IndexFileError(f"{shard.index_path}: {error}") from None
+    _check(offsets, shard, shard.index_path)
+    return offsets
+
+
+def scan_offsets(files: storage.Files, shard: Shard, window: int) -> array:
+    """The offsets found by walking the shard's TFRecord headers."""
+    offsets = array("q", [0])
+    buffer, buffer_start = b"", 0
+    position = 0
+    while position < shard.num_bytes:
+        if position + HEADER_BYTES > buffer_start + len(buffer):
+            stop = min(shard.num_bytes, position + max(window, HEADER_BYTES))
+            buffer, buffer_start = files.read(shard.path, position, stop), position
+        header = buffer[position - buffer_start : position - buffer_start + HEADER_BYTES]
+        if len(header) < HEADER_BYTES:
+            raise IndexFileError(
+                f"{shard.path}: ends inside the header of record {len(offsets) - 1} "
+                f"at byte {position}, before the {shard.num_bytes} bytes the metadata gives"
+            )
+        (length,) = struct.unpack_from("<Q", header)
+        (length_crc,) = struct.unpack_from("<I", header, 8)
+        if _masked_crc(header[:8]) != length_crc:
+            raise IndexFileError(
+                f"{shard.path}: record {len(offsets) - 1} at byte {position} has a "
+                "corrupt header (length CRC mismatch)"
+            )
+        position += length + FRAME_OVERHEAD
+        offsets.append(position)
+    _check(offsets, shard, shard.path)
+    return offsets
+
+
+def _check(offsets: array, shard: Shard, source: str) -> None:
+    records = len(offsets) - 1
+    if records != shard.num_examples or offsets[-1] != shard.num_bytes:
+        raise IndexFileError(
+            f"{source}: {records} records in {offsets[-1]} bytes, but the metadata gives "
+            f"{shard.num_examples} records in {shard.num_bytes} bytes for {shard.path}"
+        )

@@ -1,0 +1,146 @@
+"""Byte ranges of local files and ``gs://`` objects, one process at a time.
+
+Local files are read with ``os.pread`` on one descriptor per file (thread-safe:
+no shared file position). ``gs://`` objects are read with ranged GETs through
+google-cloud-storage: one HTTP request per call of :meth:`Files.read`, no
+metadata request first (the blob is addressed by name; its size comes from the
+dataset's metadata, not from GCS).
+
+A :class:`Files` object is picklable and fork-safe: descriptors and the storage
+client belong to the process that opened them and are opened again, lazily, in
+a child process or after unpickling (Grain and PyTorch DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+
+GCS_SCHEME = "gs://"
+
+
+def is_gcs(path: str) -> bool:
+    return path.startswith(GCS_SCHEME)
+
+
+def join(base: str, name: str) -> str:
+    """A file name under a local folder or a ``gs://`` prefix."""
+    if is_gcs(base):
+        return posixpath.join(base, name)
+    return os.path.join(base, name)
+
+
+def split_gcs(url: str) -> tuple[str, str]:
+    """``gs://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    bucket, _, name = url[len(GCS_SCHEME) :].partition("/")
+    return bucket, name
+
+
+def check_scheme(path: str) -> None:
+    """Local paths and ``gs://`` only: say so before anything is read."""
+    if "://" in path and not is_gcs(path):
+        raise ValueError(f"{path}: only local paths and gs:// URLs can be read")
+
+
+class Files:
+    """Reads whole files and byte ranges; counts the reads it issues (``requests``)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._fds: dict[str, int] = {}
+        self._client = None
+        # Reads issued by this process: one per range (a GET on gs://, a pread locally).
+        self.requests = 0
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def _own(self) -> None:
+        """Forget what a parent process opened (its descriptors, its HTTP sessions)."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+            self._fds = {}
+            self._client = None
+            self.requests = 0
+
+    def _count(self) -> None:
+        self._own()
+        with self._lock:  # reads run on several threads at once
+            self.requests += 1
+
+    def _fd(self, path: str) -> int:
+        self._own()
+        fd = self._fds.get(path)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(path)
+                if fd is None:
+                    fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return fd
+
+    def _blob(self, url: str):
+        self._own()
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    # Imported here: local datasets never need the storage client.
+                    from google.cloud import storage
+
+                    # project=None: object reads need no project, and inferring
+                    # one fails for user credentials without a gcloud project.
+                    self._client = storage.Client(project=None)
+        bucket, name = split_gcs(url)
+        return self._client.bucket(bucket).blob(name)
+
+    def read(self, path: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``path``; fewer only if the file is shorter."""
+        self._count()
+        if is_gcs(path):
+            # end is inclusive; checksum=None: a range has no whole-object hash
+            # to compare with (the TFRecord CRCs check the bytes instead).
+            return self._blob(path).download_as_bytes(
+                start=start, end=stop - 1, checksum=None, raw_download=True
+            )
+        fd = self._fd(path)
+        data = os.pread(fd, stop - start, start)
+        while 0 < len(data) < stop - start:  # pread may return less; read the rest
+            more = os.pread(fd, stop - start - len(data), start + len(data))
+            if not more:
+                break
+            data += more
+        return data
+
+    def read_all(self, path: str) -> bytes | None:
+        """The whole file, or None when it does not exist."""
+        self._count()
+        if is_gcs(path):
+            from google.api_core import exceptions
+
+            try:
+                return self._blob(path).download_as_bytes(raw_download=True)
+            except exceptions.NotFound:
+                return None
+        try:
+            with open(path, "rb") as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds = {}
+        self._client = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: os may be gone
+            pass

@@ -1,0 +1,421 @@
+"""Every ```python block of README.md and docs/*.md runs as a reader pastes it.
+
+How the blocks run: the blocks of one file run in order in one Python process
+and one namespace (each may use what the blocks above it defined, as when they
+are pasted into one session), with the working directory a folder that holds
+
+* ``./photos``: the ``make demo`` photos (301 files in 6 classes, one broken;
+  ``scripts/demo.py``), and
+* ``./photos-records``: them converted by the README's walkthrough command
+  (``python -m beam_pipeline --input ./photos --output ./photos-records
+  --image_size 160``; 257 train records, 21 val, 22 test).
+
+A block that raises fails its own test, with the traceback pointing at the
+Markdown file's lines; the blocks after it still run.
+
+A block that cannot run here as written says so in HTML comments (GitHub
+renders them as nothing) on the lines directly above its opening fence, one
+per line:
+
+``<!-- snippet: needs-gpu -->``, ``needs-tpu``, ``needs-cloud``
+    Not run: it needs a GPU, a TPU, or a Google Cloud project (a bucket,
+    credentials). The block must still compile.
+``<!-- snippet: replace OLD NEW -->``
+    Run with the text OLD replaced by NEW (shell quoting; OLD must occur).
+    For data paths (``replace gs://bucket/records ./photos-records``) and for
+    budgets (``replace epochs=10 epochs=1``), so that a block runs in seconds.
+``<!-- snippet: given CODE -->``
+    CODE runs first: what the text around the block says the reader brings
+    (``given def train_step(images, labels): return 0.0``).
+
+A block whose first line is a file name in a comment (``# augment.py``) is not
+run: it is saved under that name in the folder, for the blocks after it to
+import, as the text around it tells the reader to do (docs/trainers.md).
+
+Anything else after ``snippet:`` is an error, and so is a marker that no
+```python fence follows: ``test_markers_are_well_formed`` names them.
+
+``test_readme_dry_run_sample_is_what_the_command_prints`` compares the
+README's dry-run sample with what that command prints on the same photos,
+every number (and the input path) masked: the lines, words and layout must
+match.
+
+``test_links_and_named_sections_resolve`` checks the references between the
+docs: every Markdown link of README.md and docs/*.md reaches its file and
+section, and every mention such as ``docs/performance.md, "Local engine"``
+(in code comments too, wrapped or not) names the start of a heading there.
+
+``PENDING`` lists files that did not pass these checks, and which this branch
+could not edit, when this test was written; their blocks are not run
+(reader.md's Keras block trains EfficientNet for 30 epochs) and their
+references not checked. Remove a file from it once it is fixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/docs/*.md"))]
+
+# file -> why its blocks are not run yet (see the module docstring).
+PENDING = {
+    "docs/reader.md": "blocks read gs://my-bucket/..., use names no block imports "
+    "(keras, dataclasses) or defines (model, GLOBAL_BATCH), and train for 30 epochs; "
+    'it cites performance.md\'s "Session 9", which is gone',
+    "docs/format.md": "its reader API block is a sketch (`...` inside a call)",
+    "docs/gcs.md": "its block reads gs://my-bucket/records",
+}
+
+SKIPS = {
+    "needs-gpu": "needs a GPU",
+    "needs-tpu": "needs a TPU",
+    "needs-cloud": "needs a Google Cloud project",
+}
+FILE_TIMEOUT_S = 300  # all blocks of one file; they take seconds
+
+_MARKER = re.compile(r"^<!--\s*snippet:\s*(.*?)\s*-->\s*$")
+_FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
+
+
+@dataclasses.dataclass
+class Block:
+    path: str  # relative to the repository root
+    line: int  # 1-based line of the block's first code line
+    code: str
+    skip: str | None = None  # the reason, for a needs-* block
+    replace: list = dataclasses.field(default_factory=list)  # (old, new) pairs
+    given: list = dataclasses.field(default_factory=list)  # code run before it
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def file(self) -> str | None:
+        """The file name a block is to be saved as (its first line ``# name.py``)."""
+        match = re.fullmatch(r"# (\w+\.py)", self.code.split("\n", 1)[0])
+        return match.group(1) if match else None
+
+    def runnable_code(self) -> str:
+        code = textwrap.dedent(self.code)  # a block indented in a list item
+        for old, new in self.replace:
+            code = code.replace(old, new)
+        # Leading newlines put each line at its line number in the Markdown
+        # file, so a traceback shows the file's own line.
+        return "\n" * (self.line - 1) + code
+
+
+def _apply(block: Block, directive: str) -> str | None:
+    """Adds one marker's directive to ``block``; returns an error, or None."""
+    word, _, rest = directive.partition(" ")
+    if word in SKIPS and not rest:
+        block.skip = SKIPS[word]
+    elif word == "given" and rest.strip():
+        block.given.append(rest.strip())
+    elif word == "replace":
+        try:
+            args = shlex.split(rest)
+        except ValueError as error:
+            return f"replace: {error}"
+        if len(args) != 2:
+            return f"replace takes OLD and NEW, got {args}"
+        if args[0] not in block.code:
+            return f"replace: {args[0]!r} is not in the block"
+        block.replace.append(tuple(args))
+    else:
+        return f"unknown directive {directive!r}"
+    return None
+
+
+def parse(path: str) -> tuple[list[Block], list[str]]:
+    """The ```python blocks of one file with their markers applied, and the marker errors."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as stream:
+        lines = stream.read().splitlines()
+    blocks, errors, attached = [], [], []  # attached: (block, line, directive)
+    markers: list[tuple[int, str]] = []  # (line, directive) waiting for the next fence
+    fence, block = None, None  # inside a fenced block: its fence, and the Block if python
+    for number, text in enumerate(lines, 1):
+        if fence is not None:
+            if text.strip() == fence:
+                fence = None
+            elif block is not None:
+                block.code += text + "\n"
+            continue
+        opening = _FENCE.match(text)
+        marker = _MARKER.match(text.strip())
+        if opening:
+            fence, block = opening.group(1), None
+            if opening.group(2) == "python":
+                block = Block(path, number + 1, "")
+                blocks.append(block)
+            if block is None and markers:
+                errors.append(f"{path}:{markers[0][0]}: snippet marker above a non-python block")
+            attached += [(block, line, directive) for line, directive in markers if block]
+            markers = []
+        elif marker:
+            markers.append((number, marker.group(1)))
+        elif markers:
+            errors.append(f"{path}:{markers[0][0]}: snippet marker not directly above a fence")
+            markers = []
+    if markers:
+        errors.append(f"{path}:{markers[0][0]}: snippet marker at the end of the file")
+    for block, line, directive in attached:  # now that each block's code is known
+        error = _apply(block, directive)
+        if error:
+            errors.append(f"{path}:{line}: {error}")
+    return blocks, errors
+
+
+ALL = {path: parse(path) for path in DOCS}
+BLOCKS = [block for blocks, _ in ALL.values() for block in blocks]
+
+
+def test_markers_are_well_formed():
+    assert [error for _, errors in ALL.values() for error in errors] == []
+
+
+# ------------------------------------------------------------------ running
+
+# The child: runs the blocks of one file in order in one namespace, one JSON
+# line per block on stdout.
+_CHILD = r"""
+import importlib, json, sys, time, traceback
+blocks = json.load(open(sys.argv[1], encoding="utf-8"))
+namespace = {"__name__": "__main__"}
+for block in blocks:
+    result = {"name": block["name"], "ok": True}
+    print("SNIPPET-START " + block["name"], flush=True)
+    start = time.process_time()
+    try:
+        for given in block["given"]:
+            exec(compile(given, "<given for " + block["name"] + ">", "exec"), namespace)
+        if block["file"]:  # saved for the blocks below to import, not run
+            with open(block["file"], "w", encoding="utf-8") as stream:
+                stream.write(block["code"])
+            importlib.invalidate_caches()
+        else:
+            exec(compile(block["code"], block["path"], "exec"), namespace)
+    except BaseException:  # report it and go on with the next block
+        result = {"name": block["name"], "ok": False, "error": traceback.format_exc()}
+    result["cpu_s"] = round(time.process_time() - start, 1)
+    print("SNIPPET-RESULT " + json.dumps(result), flush=True)
+"""
+
+
+def _load_demo():
+    spec = importlib.util.spec_from_file_location("demo", os.path.join(ROOT, "scripts", "demo.py"))
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    return demo
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "beam_pipeline", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=FILE_TIMEOUT_S,
+    )
+
+
+@dataclasses.dataclass
+class Walkthrough:
+    folder: object  # pathlib.Path holding ./photos and ./photos-records
+    dry_run: str  # what the README's --dry_run command printed there
+
+
+@pytest.fixture(scope="module")
+def walkthrough(tmp_path_factory) -> Walkthrough:
+    """The README's walkthrough, steps 1 and 2, on the demo photos."""
+    folder = tmp_path_factory.mktemp("snippets")
+    _load_demo().build_sample(str(folder / "photos"))
+    command = ["--input", "./photos", "--output", "./photos-records", "--image_size", "160"]
+    dry_run = _cli(*command, "--dry_run", cwd=folder)
+    assert dry_run.returncode == 0, dry_run.stderr
+    done = _cli(*command, cwd=folder)
+    assert done.returncode == 0, done.stderr
+    return Walkthrough(folder, dry_run.stdout)
+
+
+@pytest.fixture(scope="module")
+def results(walkthrough):
+    """file -> {block name -> result}, each file's blocks run once, on first use."""
+    cache: dict[str, dict] = {}
+
+    def of(path: str) -> dict:
+        if path not in cache:
+            cache[path] = _run_file(path, walkthrough.folder)
+        return cache[path]
+
+    return of
+
+
+def _run_file(path: str, workdir) -> dict:
+    blocks = [b for b in ALL[path][0] if b.skip is None]
+    spec = [
+        {
+            "name": b.name,
+            "path": os.path.join(ROOT, b.path),
+            "code": b.runnable_code(),
+            "given": b.given,
+            "file": b.file,
+        }
+        for b in blocks
+    ]
+    spec_path = workdir / f"{path.replace('/', '_')}.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(spec_path)],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=FILE_TIMEOUT_S,
+        )
+        stdout, why = done.stdout, f"exit status {done.returncode}"
+    except subprocess.TimeoutExpired as expired:
+        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout
+        why = f"still running after {FILE_TIMEOUT_S} s"
+    out = {}
+    started = None
+    for line in (stdout or "").splitlines():
+        if line.startswith("SNIPPET-START "):
+            started = line.split(" ", 1)[1]
+        elif line.startswith("SNIPPET-RESULT "):
+            result = json.loads(line.split(" ", 1)[1])
+            out[result["name"]] = result
+    for block in blocks:  # the block that was running when the process ended, and the rest
+        if block.name not in out:
+            where = "while it ran" if block.name == started else "before it ran"
+            out[block.name] = {"ok": False, "error": f"the process ended {where}: {why}"}
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+def test_snippet_runs(block, results):
+    if block.path in PENDING:
+        pytest.skip(f"not run until its markers are added: {PENDING[block.path]}")
+    compile(block.runnable_code(), block.path, "exec")  # even a skipped block must parse
+    if block.skip:
+        pytest.skip(block.skip)
+    result = results(block.path)[block.name]
+    assert result["ok"], f"{block.name} failed when run as pasted:\n{result['error']}"
+
+
+# ------------------------------------------------------- the dry run's sample
+
+
+def _shape(text: str) -> list[str]:
+    """Lines with every number (and the input path) made a placeholder: what stays put."""
+    text = re.sub(r"Input \S+ ", "Input PATH ", text)
+    return [re.sub(r"\d[\d,.]*", "N", line).rstrip() for line in text.strip().splitlines()]
+
+
+@pytest.mark.slow
+def test_readme_dry_run_sample_is_what_the_command_prints(walkthrough):
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as stream:
+        readme = stream.read()
+    # The command's block, then the block of its output.
+    found = re.search(r"```bash\n[^`]*--dry_run\n```\n```\n(.*?)```", readme, re.S)
+    assert found, "README.md: no output block under the --dry_run command"
+    assert _shape(found.group(1)) == _shape(walkthrough.dry_run)
+
+
+# ------------------------------------------------- references between the docs
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _sections(path: str) -> tuple[list[str], set[str]]:
+    """A Markdown file's headings (outside code blocks) and its anchors."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as stream:
+        text = stream.read()
+    text = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.S | re.M)
+    headings = [h.strip() for h in re.findall(r"^#+ (.*)$", text, re.M)]
+    anchors, seen = set(), {}
+    for heading in headings:
+        slug = _slug(heading)
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    anchors |= set(re.findall(r"<a (?:id|name)=\"([^\"]+)\"", text))
+    return headings, anchors
+
+
+def _doc_link_problems(path: str) -> list[str]:
+    """Links of one Markdown file to a missing file, or to a section that is not there."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as stream:
+        text = stream.read()
+    text = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.S | re.M)
+    problems = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        file, _, anchor = target.partition("#")
+        linked = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+        if not os.path.exists(os.path.join(ROOT, linked)):
+            problems.append(f"{path}: link to {target}: no such file")
+        elif anchor and linked.endswith(".md") and anchor not in _sections(linked)[1]:
+            problems.append(f"{path}: link to {target}: no such section")
+    return problems
+
+
+def _named_section_problems(path: str) -> list[str]:
+    """Mentions like `docs/performance.md, "Local engine"` whose section is not there.
+
+    Comment markers at line starts are dropped first, so a mention may wrap.
+    The quoted name must begin a heading of the named document.
+    """
+    with open(os.path.join(ROOT, path), encoding="utf-8") as stream:
+        text = stream.read()
+    text = re.sub(r"\n\s*(?:#|//|\*)?\s*", " ", text)
+    problems = []
+    for doc, name in re.findall(r"([\w/]*\b\w+\.md)(?:,\s*|\s*\(\s*)\"([^\"]{2,80})\"", text):
+        candidates = [doc, f"docs/{os.path.basename(doc)}"]
+        found = next((c for c in candidates if os.path.exists(os.path.join(ROOT, c))), None)
+        if found is None:
+            continue
+        if not any(h.startswith(name) for h in _sections(found)[0]):
+            problems.append(f'{path}: {doc}, "{name}": no such section')
+    return problems
+
+
+def _sources() -> list[str]:
+    """The project's code and docs, relative to the repository root."""
+    found = ["README.md", "Makefile"]
+    for top in ("beam_pipeline", "reader", "bench", "tests", "scripts", "deploy", "docs"):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+            found += [
+                os.path.relpath(os.path.join(folder, f), ROOT)
+                for f in files
+                if f.endswith((".py", ".cc", ".md"))
+            ]
+    return sorted(found)
+
+
+def test_links_and_named_sections_resolve():
+    problems = [p for path in DOCS if path not in PENDING for p in _doc_link_problems(path)]
+    problems += [
+        p for path in _sources() if path not in PENDING for p in _named_section_problems(path)
+    ]
+    assert problems == []

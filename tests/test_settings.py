@@ -1,0 +1,222 @@
+"""One source for the settings: every config field declares whether it decides the records.
+
+The resume key, imagerecords.json's settings, the dry run's and the
+summary's description of them are derived from the declarations on
+ImageSpec and JobConfig (beam_pipeline/settings.py); these tests fail when a
+field is added without a declaration, or when a reader of the settings
+misses one.
+"""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from beam_pipeline import arguments, images, listing, metadata, resume, settings, spill
+from beam_pipeline.__main__ import main
+from beam_pipeline.job_config import JobConfig
+from tests import contract
+from tests.image_factory import make_class_folders
+
+FORMAT_MD = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read_text()
+CONFIGS = (images.ImageSpec, JobConfig)
+
+
+def _declared(config_type):
+    for field in dataclasses.fields(config_type):
+        for setting in settings.declaration(field):
+            if setting.nested:
+                yield from _declared(setting.nested)
+            else:
+                yield field, setting
+
+
+@pytest.mark.parametrize("config_type", CONFIGS, ids=lambda c: c.__name__)
+def test_every_field_says_whether_it_decides_the_records(config_type):
+    for field in dataclasses.fields(config_type):
+        declared = settings.declaration(field)
+        assert declared, (
+            f"{config_type.__name__}.{field.name} does not say whether it decides a record's "
+            "bytes, split or label: declare it with settings.decides / does_not_decide / "
+            "nested (beam_pipeline/settings.py)"
+        )
+        for setting in declared:
+            if setting.nested:
+                assert dataclasses.is_dataclass(setting.nested)
+            elif not setting.decides:
+                assert setting.why, f"{field.name}: say why a resumed run may change it"
+            else:
+                assert setting.name, f"{field.name}: a setting in the resume key needs a name"
+
+
+def test_names_and_info_places_are_unique():
+    names = [s.name for _, s in _declared(JobConfig) if s.name]
+    places = [s.info for _, s in _declared(JobConfig) if s.info]
+    assert len(names) == len(set(names)) and len(places) == len(set(places))
+
+
+def test_each_image_setting_is_the_flag_of_its_name():
+    argv = ["--input", "in", "--output", "out", "--resize", "crop", "--image_size", "99"]
+    argv += ["--upscale", "--jpeg_quality", "77", "--resample", "lanczos"]
+    argv += ["--image_timeout_s", "5"]
+    args, _ = arguments.parse_args(argv)
+    assert args.image_spec == images.ImageSpec(
+        resize="crop", size=99, upscale=True, jpeg_quality=77, resample="lanczos", timeout_s=5
+    )
+
+
+def _config(tmp_path, **image) -> JobConfig:
+    make_class_folders(str(tmp_path / "in"), classes=("a", "b"), per_class=1, nested=False)
+    layout = listing.discover(str(tmp_path / "in"))
+    return JobConfig(
+        layout=layout,
+        output=str(tmp_path / "out"),
+        splits={"train": 1.0},
+        image=images.ImageSpec(**image),
+    )
+
+
+# Another valid value of each ImageSpec field that decides the bytes.
+OTHER_VALUE = {
+    "resize": "crop",
+    "size": 128,
+    "upscale": True,
+    "jpeg_quality": 80,
+    "resample": "lanczos",
+}
+
+
+def test_every_setting_that_decides_the_bytes_is_in_the_resume_key_and_dataset_info(tmp_path):
+    config = _config(tmp_path)
+    deciding = [f.name for f, s in _declared(images.ImageSpec) if s.decides]
+    assert sorted(deciding) == sorted(OTHER_VALUE)
+    key = resume.key(config)
+    info = settings.info_values(config)
+    for name, other in OTHER_VALUE.items():
+        changed = dataclasses.replace(
+            config, image=dataclasses.replace(config.image, **{name: other})
+        )
+        assert resume.key(changed) != key, f"{name} is not in the resume key"
+        assert resume.conflict(key, resume.key(changed)), name
+        assert settings.info_values(changed)["image"] != info["image"], f"{name} not recorded"
+    assert key["resample"] == "bicubic" and info["image"]["resample"] == "bicubic"
+    # What acts on the records once they are made is no reason to convert them again.
+    for name, other in [("target_shard_bytes", 1), ("min_shards", 3), ("dedupe", True)]:
+        changed = dataclasses.replace(config, **{name: other})
+        assert not resume.conflict(key, resume.key(changed)), name
+
+
+def test_the_declared_settings_keep_dataset_info_as_it_was_plus_resample(tmp_path):
+    config = _config(tmp_path, resample="lanczos", size=64, upscale=True)
+    info = settings.info_values(config)
+    assert set(info) == {"source", "classes", "seed", "config", "image"}
+    assert info["source"] == config.layout.root and info["seed"] == 42
+    assert info["classes"] == ["a", "b"]
+    assert info["image"] == {
+        "resize": "shorter",
+        "size": 64,
+        "upscale": True,
+        "jpeg_quality": 90,
+        "resample": "lanczos",
+    }
+    assert info["config"] == {
+        "layout": "classes",
+        "splits": {"train": 1.0},
+        "target_shard_mb": 200.0,
+        "min_shards": 1,
+        "max_reject_fraction": 0.01,
+        "dedupe": False,
+        "tfds_name": "imagerecords",
+        "tfds_version": "1.0.0",
+    }
+
+
+def test_every_recorded_setting_is_documented_in_the_format():
+    section = re.search(r"^## 7\. .*?(?=^## 8\. )", FORMAT_MD, re.M | re.S).group(0)
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", section, re.M)}
+    for _, setting in _declared(JobConfig):
+        if setting.info:
+            block, _, key = setting.info.rpartition(".")
+            if block:
+                assert f"`{key}`" in rows[block], f"{setting.info} missing from docs/format.md"
+            else:
+                assert key in rows, f"{setting.info} missing from docs/format.md"
+    for key in metadata.IMAGE_FACTS:
+        assert f"`{key}`" in rows["image"]
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 256}, ""),
+        ({"seed": 1, "image_size": 256}, {"seed": 1, "image_size": 128}, "image_size 256 -> 128"),
+        ({"resample": "lanczos"}, {"resample": "bicubic"}, "resample lanczos -> bicubic"),
+        ({"upscale": False}, {"upscale": True}, "upscale off -> on"),
+        (
+            {"seed": 1, "splits": {"a": 1.0}},
+            {"seed": 7, "splits": {"a": 0.5, "b": 0.5}},
+            "seed 1 -> 7, splits changed",
+        ),
+        # A time limit may be raised (what timed out is retried), not lowered.
+        ({"image_timeout_s": 1.0}, {"image_timeout_s": 60.0}, ""),
+        ({"image_timeout_s": 60.0}, {"image_timeout_s": 0.0}, ""),  # 0: no limit
+        (
+            {"image_timeout_s": 60.0},
+            {"image_timeout_s": 1.5},
+            "image_timeout_s lowered from 60 to 1.5",
+        ),
+        (
+            {"image_timeout_s": 0.0},
+            {"image_timeout_s": 60.0},
+            "image_timeout_s lowered from 0 to 60",
+        ),
+    ],
+)
+def test_what_stops_a_resume(old, new, expected):
+    old, new = {"spill_format": spill.FORMAT, **old}, {"spill_format": spill.FORMAT, **new}
+    assert resume.conflict(old, new) == expected
+
+
+def test_a_run_of_another_spill_format_is_not_resumed():
+    old = {"spill_format": spill.FORMAT - 1, "seed": 1}
+    change = resume.conflict(old, {"spill_format": spill.FORMAT, "seed": 1})
+    assert change == (
+        f"spill_format {spill.FORMAT - 1} -> {spill.FORMAT}: "
+        "written by another version of imagerecords"
+    )
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    root = tmp_path_factory.mktemp("settings") / "images"
+    make_class_folders(str(root), classes=("a", "b"), per_class=4, nested=False)
+    return root
+
+
+def test_the_dry_run_names_every_setting_that_decides_the_bytes(small, tmp_path, capsys):
+    argv = ["--input", str(small), "--output", str(tmp_path / "o"), "--dry_run"]
+    assert main([*argv, "--image_size", "40", "--resample", "lanczos"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "images converted in memory (resize shorter, image_size 40, upscale off, "
+        "jpeg_quality 90, resample lanczos)"
+    ) in out
+
+
+def test_both_engines_record_and_summarise_the_same_settings(small, tmp_path, capsys):
+    """The local engine and Beam's DirectRunner derive the same dataset_info settings."""
+    outputs = {}
+    for engine, extra in [("local", []), ("beam", ["--runner", "DirectRunner"])]:
+        out = tmp_path / engine
+        argv = ["--input", str(small), "--output", str(out), "--quiet", *extra]
+        assert main([*argv, "--image_size", "24", "--resample", "lanczos", "--upscale"]) == 0
+        summary = capsys.readouterr().out
+        assert (
+            "images stored with resize shorter, image_size 24, upscale on, jpeg_quality 90, "
+            "resample lanczos"
+        ) in summary
+        outputs[engine] = contract.all_files(str(out))
+    assert outputs["local"] == outputs["beam"]
+    info = contract.load_info(str(tmp_path / "local"))
+    assert info["image"]["resample"] == "lanczos" and info["image"]["size"] == 24
