@@ -39,8 +39,8 @@ def _file_size_limit(limit: int):
     return set_limit
 
 
-def _cli(*args: str, preexec_fn=None, prefix: tuple[str, ...] = ()) -> tuple[int, str]:
-    env = dict(os.environ)
+def _cli(*args: str, preexec_fn=None, prefix=(), env=None) -> tuple[int, str]:
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     result = subprocess.run(
         [*prefix, sys.executable, "-m", "beam_pipeline", *args, "--quiet"],
@@ -81,19 +81,33 @@ def test_a_spill_file_past_the_file_size_limit_is_named(images, tmp_path):
     )
 
 
-def test_a_shard_past_the_file_size_limit_is_named(images, tmp_path):
-    """On Beam in_memory with one process nothing spills: the shard is the big file."""
-    out = tmp_path / "o"
+def test_a_staged_shard_past_the_file_size_limit_is_named(images, tmp_path):
+    """On Beam with one process a shard's records are staged on local disk first
+    (staging.py, under $TMPDIR): that file reaches the limit first."""
+    out, staging = tmp_path / "o", tmp_path / "staging"
+    staging.mkdir()
     status, err = _cli(
         "--input", str(images), "--output", str(out),
         "--runner", "DirectRunner", "--direct_running_mode=in_memory",
-        preexec_fn=_file_size_limit(256 * 1024),
+        preexec_fn=_file_size_limit(256 * 1024), env={"TMPDIR": str(staging)},
     )  # fmt: skip
     line = _one_error_line(status, err)
-    temp = re.escape(str(out / metadata.TMP_DIR))
-    assert re.match(
-        rf"error: could not write {temp}/\w+-\d{{5}}\.[0-9a-f]{{32}}: {re.escape(EFBIG)}", line
-    )
+    staged = re.escape(str(staging))
+    assert re.match(rf"error: could not write {staged}/imagerecords-\w+\.stage: ", line), line
+    assert EFBIG in line
+    assert os.listdir(staging) == []  # the staging file is gone all the same
+
+
+_WRITE_SHARD = """
+import sys
+from beam_pipeline import errors, shards
+from beam_pipeline.convert import ShardEntry
+records = [ShardEntry(key, str(key), 0, 50_000, b"x" * 50_000) for key in range(4)]
+try:
+    shards.write_shard(sys.argv[1], "train", 0, 1, records)
+except errors.CannotWrite as error:
+    print(error)
+"""
 
 
 _WRITE_METADATA = """
@@ -106,21 +120,34 @@ except errors.CannotWrite as error:
 """
 
 
-def test_metadata_past_the_file_size_limit_is_named(tmp_path):
-    path = tmp_path / "o" / metadata.INFO_FILE
+def _in_subprocess(script: str, *args: str, limit: int) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", _WRITE_METADATA, str(path)],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=60,
-        preexec_fn=_file_size_limit(64 * 1024),
+        preexec_fn=_file_size_limit(limit),
     )
     assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_a_shard_past_the_file_size_limit_is_named(tmp_path):
+    printed = _in_subprocess(_WRITE_SHARD, str(tmp_path / "o"), limit=64 * 1024)
+    temp = re.escape(str(tmp_path / "o" / metadata.TMP_DIR))
+    assert re.fullmatch(
+        rf"could not write {temp}/train-00000\.[0-9a-f]{{32}}: {re.escape(EFBIG)}.*\n", printed
+    ), printed
+
+
+def test_metadata_past_the_file_size_limit_is_named(tmp_path):
+    path = tmp_path / "o" / metadata.INFO_FILE
+    printed = _in_subprocess(_WRITE_METADATA, str(path), limit=64 * 1024)
     assert re.fullmatch(
         rf"could not write {re.escape(str(path))}\.tmp-[0-9a-f]{{32}}: {re.escape(EFBIG)}.*\n",
-        result.stdout,
-    ), result.stdout
+        printed,
+    ), printed
 
 
 def _private_tmpfs_prefix(mountpoint) -> tuple[str, ...] | None:
