@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from beam_pipeline import deadline, images, keys, records, spill
+from beam_pipeline import deadline, gcs, images, keys, records, spill
 
 
 class SpillLocation(NamedTuple):
@@ -78,6 +78,7 @@ def read_bytes(path: str) -> bytes:
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    gcs.bound_retries()  # this process may not have been told --gcs_timeout_s yet
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
         return stream.read()
 
@@ -112,6 +113,7 @@ def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
     try:
         data = read_bytes(path)
     except Exception as error:  # an unreadable file is a rejection, not a crash
+        gcs.raise_if_unreachable(error, path)  # but GCS out of reach stops the run
         return Decoded(0, "", None, f"{CANNOT_READ}{type(error).__name__}: {error}")
     return decode_data(data, spec, path)
 
