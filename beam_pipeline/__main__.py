@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import sys
+import threading
 import traceback
 
 try:
@@ -29,13 +31,44 @@ except KeyboardInterrupt:
 __all__ = ["build_parser", "main", "parse_args", "run"]
 
 
+def _wrapped_message(error: BaseException, *kinds: type[BaseException]) -> str | None:
+    """The message of an error of one of ``kinds`` inside a runner's wrapped exception.
+
+    Beam re-raises a step's error with the step named (``[while running ...]``),
+    as the same type or as a RuntimeError holding its text; a worker process
+    hands back only text. So the error is found by its name.
+    """
+    names = "|".join(kind.__name__ for kind in kinds)
+    text = str(error)
+    if isinstance(error, kinds):
+        text = f"{type(error).__name__}: {text}"
+    match = re.search(rf"(?:{names}): (.*?)(?: \[while running|\n|$)", text)
+    return match.group(1) if match else None
+
+
 def _books_message(error: BaseException) -> str | None:
     """The BooksDoNotBalance message inside a runner's wrapped exception, if any."""
-    text = str(error)
-    if isinstance(error, BooksDoNotBalance):
-        text = "BooksDoNotBalance: " + text
-    match = re.search(r"BooksDoNotBalance: (.*?)(?: \[while running|\n|$)", text)
-    return match.group(1) if match else None
+    return _wrapped_message(error, BooksDoNotBalance)
+
+
+def _gcs_lost_message(error: BaseException, parsed) -> str | None:
+    """The message for GCS out of reach where no step named the URL (Beam's listing)."""
+    args = parsed[0] if parsed else None
+    paths = (args.input, args.manifest, args.output) if args else ()
+    roots = [p for p in paths if p and p.startswith("gs://")]
+    if not roots:
+        return None
+    from beam_pipeline import gcs
+
+    stopped = gcs.unreachable_from(error, roots)
+    return str(stopped) if stopped is not None else None
+
+
+def _stopped_message(error: BaseException) -> str | None:
+    """The message of a run that could not go on (errors.RunStopped), if ``error`` is one."""
+    from beam_pipeline.lock import OutputTakenOver
+
+    return _wrapped_message(error, errors.StorageUnreachable, errors.CannotWrite, OutputTakenOver)
 
 
 def _print_books_error(message: str, verbose: bool) -> None:
@@ -48,10 +81,58 @@ def _print_books_error(message: str, verbose: bool) -> None:
     _error(message, verbose)
 
 
-# What Ctrl-C prints after "error: interrupted". Nothing the run wrote looks
-# finished (no imagerecords.json), and the same command carries on: a local
-# run keeps what it converted (docs/scale.md).
-RESUME_HINT = "rerun the same command to resume"
+# What Ctrl-C prints after "error: interrupted" (errors.py says why).
+RESUME_HINT = errors.RESUME_HINT
+
+
+class _CtrlC:
+    """Notes a Ctrl-C, then raises KeyboardInterrupt as Python's own handler does.
+
+    A runner may turn the KeyboardInterrupt into another error on its way out
+    (Beam's DirectRunner re-raises it from a step as ``RuntimeError:
+    KeyboardInterrupt [while running ...]``; its worker processes die of the
+    same Ctrl-C, and the threads watching them raise). Whatever comes out
+    after a Ctrl-C is reported as the Ctrl-C it is.
+    """
+
+    def __init__(self, verbose: bool):
+        self.seen = False
+        self._verbose = verbose
+        self._previous = None
+        self._excepthook = threading.excepthook
+
+    def __enter__(self) -> _CtrlC:
+        # Only where Python's default handler is set: an ignored SIGINT (a
+        # background job) stays ignored, and only the main thread may set one.
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        threading.excepthook = self._excepthook
+
+    def _handle(self, signum, frame) -> None:
+        self.seen = True
+        if not self._verbose:
+            # The runner's threads that see their workers die of it need not say so.
+            threading.excepthook = lambda args: None
+        raise KeyboardInterrupt
+
+
+def _is_ctrl_c(error: BaseException) -> bool:
+    """Whether ``error`` is a KeyboardInterrupt that a runner wrapped in another error."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, KeyboardInterrupt) or re.match(r"KeyboardInterrupt\b", str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _error(message: str, verbose: bool) -> None:
@@ -71,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger(_JOB_SERVICE_LOG).setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv  # before parsing: a usage error can show its traceback too
+    ctrl_c = _CtrlC(verbose)
+    parsed = None
     try:
         parsed = parse_args(argv)
         verbose = parsed[0].verbose
+        ctrl_c = _CtrlC(verbose)
         if not verbose:
             # Beam logs an error raised in a step (with its traceback) before
             # re-raising it; the CLI reports it in one line instead.
@@ -82,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         if not parsed[0].quiet:
             # Progress lines from the conversion step ("converted N images (R images/s)").
             logging.getLogger("beam_pipeline").setLevel(logging.INFO)
-        job.run(argv, parsed)
+        with ctrl_c:
+            job.run(argv, parsed)
     except UsageError as error:
         _error(str(error), verbose)
         return 2
@@ -90,9 +175,16 @@ def main(argv: list[str] | None = None) -> int:
         _print_books_error(_books_message(error) or str(error), verbose)
         return 1
     except KeyboardInterrupt:
-        _error(f"interrupted; no imagerecords.json was written; {RESUME_HINT}", verbose)
-        return 130
+        return _interrupted(verbose)
     except Exception as error:
+        message = _stopped_message(error)
+        if message is None and not (ctrl_c.seen or _is_ctrl_c(error)):
+            message = _gcs_lost_message(error, parsed)
+        if message is not None:  # the run could not go on; the message says why and what next
+            _error(message, verbose)
+            return 1
+        if ctrl_c.seen or _is_ctrl_c(error):
+            return _interrupted(verbose)
         message = _books_message(error)
         if message is not None:
             _print_books_error(message, verbose)
@@ -104,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         _error(message, verbose)
         return 1
     return 0
+
+
+def _interrupted(verbose: bool) -> int:
+    _error(f"interrupted; {errors.NOT_FINISHED}; {RESUME_HINT}", verbose)
+    return 130
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 
-from beam_pipeline import beam_options, images, keys, listing, tfds_metadata
+from beam_pipeline import beam_options, gcs, images, keys, listing, tfds_metadata
 from beam_pipeline.errors import UsageError
 
 EXAMPLE = (
@@ -155,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
         "job would produce (records, bytes and shards per split, likely rejects) and take "
         "(local time, Dataflow vCPU-hours and cost for --machine_type)",
     )
+    add(
+        "--gcs_timeout_s",
+        type=float,
+        default=gcs.DEFAULT_TIMEOUT_S,
+        help="Stop the run (one error line; rerunning resumes it) when Google Cloud Storage "
+        "has not answered a request for this long (default %(default)g: rides out the "
+        "blips the storage client retries, and still ends a run whose connection is gone "
+        "within minutes)",
+    )
     add("--quiet", **_FLAG, help="Print only the summary")
     add("--verbose", **_FLAG, help="Show the traceback of an error, not only its one line")
     add(
@@ -230,6 +239,8 @@ def parse_args(argv: list[str]):
         raise UsageError(f"--target_shard_mb must be positive, got {args.target_shard_mb:g}")
     if args.local_processes is not None and args.local_processes < 1:
         raise UsageError(f"--local_processes must be at least 1, got {args.local_processes}")
+    if not args.gcs_timeout_s > 0:
+        raise UsageError(f"--gcs_timeout_s must be positive, got {args.gcs_timeout_s:g}")
     if args.min_shards < 1:
         raise UsageError(f"--min_shards must be at least 1, got {args.min_shards}")
     if not 0.0 <= args.max_reject_fraction <= 1.0:

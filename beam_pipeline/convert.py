@@ -12,7 +12,7 @@ import mmap
 import os
 from typing import NamedTuple
 
-from beam_pipeline import deadline, images, keys, records, reuse, spill
+from beam_pipeline import deadline, gcs, images, keys, records, reuse, spill
 
 
 class SpillLocation(NamedTuple):
@@ -81,6 +81,7 @@ def read_bytes(path: str) -> bytes:
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    gcs.bound_retries()  # this process may not have been told --gcs_timeout_s yet
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
         return stream.read()
 
@@ -115,6 +116,7 @@ def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
     try:
         data = read_bytes(path)
     except Exception as error:  # an unreadable file is a rejection, not a crash
+        gcs.raise_if_unreachable(error, path)  # but GCS out of reach stops the run
         return unreadable(error)
     return decode_data(data, spec, path)
 
@@ -223,6 +225,7 @@ def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes, by_referenc
     try:
         sha256, size, data = hash_source(path)
     except Exception as error:  # an unreadable file is a rejection, as in a full run
+        gcs.raise_if_unreachable(error, path)  # but GCS out of reach stops the run
         return finish(ref, unreadable(error), seed, classes)
     taken = reuse.take(old, image_id, sha256, label, classes[label])
     if taken is not None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable
+
+from beam_pipeline.metadata import INFO_FILE
 
 
 class UsageError(ValueError):
@@ -22,6 +26,48 @@ class BooksDoNotBalance(RuntimeError):
     written for an incomplete dataset. The CLI recognises it by name in the
     runner's error text and prints its message.
     """
+
+
+# What every error of a run that stopped part-way says: nothing it wrote
+# looks finished, and the same command carries on from what it converted
+# (docs/scale.md).
+NOT_FINISHED = f"no {INFO_FILE} was written"
+RESUME_HINT = "rerun the same command to resume"
+
+
+class RunStopped(RuntimeError):
+    """The run cannot go on for a reason outside it (storage lost, disk full).
+
+    Its message is the whole ``error:`` line (what failed, where, what to do);
+    the CLI recognises the subclasses by name in a runner's wrapped error text.
+    """
+
+
+class StorageUnreachable(RunStopped):
+    """Google Cloud Storage did not answer for --gcs_timeout_s (``gcs.unreachable``)."""
+
+
+class CannotWrite(RunStopped):
+    """Writing one of the job's files failed: disk full, file too large, ..."""
+
+
+# Why a write failed, in words a user acts on.
+_WRITE_ADVICE = {
+    errno.ENOSPC: "the disk is full: free some space",
+    errno.EDQUOT: "the disk quota is used up: free some space",
+    errno.EFBIG: "the file reached a size limit (ulimit -f, or the largest file the file "
+    "system holds): raise the limit",
+}
+
+
+def cannot_write(path: str, error: OSError) -> CannotWrite:
+    """The error for a failed write of ``path``: names the file, the reason and the fix."""
+    name = errno.errorcode.get(error.errno or 0, "")
+    reason = error.strerror or (os.strerror(error.errno) if error.errno else str(error))
+    detail = f"{reason} ({name})" if name else reason
+    advice = _WRITE_ADVICE.get(error.errno or 0)
+    then = f"{advice}, then {RESUME_HINT}" if advice else RESUME_HINT
+    return CannotWrite(f"could not write {path}: {detail}; {NOT_FINISHED}; {then}")
 
 
 # A runner may hand back only the text of an error raised on a worker, so the

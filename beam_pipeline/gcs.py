@@ -19,7 +19,11 @@ checks need.
 from __future__ import annotations
 
 import logging
+import os
+import re
+import sys
 
+from beam_pipeline import errors
 from beam_pipeline.errors import UsageError
 
 # What the converter does to OUTPUT on GCS: write shards and metadata, "rename"
@@ -40,6 +44,17 @@ _PLACEHOLDER_SCAN_LIMIT = 1000
 # Retry budget of each launch-time request. The client's default (120 s of
 # retries) leaves a user without network staring at a silent prompt.
 _CHECK_RETRY_TIMEOUT_S = 30.0
+
+# --gcs_timeout_s: how long any one request to GCS keeps being retried during
+# the run before the run stops (see bound_retries). Five minutes rides out
+# the blips GCS clients are built to retry (a dropped connection, a burst of
+# 503s, a zonal hiccup: the client's own default is 120 s per request) with
+# room to spare, and still ends a run whose connection is gone for good while
+# someone is likely to be watching; a rerun resumes what was converted.
+DEFAULT_TIMEOUT_S = 300.0
+# The CLI passes the value to every process of the run (forked conversion
+# processes, DirectRunner's workers) in this environment variable.
+TIMEOUT_ENV = "IMAGERECORDS_GCS_TIMEOUT_S"
 
 _CREDENTIALS_HELP = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, "
@@ -74,6 +89,14 @@ def _folder_prefix(prefix: str) -> str:
     """``a/b`` -> ``a/b/``; the bucket root stays ``""``."""
     prefix = prefix.rstrip("/")
     return prefix + "/" if prefix else ""
+
+
+def client():
+    """A google-cloud-storage client for this process (Application Default Credentials),
+    its requests retried for at most --gcs_timeout_s."""
+    made = _client()
+    bound_retries()
+    return made
 
 
 def _client():
@@ -144,7 +167,7 @@ def _role_for(doing: str) -> str:
 def _retry():
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    return DEFAULT_RETRY.with_timeout(_CHECK_RETRY_TIMEOUT_S)
+    return DEFAULT_RETRY.with_timeout(min(_CHECK_RETRY_TIMEOUT_S, timeout_s()))
 
 
 def _first_line(error: Exception) -> str:
@@ -305,3 +328,160 @@ def check_output(url: str) -> bool:
             "(or roles/storage.objectUser) on it."
         )
     return holds_files
+
+
+# ------------------------------------------------- a lost connection ends the run
+
+
+def timeout_s() -> float:
+    """--gcs_timeout_s of this run (the default outside the CLI)."""
+    try:
+        return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+def set_timeout(seconds: float) -> None:
+    """Makes ``seconds`` this run's --gcs_timeout_s, here and in every process it starts."""
+    os.environ[TIMEOUT_ENV] = repr(float(seconds))
+    bound_retries()
+
+
+def bound_retries() -> None:
+    """Caps every retried GCS request of this process at :func:`timeout_s`.
+
+    The storage client and Beam's GcsIO retry a failed request (connection
+    refused or reset, timeouts, 5xx, 429) with backoff for 120 s by default, and
+    a run makes many requests one after another: a connection lost for good
+    kept a run silent for many minutes, its workers asleep in retries. Their
+    retry policies are shared objects (google.cloud.storage.retry.DEFAULT_RETRY,
+    which the conditional policies wrap, and Beam's
+    DEFAULT_RETRY_WITH_THROTTLING_COUNTER) bound as default arguments
+    throughout both libraries, so their budget is set on the objects
+    themselves. A request attempt in flight is not cut short: one attempt may
+    add the client's own per-request timeout (60 s) to the budget.
+
+    Call it before reading or writing gs:// in a process, once the clients'
+    modules are loaded (cheap; it imports nothing).
+    """
+    seconds = timeout_s()
+    for module, name in _RETRY_POLICIES:
+        # Only what this process has loaded: importing here would slow local runs.
+        policy = getattr(sys.modules.get(module), name, None)
+        if policy is not None and policy._timeout != seconds:
+            policy._timeout = policy._deadline = seconds
+
+
+# The shared retry policies of the storage client and of Beam's GcsIO.
+_RETRY_POLICIES = (
+    ("google.cloud.storage.retry", "DEFAULT_RETRY"),
+    ("apache_beam.io.gcp.gcsio_retry", "DEFAULT_RETRY_WITH_THROTTLING_COUNTER"),
+)
+
+
+def _causes(error: BaseException):
+    """``error``, what it wraps, and what caused it (Beam's BeamIOError holds a dict)."""
+    seen, todo = set(), [error]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [current.__cause__, current.__context__]
+        details = getattr(current, "exception_details", None)
+        if isinstance(details, dict):
+            todo += [e for e in details.values() if isinstance(e, BaseException)]
+        todo += [a for a in getattr(current, "args", ()) if isinstance(a, BaseException)]
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says GCS could not be reached, after the client's retries.
+
+    What the storage client itself retries (connection errors, timeouts, 429,
+    5xx: ``google.cloud.storage.retry``) or its retry giving up. A missing
+    object or a refused permission is an answer, not a lost connection.
+    """
+    from google.api_core import exceptions as api
+    from google.cloud.storage.retry import _should_retry  # the client's own transient rule
+
+    def transient(cause: BaseException) -> bool:
+        try:
+            return isinstance(cause, Exception) and bool(_should_retry(cause))
+        except (IndexError, AttributeError):  # an auth TransportError without its cause
+            return False
+
+    return any(isinstance(cause, api.RetryError) or transient(cause) for cause in _causes(error))
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost error's type and first line (a retry's last attempt, the socket's)."""
+    current, seen = error, set()
+    while id(current) not in seen:
+        seen.add(id(current))
+        details = getattr(current, "exception_details", None)  # Beam's BeamIOError
+        wrapped = (
+            [e for e in details.values() if isinstance(e, BaseException)]
+            if isinstance(details, dict)
+            else []
+        )
+        inner = (
+            getattr(current, "cause", None)  # api_core's RetryError: the last attempt's error
+            or current.__cause__
+            or (wrapped[0] if wrapped else None)
+            or current.__context__
+        )
+        if not isinstance(inner, BaseException):
+            break
+        current = inner
+    text = str(current).strip()
+    return f"{type(current).__name__}: {text.splitlines()[0] if text else ''}"[:240]
+
+
+def unreachable(url: str, error: BaseException) -> errors.StorageUnreachable:
+    """The error that stops the run: ``url`` could not be reached within --gcs_timeout_s."""
+    return errors.StorageUnreachable(
+        f"lost the connection to Google Cloud Storage: could not reach {url} within "
+        f"--gcs_timeout_s {timeout_s():g} ({_root_cause(error)}); {errors.NOT_FINISHED}; "
+        f"{errors.RESUME_HINT}"
+    )
+
+
+def raise_if_unreachable(error: BaseException, url: str) -> None:
+    """Raises :func:`unreachable` when ``error`` is a lost connection to GCS about ``url``.
+
+    Reading an image that GCS cannot serve right now is no fault of the image:
+    the run stops (and resumes later) instead of rejecting it.
+    """
+    if url.startswith("gs://") and not isinstance(error, errors.RunStopped):
+        if is_unreachable(error):
+            raise unreachable(url, error) from error
+
+
+# A lost connection as a worker process reports it: only the text comes back.
+_UNREACHABLE_TEXT = re.compile(
+    r"RetryError|Timeout of [\d.]+s exceeded|ConnectionError|Connection refused|"
+    r"ServiceUnavailable|Max retries exceeded"
+)
+_GCS_URL = re.compile(r"gs://[^\s'\"\]\[(){}]+")
+
+
+def unreachable_from(error: BaseException, roots: list[str]) -> errors.StorageUnreachable | None:
+    """What a runner's error amounts to when it is GCS out of reach; None otherwise.
+
+    For the errors raised where no URL was at hand (Beam's own listing of
+    gs:// folders, a worker's error text): the URL is the first one the error
+    names, else the first of ``roots`` (the job's gs:// input and output).
+    """
+    if not roots or isinstance(error, errors.RunStopped):
+        return None
+    if not is_unreachable(error) and not _UNREACHABLE_TEXT.search(str(error)):
+        return None
+    named = []
+    for cause in _causes(error):
+        details = getattr(cause, "exception_details", None)
+        if isinstance(details, dict):
+            named += [key for key in details if isinstance(key, str)]
+        named += _GCS_URL.findall(str(cause))
+    urls = [url.split("*")[0].rstrip("/") for url in named if url.startswith("gs://")]
+    return unreachable((urls + roots)[0], error)

@@ -24,7 +24,7 @@ import json
 import sys
 import time
 
-from beam_pipeline import arguments, beam_options, beam_private, metadata, summary
+from beam_pipeline import arguments, beam_options, beam_private, errors, metadata, summary
 from beam_pipeline.errors import UsageError
 
 # Images converted while Beam loads (enough to cover its start-up on web-size
@@ -199,6 +199,9 @@ def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: st
     except (ImportError, ValueError, AttributeError) as error:  # a runner Beam cannot make
         raise UsageError(f"--runner {runner_name}: {error}") from None
     pipeline.build(p, config)
+    from beam_pipeline import gcs
+
+    gcs.bound_retries()  # Beam's GCS client is loaded now
     with _collector_skips_the_graph():
         result = p.run()
     template = chosen.get("template_location")
@@ -306,7 +309,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 
     Raises:
         UsageError: bad arguments or input, before any work starts.
+        lock.OutputInUse: another live run writes --output (a UsageError).
         BooksDoNotBalance: the job lost, doubled or rejected too many images.
+        errors.RunStopped: GCS out of reach for --gcs_timeout_s, a file that
+            could not be written (the error names it).
     """
     args, beam_args = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.dry_run:
@@ -320,8 +326,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     beam_args, processes = arguments.with_local_defaults(beam_args, args.local_processes)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
-    from beam_pipeline import listing, local_pool, resume, spill
+    from beam_pipeline import gcs, listing, local_pool, resume, spill
 
+    # Every process of this run (forked or started) retries GCS this long at most.
+    gcs.set_timeout(args.gcs_timeout_s)
     # Local input and output are checked without Beam, so that the conversion
     # processes can start (and start converting) while Beam loads.
     layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
@@ -332,48 +340,83 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     engine = choose_engine(given_beam_args, layout, output)
     spill_dir = spill.default_dir(output) if processes > 1 or engine == LOCAL_ENGINE else None
     workers_log = None if args.verbose or engine == LOCAL_ENGINE else _workers_log_path(output)
-    if any(arg.startswith("--template_location") for arg in beam_args):
-        found = resume.Leftovers("empty")  # a template build writes nothing to --output
-    else:
-        found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
-    try:
+    template = any(arg.startswith("--template_location") for arg in beam_args)
+    # A template build writes nothing to --output: it neither locks nor prepares it.
+    with _owning(output, lock=not template) as held:
+        if template:
+            found = resume.Leftovers("empty")
+        else:
+            found = resume.prepare(output, resume.settings(args, layout), args.overwrite, spill_dir)
         try:
-            if engine == LOCAL_ENGINE or processes > 1:
-                # Fork the conversion processes before the resume index is read:
-                # children that inherit it would each map (and count) its pages.
-                local_pool.start(processes)
-            done = _report_leftovers(found, output, spill_dir, say)
-            if engine == LOCAL_ENGINE:
-                counted = _run_local_engine(args, layout, processes, say)
-                return _finish(output, started, cpu_started, counted, True)
-            if processes > 1:
-                _start_local_pool(args, layout, processes, spill_dir, done)
-                uses_gcs = not _all_local(layout, output) or listing.is_gcs(args.reuse or "")
-                beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
-            # pipeline.py imports Beam: the config is made after the pool started.
-            config = config_from_args(args, layout, processes)
-            _describe_input(layout, say)
             try:
-                result = build_and_run(config, beam_args, args.wait, say, workers_log)
-            except BaseException:
-                _point_to_workers_log(workers_log)
-                raise
-        finally:
-            # On every way out (an error, Ctrl-C): no conversion process outlives the run.
-            local_pool.shutdown_all()
-            spill.forget_indexes()
-    except UsageError:
-        if found.kind == "empty":  # nothing of value was there: leave nothing behind
-            resume.discard(output, spill_dir)
+                if engine == LOCAL_ENGINE or processes > 1:
+                    # Fork the conversion processes before the resume index is read:
+                    # children that inherit it would each map (and count) its pages.
+                    local_pool.start(processes)
+                done = _report_leftovers(found, output, spill_dir, say)
+                if engine == LOCAL_ENGINE:
+                    counted = _run_local_engine(args, layout, processes, say)
+                    return _finish(output, started, cpu_started, counted, True)
+                if processes > 1:
+                    _start_local_pool(args, layout, processes, spill_dir, done)
+                    uses_gcs = not _all_local(layout, output) or listing.is_gcs(args.reuse or "")
+                    beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
+                if held is not None:
+                    held.start_heartbeat()  # a thread: only once the pool has forked
+                # pipeline.py imports Beam: the config is made after the pool started.
+                config = config_from_args(args, layout, processes)
+                _describe_input(layout, say)
+                try:
+                    result = build_and_run(config, beam_args, args.wait, say, workers_log)
+                except BaseException:
+                    _point_to_workers_log(workers_log)
+                    raise
+            finally:
+                # On every way out (an error, Ctrl-C): no conversion process outlives the run.
+                local_pool.shutdown_all()
+                spill.forget_indexes()
+        except UsageError:
+            if found.kind == "empty":  # nothing of value was there: leave nothing behind
+                resume.discard(output, spill_dir)
+            raise
+        if workers_log and os.path.exists(workers_log):
+            # (a local output's temp folder goes with the lock; a gs:// one's spill stays)
+            os.remove(workers_log)
+        if result is None:
+            return {}  # --wait=false: submitted; the lock covered the launch only
+        counted = summary.counters(result)
+        return _finish(
+            output, started, cpu_started, counted, arguments.runner_name(beam_args) in _DIRECT
+        )
+
+
+@contextlib.contextmanager
+def _owning(output: str, lock: bool):
+    """Holds --output's lock (lock.py) for the block: taken before the output is
+    prepared, given back on every way out, after the metadata file and the summary.
+
+    Yields the lock (None when ``lock`` is false).
+
+    Raises:
+        lock.OutputInUse: another live run holds it.
+        lock.OutputTakenOver: another run took a gs:// lock this run could not renew.
+    """
+    from beam_pipeline import lock as output_lock
+
+    held = output_lock.acquire(output) if lock else None
+    try:
+        yield held
+    except BaseException as error:
+        if held is not None and held.lost:
+            raise output_lock.OutputTakenOver(
+                f"another run took over --output {output} while this run could not renew its "
+                f"lock for {output_lock.STALE_AFTER} heartbeats (GCS out of reach?); this run "
+                f"stopped: let the other run finish, or stop it and {errors.RESUME_HINT}"
+            ) from error
         raise
-    if workers_log and os.path.exists(workers_log):
-        os.remove(workers_log)  # a local output's temp folder goes too; a gs:// one's spill stays
-    if result is None:
-        return {}
-    counted = summary.counters(result)
-    return _finish(
-        output, started, cpu_started, counted, arguments.runner_name(beam_args) in _DIRECT
-    )
+    finally:
+        if held is not None:
+            held.release()
 
 
 def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:

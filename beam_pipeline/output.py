@@ -12,21 +12,32 @@ Local paths go through ``os``; other paths (``gs://``) through Beam's
 ``FileSystems``, imported on first use: the CLI prepares a local output (and
 clears an earlier run's files) before it imports Beam. Nothing here imports
 TensorFlow.
+
+A write that fails names its file (:func:`naming`): a full disk or a file
+size limit becomes ``errors.CannotWrite``, a connection to GCS lost for
+--gcs_timeout_s ``errors.StorageUnreachable``; either stops the run with one
+line that says which file and what to do.
+
+The live run's lock (:data:`LOCK`, ``lock.py``) is the job's own file too, but
+only its owner removes it: the clean-ups here leave it where it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from beam_pipeline import duplicates, listing, metadata, spill, tfds_metadata
+from beam_pipeline import duplicates, errors, listing, metadata, spill, tfds_metadata
 
 # The job's marker (resume.py): the last file a successful run deletes.
 MARKER = f"{metadata.TMP_DIR}/{spill.SETTINGS_FILE}"
+# The live run's lock (lock.py): removed by its owner alone, last.
+LOCK = f"{metadata.TMP_DIR}/lock"
 # What a run writes directly under OUTPUT (a final name, or its temporary name
 # while write_atomically runs); everything under metadata.TMP_DIR is the job's too.
 _FILES = (
@@ -52,21 +63,79 @@ def is_ours(relative: str) -> bool:
 def _filesystems():
     from apache_beam.io.filesystems import FileSystems
 
+    from beam_pipeline import gcs
+
+    gcs.bound_retries()
     return FileSystems
 
 
-def create(path: str) -> BinaryIO:
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+    """Turns a failure to write ``path`` into an error that names it.
+
+    An OSError of a local file (disk full, file too large, read-only, ...)
+    becomes ``errors.CannotWrite``; GCS out of reach for --gcs_timeout_s,
+    ``errors.StorageUnreachable``. Others pass unchanged.
+    """
+    try:
+        yield
+    except Exception as error:
+        named = _named(error, path)
+        if named is None:
+            raise
+        raise named from error
+
+
+def _named(error: Exception, path: str) -> errors.RunStopped | None:
+    if isinstance(error, errors.RunStopped):
+        return None
+    if listing.is_local(path):
+        return errors.cannot_write(path, error) if isinstance(error, OSError) else None
+    from beam_pipeline import gcs
+
+    return gcs.unreachable(path, error) if gcs.is_unreachable(error) else None
+
+
+class _Writing:
+    """A file being written whose write and close errors name it (see :func:`naming`)."""
+
+    def __init__(self, path: str, stream: BinaryIO):
+        self.path, self._stream = path, stream
+
+    def write(self, data) -> int:
+        try:
+            return self._stream.write(data)
+        except Exception as error:  # not `with naming()`: this runs once per record
+            named = _named(error, self.path)
+            if named is None:
+                raise
+            raise named from error
+
+    def close(self) -> None:
+        with naming(self.path):
+            self._stream.close()
+
+    def __enter__(self) -> _Writing:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def create(path: str) -> _Writing:
     """Opens a new file for writing bytes as they are (no compression).
 
     Makes a local file's folders. Write to a temporary name, then rename it
-    into place with :func:`move_into_place`.
+    into place with :func:`move_into_place`. Its errors name ``path``.
     """
-    if listing.is_local(path):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        return open(path, "wb")
-    from apache_beam.io.filesystem import CompressionTypes
+    with naming(path):
+        if listing.is_local(path):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            return _Writing(path, open(path, "wb"))
+        from apache_beam.io.filesystem import CompressionTypes
 
-    return _filesystems().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        stream = _filesystems().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        return _Writing(path, stream)
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -87,10 +156,12 @@ def _rename(moves: Sequence[tuple[str, str]]) -> None:
         return
     if all(listing.is_local(src) for src, _ in moves):
         for src, dst in moves:
-            os.replace(src, dst)
+            with naming(dst):
+                os.replace(src, dst)
         return
     # One call for all: GCS has no rename (copy, then delete), batched by Beam.
-    _filesystems().rename([src for src, _ in moves], [dst for _, dst in moves])
+    with naming(moves[0][1]):
+        _filesystems().rename([src for src, _ in moves], [dst for _, dst in moves])
 
 
 def files_under(folder: str) -> list[str]:
@@ -158,18 +229,28 @@ def delete_temp_files(output: str, keep: Iterable[str] = ()) -> None:
         output: The --output folder.
         keep: Names relative to ``output`` to leave, e.g. :data:`MARKER`.
     """
-    kept = {_normal(listing.join(output, name)) for name in keep}
+    kept = {_normal(listing.join(output, name)) for name in (*keep, LOCK)}
     found = files_under(listing.join(output, metadata.TMP_DIR))
     delete([path for path in found if _normal(path) not in kept])
 
 
 def delete_temp_folder(output: str) -> None:
-    """Deletes the job's temporary folder of ``output`` and everything in it."""
+    """Deletes the job's temporary folder of ``output`` and everything in it.
+
+    All but a live run's :data:`LOCK`: its owner removes it, and the folder
+    with it, once the run is over (lock.py).
+    """
     folder = listing.join(output, metadata.TMP_DIR)
-    if listing.is_local(folder):
+    if not listing.is_local(folder):
+        delete_temp_files(output)
+        return
+    if not os.path.exists(os.path.join(output, LOCK)):
         shutil.rmtree(folder, ignore_errors=True)
-    else:
-        delete(files_under(folder))
+        return
+    delete_temp_files(output)
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def delete_local_folder(path: str | None) -> None:

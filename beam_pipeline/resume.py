@@ -106,7 +106,8 @@ def _read(path: str) -> bytes | None:
 
 def inspect(output: str) -> Leftovers:
     """Classifies what ``output`` holds (see the module docstring)."""
-    names = _relative_files(output)
+    # A live run's lock is its own business (lock.py), not a leftover.
+    names = [n for n in _relative_files(output) if n != output_files.LOCK]
     if not names:
         return Leftovers("empty")
     ours = tuple(n for n in names if output_files.is_ours(n))

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from beam_pipeline import metadata, records
+from beam_pipeline import errors, metadata, records
 
 # The spill files' format, part of the resume key (resume.key): a rerun never
 # reads another format's files. 2: records carry their source's sha256
@@ -109,9 +109,12 @@ class Writer:
             offsets.append(self._size)
             self._size += len(entry)
         data = memoryview(b"".join(entries))
-        while data:
-            written = os.write(self._fd, data)
-            data = data[written:]
+        try:
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+        except OSError as error:  # a full disk, a file size limit: say which file
+            raise errors.cannot_write(self.path, error) from error
         return offsets
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from beam_pipeline import errors
 from beam_pipeline.convert import ShardEntry, SpillLocation
 from beam_pipeline.shards import ShardInfo, write_shard
 
@@ -76,15 +77,23 @@ class _Staged:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._file.close()
         try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+            self._file.close()
+        except OSError as error:
+            if exc[0] is None:  # else the error on its way out already names the file
+                raise errors.cannot_write(self.path, error) from error
+        finally:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
     def _append(self, data: bytes) -> int:
         offset = self._size
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as error:  # a full disk, a file size limit: say which file
+            raise errors.cannot_write(self.path, error) from error
         self._size += len(data)
         return offset
 
@@ -133,7 +142,10 @@ class _Staged:
 
         The image ID is not carried (``""``): writing a shard does not need it.
         """
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError as error:
+            raise errors.cannot_write(self.path, error) from error
         for index in self._order():
             yield ShardEntry(
                 self._keys[index],

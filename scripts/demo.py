@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             shape = tuple(images_batch.shape)
         seconds = time.perf_counter() - started
         print(
-            f"  {split:<6} {seen:>4} images (dataset_info says {info.num_examples(split)}), "
+            f"  {split:<6} {seen:>4} images (imagerecords.json says {info.num_examples(split)}), "
             f"last batch {shape}, {seen / seconds:.0f} images/s"
         )
     images_batch, labels = next(

@@ -49,10 +49,11 @@ FAKE_TOKEN = "imagerecords-test-token"
 FAKE_PROJECT = "imagerecords-test"
 
 
-# Runs the emulator with one fix: it builds an object's ``mediaLink`` from the
+# Runs the emulator with two fixes. It builds an object's ``mediaLink`` from the
 # raw object name, so a name with "#" or "?" yields a URL that points elsewhere
 # (the client downloads through mediaLink and gets 404). GCS percent-encodes the
-# name there; so does this wrapper, before the emulator's own entry point.
+# name there; so does this wrapper, before the emulator's own entry point. And
+# it ignores generation preconditions, which this wrapper checks as GCS does.
 _EMULATOR_MAIN = """
 import sys
 import urllib.parse
@@ -71,6 +72,51 @@ def make_object_resource(base_url, bucket_name, object_name, *args, **kwargs):
 
 
 objects._make_object_resource = make_object_resource
+
+# Generation preconditions (ifGenerationMatch, ifGenerationNotMatch), which the
+# emulator ignores: GCS answers 412 when one does not hold, and 0 matches only
+# an object that does not exist. (The output lock relies on them.)
+from http import HTTPStatus
+
+from gcp_storage_emulator.exceptions import NotFound
+
+
+def _object_name(request):
+    if "object_id" in request.params:
+        return request.params["object_id"]
+    if "name" in request.query:
+        return request.query["name"][0]
+    data = request.data if isinstance(request.data, dict) else {}
+    return (data.get("meta") or data).get("name")
+
+
+def _precondition_holds(request, storage):
+    wanted = request.query.get("ifGenerationMatch", [None])[0]
+    unwanted = request.query.get("ifGenerationNotMatch", [None])[0]
+    if wanted is None and unwanted is None:
+        return True
+    try:
+        current = str(storage.get_file_obj(request.params["bucket_name"], _object_name(request))["generation"])
+    except NotFound:
+        current = "0"
+    return (wanted is None or wanted == current) and (unwanted is None or unwanted != current)
+
+
+def _with_preconditions(handler):
+    def checked(request, response, storage, *args, **kwargs):
+        if not _precondition_holds(request, storage):
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            message = "At least one of the pre-conditions you specified did not hold."
+            response.json({"error": {"code": 412, "message": message,
+                                     "errors": [{"reason": "conditionNotMet", "message": message}]}})
+            return None
+        return handler(request, response, storage, *args, **kwargs)
+
+    return checked
+
+
+for _name in ("insert", "get", "download", "delete"):
+    setattr(objects, _name, _with_preconditions(getattr(objects, _name)))
 
 from gcp_storage_emulator.__main__ import main
 

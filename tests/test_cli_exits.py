@@ -5,6 +5,7 @@ any process still in that session (psutil), so a child reparented to PID 1
 after the CLI exited is still found.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from beam_pipeline import beam_options, local_pool
+from beam_pipeline import beam_options, job, local_pool, metadata, spill
 from beam_pipeline.__main__ import main
 from beam_pipeline.errors import UsageError
 from tests.image_factory import add_bad_files, make_class_folders
@@ -137,29 +138,81 @@ def test_verbose_shows_the_traceback(images, tmp_path):
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: too many")
 
 
-def test_ctrl_c_exits_130_with_how_to_go_on(tmp_path):
-    root = tmp_path / "images"
-    # Enough work that the run is still converting when interrupted (the local
-    # engine starts in a fraction of a second).
-    make_class_folders(str(root), per_class=150, nested=False, size_range=(500, 800))
+@pytest.fixture(scope="module")
+def busy_images(tmp_path_factory):
+    """More images than a Beam run converts ahead of its pipeline (job.CONVERT_AHEAD_LIMIT),
+    so that its conversion step is still busy when interrupted."""
+    root = tmp_path_factory.mktemp("busy") / "images"
+    make_class_folders(str(root), per_class=600, nested=False, size_range=(300, 500))
+    return root
+
+
+def _spilled(out) -> int:
+    directory = spill.default_dir(str(out))
+    count = 0
+    for path in spill.spill_files(directory):
+        with contextlib.suppress(FileNotFoundError):
+            count += sum(1 for _ in spill.scan(path))
+    return count
+
+
+def _wait_until_converting(process: subprocess.Popen, out, runner: list[str]) -> None:
+    """Returns once the run converts images: inside its pipeline's steps, on Beam."""
+    deadline = time.monotonic() + 180
+    if "--direct_running_mode=multi_processing" in runner:
+        for line in process.stderr:  # then Beam builds the graph and runs it
+            assert time.monotonic() < deadline, "the run never started its pipeline"
+            if line.startswith("imagerecords: running on DirectRunner"):
+                break
+        time.sleep(3)
+        return
+    # On the local engine, any record. On Beam, more than were converted while
+    # Beam loaded: the conversion step itself is at work, and a Ctrl-C lands in
+    # it (where Beam wraps the KeyboardInterrupt in a RuntimeError).
+    enough = job.CONVERT_AHEAD_LIMIT + 50 if runner else 50
+    while _spilled(out) < enough and process.poll() is None:
+        assert time.monotonic() < deadline, "nothing was converted"
+        time.sleep(0.02)
+
+
+CTRL_C_RUNS = {
+    "local-engine": [],
+    # What `make demo` and the README's Beam path use: in_memory with a local pool.
+    "direct-runner": ["--runner", "DirectRunner"],
+    "multi-processing": [
+        "--runner",
+        "DirectRunner",
+        "--direct_running_mode=multi_processing",
+        "--direct_num_workers=2",
+    ],
+}
+
+
+@pytest.mark.parametrize("runner", list(CTRL_C_RUNS))
+def test_ctrl_c_exits_130_with_how_to_go_on(busy_images, tmp_path, runner):
     out = tmp_path / "o"
-    process = _start("--input", str(root), "--output", str(out), "--local_processes", "2")
-    # Interrupt once the pipeline runs, as a terminal does: the whole process group.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        children = psutil.Process(process.pid).children(recursive=True)
-        if len(children) >= 2 and process.poll() is None:
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)
+    process = _start(
+        "--input",
+        str(busy_images),
+        "--output",
+        str(out),
+        "--local_processes",
+        "2",
+        *CTRL_C_RUNS[runner],
+    )
+    _wait_until_converting(process, out, CTRL_C_RUNS[runner])
     assert process.poll() is None, "the run ended before it could be interrupted"
+    # Interrupt as a terminal does: the whole process group.
     os.killpg(process.pid, signal.SIGINT)
     status, err = _finish(process, timeout=60)
     assert status == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("error: interrupted") and "rerun the same command" in last, err
-    assert not (out / "imagerecords.json").exists()
+    assert last == (
+        f"error: interrupted; no {metadata.INFO_FILE} was written; rerun the same command to resume"
+    ), err
+    assert not (out / metadata.INFO_FILE).exists()
+    assert not (out / ".imagerecords-tmp" / "lock").exists()  # given back
 
 
 def test_a_killed_cli_takes_its_workers_with_it(tmp_path):

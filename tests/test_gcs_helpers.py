@@ -216,3 +216,50 @@ def test_no_credentials_fail_fast_with_the_fix(tmp_path, adc, side):
     assert len(message.splitlines()) == 1
     if adc:
         assert "missing.json was not found" in message
+
+
+# --------------------------------------------------- --gcs_timeout_s and lost connections
+
+
+@pytest.fixture
+def retry_policies():
+    """The shared retry policies --gcs_timeout_s sets, restored afterwards."""
+    import apache_beam.io.gcp.gcsio_retry  # noqa: F401 - loaded, as in a run that reads gs://
+    import google.cloud.storage.retry as storage_retry
+
+    policies = [
+        storage_retry.DEFAULT_RETRY,
+        apache_beam.io.gcp.gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER,
+    ]
+    before = [p._timeout for p in policies]
+    yield policies
+    for policy, timeout in zip(policies, before, strict=True):
+        policy._timeout = policy._deadline = timeout
+
+
+def test_gcs_timeout_bounds_the_clients_shared_retries(retry_policies, monkeypatch):
+    monkeypatch.setenv(gcs.TIMEOUT_ENV, "7")
+    gcs.bound_retries()
+    assert [p.timeout for p in retry_policies] == [7.0, 7.0]
+    # The conditional policies (requests with a generation precondition) wrap the default.
+    from google.cloud.storage.retry import DEFAULT_RETRY_IF_GENERATION_SPECIFIED
+
+    assert DEFAULT_RETRY_IF_GENERATION_SPECIFIED.retry_policy.timeout == 7.0
+
+
+def test_only_a_lost_connection_counts_as_unreachable():
+    import requests
+    from google.api_core import exceptions as api
+
+    lost = api.RetryError("Timeout of 5.0s exceeded", requests.ConnectionError("refused"))
+    assert gcs.is_unreachable(lost)
+    assert gcs.is_unreachable(api.ServiceUnavailable("try later"))
+    assert not gcs.is_unreachable(api.NotFound("no such object"))
+    assert not gcs.is_unreachable(api.Forbidden("denied"))
+    assert not gcs.is_unreachable(ValueError("a bad image"))
+    error = gcs.unreachable("gs://b/images/x.jpg", lost)
+    assert str(error).startswith(
+        "lost the connection to Google Cloud Storage: could not reach gs://b/images/x.jpg "
+        "within --gcs_timeout_s "
+    )
+    assert "(ConnectionError: refused)" in str(error)

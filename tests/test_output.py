@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from beam_pipeline import listing, metadata
+from beam_pipeline import errors, listing, metadata
 from beam_pipeline import output as output_files
 
 TMP = metadata.TMP_DIR
@@ -79,6 +79,7 @@ def where(request, tmp_path):
         ("my_split-00011-of-00012.tfrecord.idx", True),
         ("labels.txt.tmp-" + "0f" * 16, True),  # write_atomically's temporary name
         (f"{TMP}/job.json", True),
+        (f"{TMP}/lock", True),  # a live run's lock (lock.py)
         (f"{TMP}/spill/123-abc.spill", True),
         ("labels.txt.tmp-123", False),  # not the 32 hex digits we write
         ("train-0-of-1.tfrecord", False),
@@ -185,3 +186,19 @@ def test_delete_local_folder(tmp_path):
     output_files.delete_local_folder(str(tmp_path / "spill"))  # gone already: no error
     output_files.delete_local_folder(None)
     assert os.listdir(tmp_path) == []
+
+
+def test_clean_ups_leave_a_live_runs_lock_to_its_owner(where):
+    """Finalize and resume clear the temp folder while the run still holds its lock."""
+    for name in (output_files.LOCK, f"{TMP}/job.json", f"{TMP}/train-00000.ab", f"{TMP}/x/y"):
+        where.put(name, b"x")
+    output_files.delete_temp_files(where.base, keep=[output_files.MARKER])
+    assert where.names() == [f"{TMP}/job.json", output_files.LOCK]
+    output_files.delete_temp_folder(where.base)
+    assert where.names() == [output_files.LOCK]
+
+
+def test_a_failed_write_names_its_file(tmp_path):
+    with pytest.raises(errors.CannotWrite, match=rf"^could not write {tmp_path}/no/such/b: "):
+        with output_files.naming(str(tmp_path / "no" / "such" / "b")):
+            os.rename(str(tmp_path / "nothing"), str(tmp_path / "no" / "such" / "b"))

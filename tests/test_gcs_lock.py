@@ -1,0 +1,162 @@
+"""The gs:// lock of a live run (beam_pipeline/lock.py) against the GCS emulator.
+
+The lock is an object created only if none exists, renewed by a heartbeat,
+taken over (under a generation precondition) only from a run that is gone:
+its process gone from this machine, or its heartbeat older than
+``lock.STALE_AFTER`` periods. Locks "from another machine" are objects this
+test writes as such a run would have left them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from beam_pipeline import lock
+from tests.image_factory import make_class_folders
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _lock_url(out: str) -> str:
+    return f"{out}/{lock.LOCK}"
+
+
+def _owner_elsewhere(heartbeat_age_s: float, period_s: float = 30.0) -> dict:
+    """A lock as a run on another machine writes it."""
+    return {
+        "host": "elsewhere",
+        "pid": 4242,
+        "started": "2026-01-01T00:00:00+00:00",
+        "token": "0" * 32,
+        "heartbeat": time.time() - heartbeat_age_s,
+        "heartbeat_s": period_s,
+        "boot_id": "another-machine",
+    }
+
+
+def test_a_held_lock_refuses_a_second_run_and_goes_on_release(gcs_emulator, gcs_bucket):
+    out = f"gs://{gcs_bucket}/out"
+    held = lock.acquire(out)
+    try:
+        owner = json.loads(gcs_emulator.read_bytes(_lock_url(out)))
+        assert owner["pid"] == os.getpid() and owner["heartbeat_s"] == lock.HEARTBEAT_S
+        with pytest.raises(lock.OutputInUse, match=rf"in use by another run \(pid {os.getpid()} "):
+            lock.acquire(out)
+    finally:
+        held.release()
+    assert gcs_emulator.list_names(out) == []
+
+
+def test_a_live_lock_from_another_machine_is_respected(gcs_emulator, gcs_bucket):
+    out = f"gs://{gcs_bucket}/out"
+    gcs_emulator.upload_bytes(_lock_url(out), json.dumps(_owner_elsewhere(10)))
+    with pytest.raises(lock.OutputInUse) as refused:
+        lock.acquire(out)
+    message = str(refused.value)
+    assert "(pid 4242 on elsewhere, started 2026-01-01T00:00:00+00:00)" in message
+    assert "its last heartbeat 10 s ago" in message and "taken over 120 s after" in message
+
+
+def test_a_stale_lock_is_taken_over_by_one_run_only(gcs_emulator, gcs_bucket):
+    """Two runs find the same stale lock at once: the generation precondition lets one win."""
+    out = f"gs://{gcs_bucket}/out"
+    gcs_emulator.upload_bytes(_lock_url(out), json.dumps(_owner_elsewhere(3600)))
+    start = threading.Barrier(2)
+    results = []
+
+    def take():
+        start.wait()
+        try:
+            results.append(lock.acquire(out))
+        except lock.OutputInUse as error:
+            results.append(error)
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    winners = [r for r in results if isinstance(r, lock.GcsLock)]
+    assert len(results) == 2 and len(winners) == 1, results
+    owner = json.loads(gcs_emulator.read_bytes(_lock_url(out)))
+    assert owner["token"] == winners[0]._owner["token"]
+    winners[0].release()
+    assert gcs_emulator.list_names(out) == []
+
+
+def test_the_heartbeat_renews_the_lock_and_a_takeover_stops_the_run(
+    gcs_emulator, gcs_bucket, monkeypatch
+):
+    monkeypatch.setenv(lock.HEARTBEAT_ENV, "0.5")
+    out = f"gs://{gcs_bucket}/out"
+    held = lock.acquire(out)
+    try:
+        first = json.loads(gcs_emulator.read_bytes(_lock_url(out)))["heartbeat"]
+        held.start_heartbeat()
+        deadline = time.monotonic() + 60
+        while json.loads(gcs_emulator.read_bytes(_lock_url(out)))["heartbeat"] == first:
+            assert time.monotonic() < deadline, "the heartbeat never renewed the lock"
+            time.sleep(0.1)
+        # Another run takes the lock over (as it would after this run went silent):
+        # at its next beat this run finds out, and stops (job.run reports it).
+        gcs_emulator.upload_bytes(_lock_url(out), json.dumps(_owner_elsewhere(0)))
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(60)
+        assert held.lost
+    finally:
+        held.release()
+    # Not deleted: it is the other run's now.
+    assert json.loads(gcs_emulator.read_bytes(_lock_url(out)))["host"] == "elsewhere"
+
+
+def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, tmp_path):
+    """A second run is refused while the first lives; once it is SIGKILLed (its lock
+    object left behind, its heartbeat fresh), the same command resumes it."""
+    images = tmp_path / "images"
+    make_class_folders(str(images), per_class=400, nested=False, size_range=(200, 400))
+    bucket = gcs_emulator.create_bucket()
+    out = f"gs://{bucket}/out"
+    env = dict(os.environ, IMAGERECORDS_SPILL_DIR=str(tmp_path / "spill"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", out]
+    command += ["--local_processes", "2"]
+    first = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        for line in first.stderr:  # the lock is taken before this line
+            if line.startswith("imagerecords: running on"):
+                break
+        assert first.poll() is None, "the first run ended too soon"
+        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+        assert first.poll() is None, "the first run ended before the second was refused"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.startswith(
+        f"error: --output {out} is in use by another run (pid {first.pid}"
+    )
+    assert json.loads(gcs_emulator.read_bytes(_lock_url(out)))["pid"] == first.pid
+
+    rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert re.search(
+        rf"took over the lock of --output from another run \(pid {first.pid} ", rerun.stderr
+    )
+    assert not [n for n in gcs_emulator.list_names(out) if n.startswith(".imagerecords-tmp")]
