@@ -350,7 +350,7 @@ def test_refusal_names_each_image_setting_that_differs(old_image, why):
     wanted = settings.image_settings(images.ImageSpec(size=64))
     recorded = {**wanted, **old_image}
     recorded = {k: v for k, v in recorded.items() if v is not None}
-    old = reuse.OldDataset("/data/old", "/data/old/imagerecords.json", ("a",), recorded, "", (), 0)
+    old = reuse.OldDataset("/data/old", "/data/old/imagerecords.json", recorded, "", (), 0)
     problem = reuse.refusal(old, "/data/new", wanted)
     assert (why in problem) if why else problem == ""
     assert "the --reuse dataset" in reuse.refusal(old, "/data/old/", wanted)
