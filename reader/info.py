@@ -153,6 +153,11 @@ class DatasetInfo:
     )
 
     @property
+    def metadata_file(self) -> str:
+        """The name of the file this was read from (``dataset_info.json`` in format_version 1)."""
+        return V1_INFO_FILENAME if self.format_version == 1 else INFO_FILENAME
+
+    @property
     def num_classes(self) -> int:
         """Number of classes (labels are ``0 .. num_classes - 1``)."""
         return len(self.classes)
