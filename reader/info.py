@@ -32,7 +32,7 @@ SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 
 class DatasetInfoError(ValueError):
-    """``dataset_info.json`` is unreadable, of an unknown version, or malformed."""
+    """``imagerecords.json`` is unreadable, of an unknown version, or malformed."""
 
 
 class UnknownSplitError(KeyError, ValueError):
@@ -43,7 +43,7 @@ class UnknownSplitError(KeyError, ValueError):
 
 
 class IncompleteDatasetError(FileNotFoundError):
-    """The folder has no ``dataset_info.json``: the conversion did not finish (or never ran)."""
+    """The folder has no ``imagerecords.json``: the conversion did not finish (or never ran)."""
 
 
 def is_url(path: str) -> bool:
@@ -123,7 +123,7 @@ class StoredImage:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """A parsed ``dataset_info.json``; build it with :func:`load_info`.
+    """A parsed ``imagerecords.json``; build it with :func:`load_info`.
 
     Attributes:
         path: The dataset folder.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import pytest
 import tensorflow as tf
@@ -154,3 +155,14 @@ def test_an_intact_dataset_reads_every_record_once(dataset):
     ds = reader.make_dataset(dataset.path, "train", 7, SIZE, training=False, return_dict=True)
     names = [n.decode() for batch in ds for n in batch["filename"].numpy()]
     assert names == dataset.filenames("train")
+
+
+def test_a_format_version_1_dataset_names_its_own_metadata_file(tmp_path):
+    # Before format_version 2 the counts were in dataset_info.json: the message says so.
+    v1 = tmp_path / "v1"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "data", "v1_dataset"), v1)
+    path = str(v1 / "train-00000-of-00001.tfrecord")
+    _one_record_fewer(path)
+    message = f"{path}: reading stopped after 8 of the 9 records dataset_info.json lists"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(message)):
+        _read_all(str(v1), batch_size=4)

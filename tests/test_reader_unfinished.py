@@ -1,8 +1,8 @@
 """An interrupted conversion: the reader and ``inspect`` name it and say how to resume it.
 
 The converter writes its marker (``.imagerecords-tmp/job.json``) first and
-deletes it last, after ``dataset_info.json``. A folder with the marker and no
-``dataset_info.json`` is a run that did not finish, whatever else it holds.
+deletes it last, after ``imagerecords.json``. A folder with the marker and no
+``imagerecords.json`` is a run that did not finish, whatever else it holds.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 import reader
-from beam_pipeline import output, resume
+from beam_pipeline import metadata, output, resume
 from reader import info as info_lib
 from reader import inspect as inspect_tool
 from tests.image_factory import add_bad_files, make_class_folders
@@ -55,8 +55,8 @@ def failed_run(images, tmp_path):
         timeout=600,
     )
     assert result.returncode == 1 and "too many rejected images" in result.stderr, result.stderr
-    assert (out / output.MARKER).exists() and not (out / "dataset_info.json").exists()
-    assert list((out / output.TMP_DIR / "spill").glob("*.spill")), "no spill files"
+    assert (out / output.MARKER).exists() and not (out / metadata.INFO_FILE).exists()
+    assert list((out / metadata.TMP_DIR / "spill").glob("*.spill")), "no spill files"
     assert not list(out.glob("*.tfrecord"))
     return out
 
