@@ -98,7 +98,9 @@ def shard_records(
     if expected is None:
         return records
     expected = tf.cast(expected, tf.int64)
+    # Batched, so that it joins the chunks, not each record: it yields nothing.
     opened = tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1).skip(1)
+    opened = opened.batch(_COUNT_CHUNK)
     end = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))
 
     def check(index: tf.Tensor, chunk: tf.Tensor) -> tf.Tensor:
@@ -124,7 +126,7 @@ def shard_records(
         tf.debugging.Assert(tf.logical_not(tf.logical_or(more, fewer)), [message])
         return chunk
 
-    chunks = opened.concatenate(records.ignore_errors()).batch(_COUNT_CHUNK).concatenate(end)
+    chunks = opened.concatenate(records.ignore_errors().batch(_COUNT_CHUNK)).concatenate(end)
     # zip with a range, not enumerate(), which costs ~2 ms more per shard to set up.
     numbered = tf.data.Dataset.zip((tf.data.Dataset.range(2**62), chunks))
     return numbered.map(check).unbatch()

@@ -180,7 +180,7 @@ def _labels_of(path: str, limit: int | None) -> list[int]:
     labels = []
     for index, data in _walk_records(path, None, limit):
         label = _feature(_example(data, f"record {index}"), "image/class/label")
-        labels.append(-1 if label is None else int(label))
+        labels.append(label if isinstance(label, int) else -1)
     return labels
 
 
@@ -395,22 +395,21 @@ def _check_record(check: ShardCheck, where: str, data: bytes, info: info_lib.Dat
     except ShardReadError as error:
         check.problems.append(str(error))
         return
-    values = {
-        key: _feature(example, key)
-        for key in (
-            "image/encoded",
-            "image/height",
-            "image/width",
-            "image/class/label",
-            "image/class/text",
-            "image/filename",
-        )
+    kinds = {
+        "image/encoded": bytes,
+        "image/height": int,
+        "image/width": int,
+        "image/class/label": int,
+        "image/class/text": bytes,
+        "image/filename": bytes,
     }
-    missing = [key for key, value in values.items() if value is None]
+    values = {key: _feature(example, key) for key in kinds}
+    missing = [key for key, value in values.items() if not isinstance(value, kinds[key])]
     if missing:
-        check.problems.append(f"{where}: missing {', '.join(missing)}")
+        check.problems.append(f"{where}: missing or of the wrong type: {', '.join(missing)}")
         return
-    label, text = int(values["image/class/label"]), values["image/class/text"].decode("utf-8")
+    label = values["image/class/label"]
+    text = values["image/class/text"].decode("utf-8", "replace")
     filename = values["image/filename"].decode("utf-8", "replace")
     where = f"{where} ({filename})"
     check.filenames.append(filename)

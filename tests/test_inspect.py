@@ -259,6 +259,24 @@ def test_verify_names_a_record_that_is_not_an_example(copy):
     assert "    ! cannot be read: record 2: not a tf.train.Example (" in text
 
 
+def test_verify_names_a_field_of_the_wrong_type(copy):
+    shard = copy / "train-00001-of-00004.tfrecord"
+    start, length = record_spans(shard)[1]
+    with open(shard, "rb") as f:
+        f.seek(start + 12)
+        example = tf.train.Example.FromString(f.read(length))
+    label = example.features.feature["image/class/label"]
+    label.ClearField("int64_list")
+    label.bytes_list.value.append(b"cat")
+    replace_record(shard, 1, example.SerializeToString())
+    status, text = _run(copy, "--verify")
+    _no_traceback(status, text)
+    assert (
+        f"FAIL train-00001-of-00004.tfrecord: record 1 (byte {start:,}): missing or of the "
+        "wrong type: image/class/label"
+    ) in text
+
+
 def test_pictures_of_a_damaged_shard_end_in_one_error_line(copy, tmp_path):
     shard = copy / "val-00000-of-00001.tfrecord"
     start, _ = record_spans(shard)[2]
