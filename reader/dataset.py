@@ -4,18 +4,22 @@ The pipeline is a chain of small private steps on a frozen :class:`ReaderConfig`
 in the manner of TF Model Garden's ``official/core/input_reader.py``::
 
     training:   shard list -(seeded shuffle each epoch)-> shard by InputContext
-                -> interleave(TFRecordDataset, AUTOTUNE, deterministic=False)
+                -> interleave(shard_records, AUTOTUNE, deterministic=False)
                 -> [cache] -> shuffle -> repeat -> batch -> parse_example (whole batch)
                 -> decode + random crop while decoding (per image)
                 -> flip + resize into the batch (native op, whole batch; stock ops per
                 image where it cannot be built) -> normalise / cast / one-hot
                 (whole batch) -> prefetch(AUTOTUNE)
-    evaluation: shards in order -> shard by InputContext -> TFRecordDataset
+    evaluation: shards in order -> shard by InputContext -> shard_records one by one
                 -> [cache] -> batch -> parse_example -> decode + centre crop / resize
                 -> [pad the last batch + weights] -> normalise -> prefetch
-    cache="decoded": ... -> TFRecordDataset / interleave -> parse + decode whole (uint8)
+    cache="decoded": ... -> shard_records / interleave -> parse + decode whole (uint8)
                 -> cache in memory -> [shuffle -> repeat] -> per image: crop (a slice
                 of the cached pixels) + resize + flip -> batch -> [pad] -> normalise
+
+``shard_records`` reads one shard and counts its records against
+imagerecords.json as it goes: a shard with a record too many or too few, or
+one that is corrupt or cut short, fails the read with an error naming it.
 
 The decoding steps (parse, decode, crop, flip, resize) are a
 :class:`~reader.parser.Parser`'s, built from the config's :class:`AugmentConfig`;
@@ -36,7 +40,7 @@ import tensorflow as tf
 
 from reader import decode, native
 from reader.config import AUGMENT_FIELDS, AUTOTUNE, AugmentConfig, ReaderConfig
-from reader.info import DatasetInfo, is_url, load_info, too_few_for_a_batch
+from reader.info import INFO_FILENAME, DatasetInfo, is_url, load_info, too_few_for_a_batch
 from reader.parser import Parser
 
 _LOG = logging.getLogger(__name__)
@@ -52,6 +56,80 @@ _ASSUMED_JPEG_RATIO = 10
 # TFRecordDataset's read buffer. The default (256 KiB) means many small reads;
 # on gs:// each read is an HTTP range request, so read in larger pieces.
 _READ_BUFFER_BYTES = 8 << 20
+
+# Records of a shard counted per call of the count check (see shard_records):
+# one small function call per chunk, not one per record, which would cost about
+# as much as reading the record.
+_COUNT_CHUNK = 128
+
+
+def shard_records(
+    path: tf.Tensor,
+    expected: tf.Tensor | None = None,
+    dataset: str = "DATASET",
+    listed_in: str = INFO_FILENAME,
+) -> tf.data.Dataset:
+    """The serialized records of one shard; with ``expected``, checked against that count.
+
+    With ``expected`` (the shard's ``num_examples`` in imagerecords.json), a shard
+    that holds more or fewer records, or whose records cannot all be read (a
+    corrupt or cut-short record), fails the read with an ``InvalidArgumentError``
+    naming the shard file and the count. TensorFlow's own ``DataLossError``
+    names neither, so a read error ends the shard early instead
+    (``ignore_errors``), and the count, which then falls short, says where.
+
+    ``ignore_errors`` would retry an error that does not go away forever: one
+    from *opening* the file (missing, no permission), which ``TFRecordDataset``
+    meets again on every retry. So the file is first opened by a reader that
+    reads one byte and yields nothing, outside ``ignore_errors``: such an
+    error propagates as TensorFlow raises it, with the path in its message.
+
+    The count is checked once per :data:`_COUNT_CHUNK` records: the records are
+    batched into chunks, numbered, checked, and unbatched again; a zero-length
+    chunk after the last one marks the end.
+
+    Args:
+        path: The shard's path (a scalar string tensor).
+        expected: Its record count (int64 scalar), or ``None``: unchecked.
+        dataset: The dataset folder, for the message's ``inspect --verify`` hint.
+        listed_in: The name of the metadata file that lists ``expected``.
+    """
+    records = tf.data.TFRecordDataset(path, buffer_size=_READ_BUFFER_BYTES)
+    if expected is None:
+        return records
+    expected = tf.cast(expected, tf.int64)
+    # Batched, so that it joins the chunks, not each record: it yields nothing.
+    opened = tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1).skip(1)
+    opened = opened.batch(_COUNT_CHUNK)
+    end = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))
+
+    def check(index: tf.Tensor, chunk: tf.Tensor) -> tf.Tensor:
+        size = tf.size(chunk, out_type=tf.int64)
+        read = index * _COUNT_CHUNK + size
+        # A chunk short of _COUNT_CHUNK is the shard's last: the count must be
+        # reached there. The end marker (size 0) after full chunks: the same.
+        more = tf.logical_and(size > 0, read > expected)
+        fewer = tf.logical_and(size < _COUNT_CHUNK, read < expected)
+        as_text = tf.strings.as_string
+        message = tf.where(
+            more,
+            tf.strings.join(
+                [path, ": the shard holds more than the ", as_text(expected), " records "]
+                + [f"{listed_in} lists"]
+            ),
+            tf.strings.join(
+                [path, ": reading stopped after ", as_text(read), " of the ", as_text(expected)]
+                + [f" records {listed_in} lists: the shard holds fewer, or is cut short"]
+                + [f" or corrupt (python -m reader.inspect {dataset} --verify names the record)"]
+            ),
+        )
+        tf.debugging.Assert(tf.logical_not(tf.logical_or(more, fewer)), [message])
+        return chunk
+
+    chunks = opened.concatenate(records.ignore_errors().batch(_COUNT_CHUNK)).concatenate(end)
+    # zip with a range, not enumerate(), which costs ~2 ms more per shard to set up.
+    numbered = tf.data.Dataset.zip((tf.data.Dataset.range(2**62), chunks))
+    return numbered.map(check).unbatch()
 
 
 def _physical_memory_bytes() -> int | None:
@@ -161,6 +239,10 @@ class InputReader:
         self._files = list(info.files(config.split))
         if not self._files:
             raise ValueError(f"split {config.split!r} of {info.path} has no shards")
+        # Every shard's records are counted as they are read (shard_records),
+        # when imagerecords.json gives every shard's count (the converter does).
+        counts = [shard.num_examples for shard in info.split(config.split).shards]
+        self._counts = None if None in counts else counts
         # Shards live in the dataset folder: on gs:// every read buffer refill is a
         # network round trip, worth a thread that reads ahead (_shard_then_read).
         self._remote = is_url(info.path)
@@ -243,7 +325,7 @@ class InputReader:
     def _shard_then_read(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
         """Each pipeline reads a disjoint set of shard files (the cheap, normal case)."""
         cfg = self._config
-        files = tf.data.Dataset.from_tensor_slices(self._files)
+        files = self._shard_list()
         if cfg.shuffles_files and cfg.seed is not None:
             # Every pipeline draws the *same* permutation (same seed, same number of
             # epochs) and then takes every n-th file: the pipelines stay disjoint in
@@ -269,7 +351,7 @@ class InputReader:
             # its own thread, ahead of the consumer (see below).
             if self._remote:
                 return self._read_ahead(files, cycle_length=1, deterministic=True)
-            return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
+            return files.flat_map(self._shard_records)
         per_pipeline = -(-len(self._files) // num_pipelines)
         cycle_length = cfg.cycle_length or min(per_pipeline, 16)
         if cycle_length == 1 and not self._remote:
@@ -281,7 +363,7 @@ class InputReader:
             # behind code choices"). On gs:// the interleave stays even for one shard: each 8 MB
             # refill is a network round trip, which its thread overlaps with the
             # decoding instead of stalling the batches behind it.
-            return tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
+            return files.flat_map(self._shard_records)
         return self._read_ahead(files, cycle_length, cfg.is_deterministic)
 
     def _read_ahead(
@@ -290,12 +372,24 @@ class InputReader:
         """``cycle_length`` shards at a time, read by the interleave's threads."""
         cfg = self._config
         return files.interleave(
-            lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER_BYTES),
+            self._shard_records,
             cycle_length=cycle_length,
             block_length=cfg.block_length,
             num_parallel_calls=_interleave_parallelism(cfg.num_parallel_calls, cycle_length),
             deterministic=deterministic,
         )
+
+    def _shard_records(self, path: tf.Tensor, expected: tf.Tensor | None = None):
+        return shard_records(
+            path, expected, dataset=self._info.path, listed_in=self._info.metadata_file
+        )
+
+    def _shard_list(self) -> tf.data.Dataset:
+        """The split's shards in shard order: ``(path, record count)``, or paths alone."""
+        if self._counts is None:
+            return tf.data.Dataset.from_tensor_slices(self._files)
+        counts = tf.constant(self._counts, tf.int64)
+        return tf.data.Dataset.from_tensor_slices((self._files, counts))
 
     def _read_then_shard(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
         """Fewer files than pipelines: every pipeline reads everything, keeps every n-th record.
@@ -317,18 +411,18 @@ class InputReader:
             num_pipelines,
             num_pipelines,
         )
-        files = tf.data.Dataset.from_tensor_slices(self._files)
+        files = self._shard_list()
         if cfg.training:
             cycle_length = cfg.cycle_length or min(len(self._files), 16)
             ds = files.interleave(
-                lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER_BYTES),
+                self._shard_records,
                 cycle_length=cycle_length,
                 block_length=cfg.block_length,
                 num_parallel_calls=_interleave_parallelism(cfg.num_parallel_calls, cycle_length),
                 deterministic=True,
             )
         else:
-            ds = tf.data.TFRecordDataset(files, buffer_size=_READ_BUFFER_BYTES)
+            ds = files.flat_map(self._shard_records)
         return ds.shard(num_pipelines, pipeline_id)
 
     def _expected_records(self, num_pipelines: int, pipeline_id: int) -> int | None:
@@ -402,11 +496,13 @@ class InputReader:
         return ds.concatenate(padding.repeat()).take(batches)
 
     def _maybe_assert_cardinality(self, ds, num_pipelines: int, pipeline_id: int):
-        """Gives a finite dataset its known length, and checks it while reading.
+        """Gives a finite dataset its known length (in batches).
 
         Keras then knows the number of steps (progress bar, no "ran out of data"
-        warning), and a shard that holds fewer or more records than
-        imagerecords.json says fails loudly instead of skewing an evaluation.
+        warning). The records themselves are counted per shard as they are read
+        (:func:`shard_records`): one record too many or too few fails there,
+        naming the shard, before the number of batches could tell (it often
+        cannot: 470 or 472 records make as many batches of 8 as 471).
         """
         cfg = self._config
         records = None if cfg.repeat_forever else self._expected_records(num_pipelines, pipeline_id)

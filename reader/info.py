@@ -23,12 +23,16 @@ INFO_FILENAME = "imagerecords.json"
 # Where format_version 1 kept the metadata; in version 2 that name is TFDS's file.
 V1_INFO_FILENAME = "dataset_info.json"
 LABELS_FILENAME = "labels.txt"
+# The converter's marker of a run that has not finished (docs/format.md section
+# 5; beam_pipeline.output.MARKER, which the reader cannot import: a test checks
+# that the two agree). A successful run deletes it last, after INFO_FILENAME.
+CONVERTER_MARKER = ".imagerecords-tmp/job.json"
 # docs/format.md section 11: a version this reader does not list is refused.
 SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 
 class DatasetInfoError(ValueError):
-    """``dataset_info.json`` is unreadable, of an unknown version, or malformed."""
+    """``imagerecords.json`` is unreadable, of an unknown version, or malformed."""
 
 
 class UnknownSplitError(KeyError, ValueError):
@@ -39,7 +43,7 @@ class UnknownSplitError(KeyError, ValueError):
 
 
 class IncompleteDatasetError(FileNotFoundError):
-    """The folder has no ``dataset_info.json``: the conversion did not finish (or never ran)."""
+    """The folder has no ``imagerecords.json``: the conversion did not finish (or never ran)."""
 
 
 def is_url(path: str) -> bool:
@@ -119,7 +123,7 @@ class StoredImage:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """A parsed ``dataset_info.json``; build it with :func:`load_info`.
+    """A parsed ``imagerecords.json``; build it with :func:`load_info`.
 
     Attributes:
         path: The dataset folder.
@@ -151,6 +155,11 @@ class DatasetInfo:
     raw: Mapping = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}), repr=False, compare=False
     )
+
+    @property
+    def metadata_file(self) -> str:
+        """The name of the file this was read from (``dataset_info.json`` in format_version 1)."""
+        return V1_INFO_FILENAME if self.format_version == 1 else INFO_FILENAME
 
     @property
     def num_classes(self) -> int:
@@ -372,18 +381,7 @@ def load_info(path: str) -> DatasetInfo:
     path, name = _split_info_path(str(path))
     info_file = join_path(path, name or INFO_FILENAME)
     if name is None or not tf.io.gfile.exists(info_file):
-        if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path):
-            shards = tf.io.gfile.glob(join_path(path, "*.tfrecord"))
-            detail = (
-                f"it holds {len(shards)} .tfrecord file(s) but no {INFO_FILENAME}, which the "
-                "converter writes last: the conversion is unfinished or failed (see its log "
-                "and rejects.jsonl), so these shards may be partial"
-                if shards
-                else f"it has no {INFO_FILENAME}: is this an imagerecords output folder?"
-            )
-        else:
-            detail = "the folder does not exist"
-        raise IncompleteDatasetError(f"cannot read dataset at {path}: {detail}")
+        raise IncompleteDatasetError(f"cannot read dataset at {path}: {_why_incomplete(path)}")
     with tf.io.gfile.GFile(info_file, "r") as f:
         text = f.read()
     try:
@@ -391,3 +389,37 @@ def load_info(path: str) -> DatasetInfo:
     except json.JSONDecodeError as e:
         raise DatasetInfoError(f"{info_file} is not valid JSON: {e}") from None
     return info_from_dict(raw, path, name)
+
+
+def _why_incomplete(path: str) -> str:
+    """What a folder without ``imagerecords.json`` holds instead, for the error message."""
+    if not (tf.io.gfile.exists(path) and tf.io.gfile.isdir(path)):
+        return "the folder does not exist"
+    shards = tf.io.gfile.glob(join_path(path, "*.tfrecord"))
+    marker = join_path(path, CONVERTER_MARKER)
+    if tf.io.gfile.exists(marker):
+        written = f" ({len(shards)} .tfrecord file(s) so far)" if shards else ""
+        return (
+            f"the conversion into it did not finish: it holds the converter's {CONVERTER_MARKER}"
+            f"{written} but no {INFO_FILENAME}, which the converter writes last. Run the "
+            f"converter's command again ({_resume_command(marker, path)}, with the same "
+            "settings) to resume it"
+        )
+    if shards:
+        return (
+            f"it holds {len(shards)} .tfrecord file(s) but no {INFO_FILENAME}, which the "
+            "converter writes last: the conversion is unfinished or failed (see its log "
+            "and rejects.jsonl), so these shards may be partial"
+        )
+    return f"it has no {INFO_FILENAME}: is this an imagerecords output folder?"
+
+
+def _resume_command(marker: str, output: str) -> str:
+    """The converter's command line for ``output``, with the input its marker names."""
+    try:
+        with tf.io.gfile.GFile(marker, "r") as f:
+            source = json.loads(f.read()).get("input")
+    except (tf.errors.OpError, json.JSONDecodeError, AttributeError):
+        source = None
+    given = f"--input {source} " if isinstance(source, str) and source else ""
+    return f"python -m beam_pipeline {given}--output {output} ..."

@@ -69,33 +69,63 @@ def _feature(example, key: str):
     return values[0] if len(values) == 1 else None
 
 
+class ShardReadError(Exception):
+    """A shard whose records cannot be followed to the end (the message says where)."""
+
+
 def _walk_records(path: str, wanted: set[int] | None, limit: int | None = None):
     """Yields ``(index, data)`` for the records of a shard, without checking CRCs.
+
+    Every length field is checked against the bytes the file has left before
+    anything is read or skipped: a corrupt one (even one claiming 2^46 bytes)
+    is a :class:`ShardReadError`, never a read of that size.
 
     Args:
         wanted: record indices to return (others are skipped with a seek), or
             ``None`` for all.
         limit: stop after this many records.
+
+    Raises:
+        ShardReadError: the shard ends inside a record, or a length field points
+            past its end; the message gives the record and its byte offset.
     """
     last = max(wanted) if wanted else None
+    size = tf.io.gfile.stat(path).length
     with tf.io.gfile.GFile(path, "rb") as f:
-        index = 0
+        index = offset = 0
         while limit is None or index < limit:
             if last is not None and index > last:
                 return
             header = f.read(12)
-            if len(header) < 12:
-                return
+            if not header:
+                break
+            problem = _framing_problem(header, size - offset, size)
+            if problem:
+                raise ShardReadError(f"record {index} (byte {offset:,}): {problem}")
             (length,) = struct.unpack("<Q", header[:8])
             if wanted is None or index in wanted:
                 data = f.read(length)
                 f.read(4)
-                if len(data) < length:
-                    return
                 yield index, data
             else:
                 f.seek(length + 4, whence=1)
+            offset += 12 + length + 4
             index += 1
+    if wanted and index <= last:
+        raise ShardReadError(f"it ends after {index:,} records, before record {last:,}")
+
+
+def _framing_problem(header: bytes, left: int, size: int) -> str | None:
+    """Why the record whose header starts ``left`` bytes before the end of a
+    ``size``-byte file cannot be read whole, or None."""
+    if len(header) < 12:
+        return f"truncated: {len(header)} of 12 header bytes"
+    (length,) = struct.unpack("<Q", header[:8])
+    if length > size:
+        return f"corrupt framing: the length field says {length:,} bytes, the file has {size:,}"
+    if 12 + length + 4 > left:
+        return f"truncated: the record needs {length + 4:,} more bytes, the file has {left - 12:,}"
+    return None
 
 
 # ---------------------------------------------------------------- summary
@@ -148,10 +178,18 @@ def shard_mix(split: str, file: str, labels: Sequence[int], split_shares: Sequen
 
 def _labels_of(path: str, limit: int | None) -> list[int]:
     labels = []
-    for _, data in _walk_records(path, None, limit):
-        label = _feature(tf.train.Example.FromString(data), "image/class/label")
-        labels.append(-1 if label is None else int(label))
+    for index, data in _walk_records(path, None, limit):
+        label = _feature(_example(data, f"record {index}"), "image/class/label")
+        labels.append(label if isinstance(label, int) else -1)
     return labels
+
+
+def _example(data: bytes, where: str) -> tf.train.Example:
+    """The record parsed, or a :class:`ShardReadError` saying where it is not an Example."""
+    try:
+        return tf.train.Example.FromString(data)
+    except Exception as error:  # protobuf's DecodeError (the reader imports TensorFlow only)
+        raise ShardReadError(f"{where}: not a tf.train.Example ({error})") from None
 
 
 def shuffle_evidence(
@@ -169,8 +207,9 @@ def shuffle_evidence(
         name, shard, shares = job
         try:
             labels = _labels_of(shard.path, per_shard)
-        except (tf.errors.OpError, OSError):
-            return ShardMix(name, shard.file, 0, None, 0, 0, 0, 0, "cannot be read")
+        except (ShardReadError, tf.errors.OpError, OSError) as error:
+            why = error.message if isinstance(error, tf.errors.OpError) else str(error)
+            return ShardMix(name, shard.file, 0, None, 0, 0, 0, 0, f"cannot be read: {why}")
         mix = shard_mix(name, shard.file, labels, shares)
         top = info.classes[mix.top_class] if mix.top_class is not None else None
         return dataclasses.replace(mix, top_class=top)
@@ -352,26 +391,25 @@ def _size_problem(height: int, width: int, image: info_lib.StoredImage) -> str |
 
 def _check_record(check: ShardCheck, where: str, data: bytes, info: info_lib.DatasetInfo):
     try:
-        example = tf.train.Example.FromString(data)
-    except Exception as error:  # protobuf DecodeError
-        check.problems.append(f"{where}: not a tf.train.Example ({error})")
+        example = _example(data, where)
+    except ShardReadError as error:
+        check.problems.append(str(error))
         return
-    values = {
-        key: _feature(example, key)
-        for key in (
-            "image/encoded",
-            "image/height",
-            "image/width",
-            "image/class/label",
-            "image/class/text",
-            "image/filename",
-        )
+    kinds = {
+        "image/encoded": bytes,
+        "image/height": int,
+        "image/width": int,
+        "image/class/label": int,
+        "image/class/text": bytes,
+        "image/filename": bytes,
     }
-    missing = [key for key, value in values.items() if value is None]
+    values = {key: _feature(example, key) for key in kinds}
+    missing = [key for key, value in values.items() if not isinstance(value, kinds[key])]
     if missing:
-        check.problems.append(f"{where}: missing {', '.join(missing)}")
+        check.problems.append(f"{where}: missing or of the wrong type: {', '.join(missing)}")
         return
-    label, text = int(values["image/class/label"]), values["image/class/text"].decode("utf-8")
+    label = values["image/class/label"]
+    text = values["image/class/text"].decode("utf-8", "replace")
     filename = values["image/filename"].decode("utf-8", "replace")
     where = f"{where} ({filename})"
     check.filenames.append(filename)
@@ -400,11 +438,42 @@ def _check_record(check: ShardCheck, where: str, data: bytes, info: info_lib.Dat
 
 def verify_shard(split: str, shard: info_lib.ShardInfo, info: info_lib.DatasetInfo) -> ShardCheck:
     """Re-reads one shard: framing, both CRCs of every record, the records
-    themselves, and the shard's count, size and SHA-256 against imagerecords.json."""
+    themselves, and the shard's count, size and SHA-256 against imagerecords.json.
+
+    Every problem is a line in the result's ``problems``, none an exception.
+    """
     check = ShardCheck(split, shard.file)
     if not tf.io.gfile.exists(shard.path):
         check.problems.append(f"{shard.file}: missing (listed in imagerecords.json)")
         return check
+    try:
+        offset, digest = _read_shard_checked(shard, info, check)
+    except (tf.errors.OpError, OSError) as error:
+        why = error.message if isinstance(error, tf.errors.OpError) else str(error)
+        check.problems.append(f"{shard.file}: cannot be read: {why}")
+        return check
+    if shard.num_examples is not None and check.records != shard.num_examples:
+        check.problems.append(
+            f"{shard.file}: {check.records:,} records, imagerecords.json says "
+            f"{shard.num_examples:,}"
+        )
+    if shard.num_bytes is not None and offset != shard.num_bytes:
+        check.problems.append(
+            f"{shard.file}: {offset:,} bytes, imagerecords.json says {shard.num_bytes:,}"
+        )
+    if shard.sha256 and digest != shard.sha256:
+        check.problems.append(f"{shard.file}: SHA-256 differs from imagerecords.json")
+    return check
+
+
+def _read_shard_checked(shard: info_lib.ShardInfo, info: info_lib.DatasetInfo, check: ShardCheck):
+    """Reads the shard once, record by record, into ``check``: ``(bytes, SHA-256 hex)``.
+
+    A length field is checked against the bytes the file has left before the
+    record is read, so a corrupt one (even one claiming 2^46 bytes) is a
+    problem line, not a read of that size.
+    """
+    size = tf.io.gfile.stat(shard.path).length
     digest = hashlib.sha256()
     offset = 0
     with tf.io.gfile.GFile(shard.path, "rb") as f:
@@ -423,20 +492,18 @@ def verify_shard(split: str, shard: info_lib.ShardInfo, info: info_lib.DatasetIn
             header = read(12)
             if not header:
                 break
-            if len(header) < 12:
-                check.problems.append(f"{where}: truncated: {len(header)} of 12 header bytes")
-                break
-            (length,) = struct.unpack("<Q", header[:8])
-            if _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]:
+            if len(header) == 12 and _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]:
                 check.problems.append(f"{where}: length CRC mismatch: the framing is corrupt")
                 break
+            problem = _framing_problem(header, size - start, size)
+            if problem:
+                check.problems.append(f"{where}: {problem}")
+                break
+            (length,) = struct.unpack("<Q", header[:8])
             data = read(length)
             footer = read(4)
-            if len(data) < length or len(footer) < 4:
-                check.problems.append(
-                    f"{where}: truncated: the record needs {length + 4:,} more bytes, "
-                    f"the file has {len(data) + len(footer):,}"
-                )
+            if len(data) < length or len(footer) < 4:  # the file shrank while it was read
+                check.problems.append(f"{where}: truncated while it was read")
                 break
             check.records += 1
             if _masked_crc(data) != struct.unpack("<I", footer)[0]:
@@ -446,18 +513,7 @@ def verify_shard(split: str, shard: info_lib.ShardInfo, info: info_lib.DatasetIn
             index += 1
         while read(_READ_CHUNK):  # the rest, after a framing error, for the hash
             pass
-    if shard.num_examples is not None and check.records != shard.num_examples:
-        check.problems.append(
-            f"{shard.file}: {check.records:,} records, imagerecords.json says "
-            f"{shard.num_examples:,}"
-        )
-    if shard.num_bytes is not None and offset != shard.num_bytes:
-        check.problems.append(
-            f"{shard.file}: {offset:,} bytes, imagerecords.json says {shard.num_bytes:,}"
-        )
-    if shard.sha256 and digest.hexdigest() != shard.sha256:
-        check.problems.append(f"{shard.file}: SHA-256 differs from imagerecords.json")
-    return check
+    return offset, digest.hexdigest()
 
 
 def verify(
@@ -565,16 +621,20 @@ def draw_samples(
         shard = max(i for i, start in enumerate(starts) if start <= pick)
         by_shard[shard].add(pick - starts[shard])
     out = []
+    keys = ("image/filename", "image/class/text", "image/encoded")
     for shard_index, wanted in sorted(by_shard.items()):
-        for _, data in _walk_records(entry.shards[shard_index].path, wanted):
-            example = tf.train.Example.FromString(data)
-            out.append(
-                (
-                    _feature(example, "image/filename").decode("utf-8", "replace"),
-                    _feature(example, "image/class/text").decode("utf-8", "replace"),
-                    _feature(example, "image/encoded"),
+        shard = entry.shards[shard_index]
+        try:
+            for index, data in _walk_records(shard.path, wanted):
+                example = _example(data, f"record {index}")
+                filename, text, jpeg = (_feature(example, key) for key in keys)
+                if None in (filename, text, jpeg):
+                    raise ShardReadError(f"record {index}: missing one of {', '.join(keys)}")
+                out.append(
+                    (filename.decode("utf-8", "replace"), text.decode("utf-8", "replace"), jpeg)
                 )
-            )
+        except ShardReadError as error:
+            raise ShardReadError(f"{shard.file}: {error}") from None
     return out
 
 
@@ -616,7 +676,10 @@ def contact_sheet(
         for i, (filename, class_name, jpeg) in enumerate(records):
             row, col = divmod(i, columns)
             x, y = PAD + col * cell_w, top + row * cell_h
-            image = Image.open(io.BytesIO(jpeg)).convert("RGB")
+            try:
+                image = Image.open(io.BytesIO(jpeg)).convert("RGB")
+            except OSError as error:  # PIL's UnidentifiedImageError is one
+                raise ShardReadError(f"{filename}: the image does not decode ({error})") from None
             image.thumbnail((tile, tile), Image.Resampling.BICUBIC)
             left, upper = x + (tile - image.width) // 2, y + (tile - image.height) // 2
             sheet.paste(image, (left, upper))
@@ -764,34 +827,45 @@ def _run(argv: Sequence[str] | None) -> int:
         _pillow()  # fail before any work when Pillow is missing
     mixes = None if args.no_shuffle_check else shuffle_evidence(info, workers=args.workers)
     print(summary(info, mixes), flush=True)
-    status = EXIT_OK
-    if args.contact_sheet:
-        tiles = contact_sheet(info, args.contact_sheet, splits, args.samples, args.seed)
-        print(f"contact sheet: {len(tiles)} images of {', '.join(splits)} -> {args.contact_sheet}")
-    if args.histogram:
-        histogram(info, args.histogram, splits)
-        print(f"histogram: {', '.join(splits)} -> {args.histogram}")
-    if args.verify:
-        shards = sum(len(s.shards) for s in info.splits.values())
-        print(f"\nverify: re-reading {shards} shards with {args.workers} workers", flush=True)
-        say = (lambda text: print(text, file=sys.stderr, flush=True)) if shards > 10 else None
-        problems = verify(info, args.workers, say)
-        for name in _unlisted_shards(info):
-            print(f"note: {name} is not listed in imagerecords.json (not part of the dataset)")
-        if problems:
-            for problem in problems[:100]:
-                print(f"FAIL {problem}")
-            if len(problems) > 100:
-                print(f"... and {len(problems) - 100} more")
-            print(f"verify: {len(problems)} problems", file=sys.stderr)
-            status = EXIT_PROBLEMS
-        else:
-            records = sum(s.num_examples for s in info.splits.values())
+    # Verify first: a damaged shard is then reported as FAIL lines before a
+    # picture that needs one of its records stops at it.
+    status = _verify_and_report(info, args.workers) if args.verify else EXIT_OK
+    try:
+        if args.contact_sheet:
+            tiles = contact_sheet(info, args.contact_sheet, splits, args.samples, args.seed)
             print(
-                f"verify: OK: {shards} shards, {records:,} records: framing, CRCs, counts, "
-                "sizes, SHA-256, images and labels all agree with imagerecords.json"
+                f"contact sheet: {len(tiles)} images of {', '.join(splits)} -> {args.contact_sheet}"
             )
+        if args.histogram:
+            histogram(info, args.histogram, splits)
+            print(f"histogram: {', '.join(splits)} -> {args.histogram}")
+    except ShardReadError as error:
+        print(f"error: cannot draw the pictures: {error}", file=sys.stderr)
+        return EXIT_PROBLEMS
     return status
+
+
+def _verify_and_report(info: info_lib.DatasetInfo, workers: int) -> int:
+    """Runs :func:`verify`, prints one ``FAIL`` line per problem; returns the exit status."""
+    shards = sum(len(s.shards) for s in info.splits.values())
+    print(f"\nverify: re-reading {shards} shards with {workers} workers", flush=True)
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if shards > 10 else None
+    problems = verify(info, workers, say)
+    for name in _unlisted_shards(info):
+        print(f"note: {name} is not listed in imagerecords.json (not part of the dataset)")
+    if not problems:
+        records = sum(s.num_examples for s in info.splits.values())
+        print(
+            f"verify: OK: {shards} shards, {records:,} records: framing, CRCs, counts, "
+            "sizes, SHA-256, images and labels all agree with imagerecords.json"
+        )
+        return EXIT_OK
+    for problem in problems[:100]:
+        print(f"FAIL {problem}")
+    if len(problems) > 100:
+        print(f"... and {len(problems) - 100} more")
+    print(f"verify: {len(problems)} problems", file=sys.stderr)
+    return EXIT_PROBLEMS
 
 
 def main(argv: Sequence[str] | None = None) -> int:

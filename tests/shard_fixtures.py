@@ -27,9 +27,11 @@ import io
 import json
 import os
 import random
+import struct
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+import google_crc32c
 from PIL import Image, ImageDraw
 
 from beam_pipeline import metadata, records
@@ -232,3 +234,60 @@ def write_dataset(
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             json.dump(info, f, indent=2)
     return FixtureDataset(path=out_dir, info=info, records=ordered)
+
+
+# ---------------------------------------------------------------- damaging shards
+# For tests of what the reader and `inspect --verify` make of a damaged shard:
+# real files, changed the way a disk, a copy or a buggy writer would.
+
+
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC32C (docs/format.md section 3)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def record_spans(path: str | os.PathLike) -> list[tuple[int, int]]:
+    """``(offset of the record's 12-byte header, its data length)`` per record of a shard."""
+    with open(path, "rb") as f:
+        data = f.read()
+    spans, offset = [], 0
+    while offset < len(data):
+        (length,) = struct.unpack("<Q", data[offset : offset + 8])
+        spans.append((offset, length))
+        offset += 12 + length + 4
+    return spans
+
+
+def set_length_field(path: str | os.PathLike, index: int, length: int, valid_crc: bool) -> None:
+    """Writes ``length`` into record ``index``'s length field; with ``valid_crc`` also the
+    length's masked CRC, so that only the length's size tells it is wrong."""
+    start, _ = record_spans(path)[index]
+    field = struct.pack("<Q", length)
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(field)
+        if valid_crc:
+            f.write(struct.pack("<I", _masked_crc32c(field)))
+
+
+def replace_record(path: str | os.PathLike, index: int, payload: bytes) -> None:
+    """Replaces record ``index`` with ``payload``, framed with valid CRCs."""
+    start, length = record_spans(path)[index]
+    with open(path, "rb") as f:
+        data = f.read()
+    end = start + 12 + length + 4
+    with open(path, "wb") as f:
+        f.write(data[:start] + records.frame_record(payload) + data[end:])
+
+
+def flip_data_byte(path: str | os.PathLike, index: int) -> int:
+    """Flips a bit in the middle of record ``index``'s data (its CRC no longer matches);
+    returns the record's offset."""
+    start, length = record_spans(path)[index]
+    with open(path, "r+b") as f:
+        f.seek(start + 12 + length // 2)
+        byte = f.read(1)
+        f.seek(start + 12 + length // 2)
+        f.write(bytes([byte[0] ^ 0x20]))
+    return start

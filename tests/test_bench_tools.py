@@ -20,7 +20,7 @@ from bench import settings
 from bench.tools import profile_converter, profile_op, profile_reader
 
 REPO = Path(__file__).resolve().parent.parent
-TOOLS = ["profile_converter", "profile_reader", "profile_op", "dryrun_scale"]
+TOOLS = ["profile_converter", "profile_reader", "profile_op", "dryrun_scale", "page_faults"]
 
 
 @pytest.mark.parametrize("tool", TOOLS)

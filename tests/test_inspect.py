@@ -6,7 +6,6 @@ import io
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -17,7 +16,13 @@ from PIL import Image
 
 from reader import inspect as inspect_tool
 from reader import load_info
-from tests.shard_fixtures import write_dataset
+from tests.shard_fixtures import (
+    flip_data_byte,
+    record_spans,
+    replace_record,
+    set_length_field,
+    write_dataset,
+)
 
 # Fixtures used by name in this module (an import would read as unused to linters).
 
@@ -57,17 +62,6 @@ def _info(path) -> dict:
 def _write_info(path, info: dict) -> None:
     with open(os.path.join(path, "imagerecords.json"), "w") as f:
         json.dump(info, f)
-
-
-def _record_offsets(path) -> list[tuple[int, int]]:
-    """(offset of the record's data, its length) for every record of a shard."""
-    data = open(path, "rb").read()
-    out, offset = [], 0
-    while offset < len(data):
-        (length,) = struct.unpack("<Q", data[offset : offset + 8])
-        out.append((offset + 12, length))
-        offset += 12 + length + 4
-    return out
 
 
 def test_good_dataset_summary_and_verify_exit_0(good):
@@ -157,16 +151,15 @@ def _fails(path, *names) -> str:
 
 def test_verify_names_a_truncated_shard(copy):
     shard = copy / "train-00002-of-00004.tfrecord"
-    last_offset, _ = _record_offsets(shard)[-1]
+    last_start, _ = record_spans(shard)[-1]
     with open(shard, "r+b") as f:
-        f.truncate(last_offset + 10)
-    count = len(_record_offsets(copy / "train-00001-of-00004.tfrecord"))
+        f.truncate(last_start + 22)
+    count = len(record_spans(copy / "train-00001-of-00004.tfrecord"))
     assert count  # sanity: the neighbour is intact
     records = _info(copy)["splits"]["train"]["shards"][2]["num_examples"]
     _fails(
         copy,
-        f"train-00002-of-00004.tfrecord: record {records - 1} (byte {last_offset - 12:,}): "
-        "truncated",
+        f"train-00002-of-00004.tfrecord: record {records - 1} (byte {last_start:,}): truncated",
         f"train-00002-of-00004.tfrecord: {records - 1:,} records, imagerecords.json says "
         f"{records:,}",
         "train-00002-of-00004.tfrecord: SHA-256 differs",
@@ -180,15 +173,10 @@ def test_verify_names_a_missing_shard(copy):
 
 def test_verify_names_the_record_with_a_flipped_byte(copy):
     shard = copy / "train-00001-of-00004.tfrecord"
-    offset, length = _record_offsets(shard)[3]
-    with open(shard, "r+b") as f:
-        f.seek(offset + length // 2)
-        byte = f.read(1)
-        f.seek(offset + length // 2)
-        f.write(bytes([byte[0] ^ 0x20]))
+    start = flip_data_byte(shard, 3)
     text = _fails(
         copy,
-        f"train-00001-of-00004.tfrecord: record 3 (byte {offset - 12:,}): data CRC mismatch",
+        f"train-00001-of-00004.tfrecord: record 3 (byte {start:,}): data CRC mismatch",
         "train-00001-of-00004.tfrecord: SHA-256 differs",
     )
     assert "record 2 " not in text and "record 4 " not in text
@@ -222,6 +210,87 @@ def test_verify_names_a_count_that_does_not_add_up(copy):
 def test_verify_names_labels_that_disagree(copy):
     (copy / "labels.txt").write_text("cat\nfish\ndog\n")
     _fails(copy, "labels.txt: its 3 lines are not imagerecords.json's 3 classes in order")
+
+
+def _no_traceback(status: int, text: str) -> None:
+    assert status == 1 and "Traceback" not in text, text
+
+
+def test_verify_names_a_corrupt_length_field(copy):
+    # The summary's shuffle evidence reads the first records of every shard
+    # before --verify checks anything; it used to follow the wrong length into
+    # the record's bytes and die in protobuf's parser.
+    shard = copy / "train-00003-of-00004.tfrecord"
+    _, length = record_spans(shard)[0]
+    set_length_field(shard, 0, length - 64, valid_crc=False)
+    status, text = _run(copy, "--verify")
+    _no_traceback(status, text)
+    assert "FAIL train-00003-of-00004.tfrecord: record 0 (byte 0): length CRC mismatch" in text
+    assert "    ! cannot be read: record 0" in text  # the shuffle evidence's line
+
+
+def test_verify_names_a_length_field_claiming_2_to_the_46_bytes(copy):
+    # A length with a valid CRC that no file could hold: handed to a read it
+    # crashed the process (a segmentation fault), so inspect compares it with
+    # the file's size first. In a subprocess: a crash must not take pytest along.
+    set_length_field(copy / "val-00000-of-00001.tfrecord", 0, 2**46, valid_crc=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "reader.inspect", str(copy), "--verify"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    _no_traceback(result.returncode, result.stdout + result.stderr)
+    assert (
+        "FAIL val-00000-of-00001.tfrecord: record 0 (byte 0): corrupt framing: the length "
+        "field says 70,368,744,177,664 bytes, the file has "
+    ) in result.stdout
+    assert "FAIL val-00000-of-00001.tfrecord: 0 records, imagerecords.json says " in result.stdout
+
+
+def test_verify_names_a_record_that_is_not_an_example(copy):
+    # Valid framing and CRCs around bytes protobuf cannot parse.
+    replace_record(copy / "train-00000-of-00004.tfrecord", 2, b"\xff" * 40)
+    status, text = _run(copy, "--verify")
+    _no_traceback(status, text)
+    assert "FAIL train-00000-of-00004.tfrecord: record 2 (byte " in text
+    assert "): not a tf.train.Example (" in text
+    assert "    ! cannot be read: record 2: not a tf.train.Example (" in text
+
+
+def test_verify_names_a_field_of_the_wrong_type(copy):
+    shard = copy / "train-00001-of-00004.tfrecord"
+    start, length = record_spans(shard)[1]
+    with open(shard, "rb") as f:
+        f.seek(start + 12)
+        example = tf.train.Example.FromString(f.read(length))
+    label = example.features.feature["image/class/label"]
+    label.ClearField("int64_list")
+    label.bytes_list.value.append(b"cat")
+    replace_record(shard, 1, example.SerializeToString())
+    status, text = _run(copy, "--verify")
+    _no_traceback(status, text)
+    assert (
+        f"FAIL train-00001-of-00004.tfrecord: record 1 (byte {start:,}): missing or of the "
+        "wrong type: image/class/label"
+    ) in text
+
+
+def test_pictures_of_a_damaged_shard_end_in_one_error_line(copy, tmp_path):
+    shard = copy / "val-00000-of-00001.tfrecord"
+    start, _ = record_spans(shard)[2]
+    with open(shard, "r+b") as f:
+        f.truncate(start + 30)
+    status, text = _run(
+        copy, "--contact_sheet", tmp_path / "sheet.png", "--split", "val", "--samples", "1000"
+    )
+    _no_traceback(status, text)
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: cannot draw the pictures: val-00000-of-00001.tfrecord: record 2 (byte "
+        f"{start:,}): truncated: the record needs "
+    ) and last.endswith(" more bytes, the file has 18"), last
 
 
 def test_bad_arguments_exit_2_with_one_line(good, tmp_path):
@@ -366,9 +435,9 @@ def test_inspect_and_verify_on_gcs(good, tmp_path, gcs_emulator, tf_gcs_env):
     emulator.upload_dir(good.path, url)
     emulator.upload_dir(good.path, damaged)
     shard = os.path.join(good.path, "train-00003-of-00004.tfrecord")
-    offset, length = _record_offsets(shard)[1]
+    start, length = record_spans(shard)[1]
     data = bytearray(open(shard, "rb").read())
-    data[offset + length - 1] ^= 0xFF
+    data[start + 12 + length - 1] ^= 0xFF
     emulator.upload_bytes(f"{damaged}/train-00003-of-00004.tfrecord", bytes(data))
     result = subprocess.run(
         [sys.executable, "-c", INSPECT_ON_GCS, url, damaged, str(tmp_path)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -205,12 +206,18 @@ def test_eval_length_is_known_and_checked(fixture, tmp_path):
         )
         records = sum(s.num_examples for s in info.split("train").shards[i::2])
         assert int(part.cardinality()) == -(-records // 8)
-    # imagerecords.json promising more records than the shards hold: reading fails loudly.
+    # imagerecords.json promising more records than the shards hold: reading fails
+    # loudly, naming the shard (tests/test_reader_counts.py has the other cases).
     broken = write_dataset(tmp_path / "ds", per_class=4)
     raw = dict(broken.info)
     raw["splits"]["val"]["num_examples"] += 8
-    raw["splits"]["val"]["shards"][0]["num_examples"] += 8
+    shard = raw["splits"]["val"]["shards"][0]
+    shard["num_examples"] += 8
     (tmp_path / "ds" / "imagerecords.json").write_text(json.dumps(raw))
-    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain"):
+    message = (
+        f"{tmp_path / 'ds' / shard['file']}: reading stopped after {shard['num_examples'] - 8} "
+        f"of the {shard['num_examples']} records imagerecords.json lists"
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(message)):
         for _ in reader.make_dataset(broken.path, "val", 4, SIZE, training=False):
             pass

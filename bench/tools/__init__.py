@@ -8,4 +8,7 @@ Each is runnable on its own and writes only under the gitignored
 * ``python -m bench.tools.profile_reader`` - the reader, one stage added at a
   time, on the benchmark's records.
 * ``python -m bench.tools.dryrun_scale`` - ``--dry_run`` on 100,000 tiny images.
+* ``python -m bench.tools.page_faults`` - the page faults the reader's choice of
+  TensorFlow's CPU allocator saves: the default allocator against BFC, each in
+  a fresh process.
 """
