@@ -88,7 +88,6 @@ class OldDataset:
 
     path: str  # normalized (listing.normalize_root)
     info_path: str
-    classes: tuple[str, ...]
     image: dict  # settings.image_settings_from_info: name -> value
     created_by: str
     shards: tuple[tuple[str, int], ...]  # (path, bytes) of every shard, split by split
@@ -134,7 +133,6 @@ def open_old(path: str) -> OldDataset:
     return OldDataset(
         path=old,
         info_path=info_path,
-        classes=tuple(info.get("classes", ())),
         image=settings.image_settings_from_info(info, images.ImageSpec),
         created_by=str(info.get("created_by", "")),
         shards=tuple(shards),
@@ -466,7 +464,7 @@ class Forecast:
     checked: int  # of in_old, sources read and hashed
     unchanged: int  # of checked, the same bytes: reused
     relabelled: int  # of unchanged, with another label: rewritten, not decoded
-    hash_cpu_s: float  # CPU seconds hashing took, per image checked
+    check_cpu_s: float  # CPU seconds per image checked (source hashed, record read)
 
     @property
     def reused(self) -> float:
@@ -485,7 +483,7 @@ class Forecast:
         """CPU per listed image of the reuse run: conversions for the new and changed
         images, a read and a hash for the reused ones."""
         total = self.in_old + self.new
-        spent = (self.new + self.changed) * converting_s + self.reused * self.hash_cpu_s
+        spent = (self.new + self.changed) * converting_s + self.reused * self.check_cpu_s
         return spent / total if total else 0.0
 
     def describe(self, old: OldDataset) -> str:

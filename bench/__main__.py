@@ -259,7 +259,7 @@ def _reuse_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
     factors = reuse.QUICK_FACTORS if sizes is QUICK else reuse.FULL_FACTORS
     counts = {"web": sizes.web_images, "phone": sizes.phone_images}
     loadavg = [round(x, 2) for x in os.getloadavg()]
-    rounds = 1 if sizes is QUICK else 2
+    rounds = 1 if sizes is QUICK else 3
     parts = []
     for name in [s.strip() for s in args.sets.split(",") if s.strip()]:
         image_set = data.ensure_image_set(name, counts[name], cache_dir, sizes.name)

@@ -124,6 +124,9 @@ def test_quick_run_writes_a_table_with_every_row(tmp_path):
     assert status == 0
     scale_table = (results_dir / "scale.md").read_text()
     assert "| imagerecords | x2 | 96 |" in scale_table and "| floor | x1 | 48 |" in scale_table
+    reuse_table = (results_dir / "reuse.md").read_text()
+    assert "| web | 47 | 1 / 1 / 1 | reuse |" in reuse_table
+    assert "Output identical to the full conversion's: True" in reuse_table
     table = (results_dir / "results.md").read_text()
     for label in CONVERTER_LABELS.values():
         assert f"| web | {label} |" in table
@@ -249,3 +252,34 @@ def test_scale_part_links_distinct_images_and_summarizes(tmp_path):
     assert summary["kb_per_extra_image"] == pytest.approx(20.0)
     assert summary["marginal_images_per_s"]["x1-x8"] == pytest.approx(100.0)
     assert summary["marginal_vs_floor"]["x1-x8"] == pytest.approx(1.0)
+
+
+def test_reuse_part_grows_a_folder_and_compares_outputs(tmp_path):
+    from PIL import Image
+
+    from bench import data, reuse
+
+    base = tmp_path / "web"
+    (base / "cat").mkdir(parents=True)
+    for n in range(200):
+        image = Image.new("RGB", (8, 8), (n, 0, 0))
+        image.putpixel((0, 0), (255, 255, 255))  # not symmetric: a mirrored copy differs
+        image.save(base / "cat" / f"{n:03d}.png")
+    image_set = data.ImageSet("web", base, 200, 0, 0.0, {})
+    grown = reuse.grow(image_set, 1, tmp_path)
+    before = {p.name: p.read_bytes() for p in data.list_images(grown.before)}
+    after = {p.name: p.read_bytes() for p in data.list_images(grown.after)}
+    # 1% new, 0.5% changed (same name, new bytes), 0.5% removed.
+    assert (grown.new, grown.changed, grown.removed, grown.images) == (2, 1, 1, 199)
+    assert len(set(after) - set(before)) == 2 and len(set(before) - set(after)) == 1
+    assert sum(before[n] != after[n] for n in set(before) & set(after)) == 1
+    assert reuse.grow(image_set, 1, tmp_path) == grown  # cached
+
+    full, new = tmp_path / "full", tmp_path / "new"
+    for out, extra in ((full, {}), (new, {"reuse": {"dataset": "x", "images_reused": 3}})):
+        out.mkdir()
+        (out / "train.tfrecord").write_bytes(b"records")
+        (out / "imagerecords.json").write_text(json.dumps({"splits": {}, **extra}))
+    assert reuse.same_as_full(new, full)
+    (new / "train.tfrecord").write_bytes(b"other")
+    assert not reuse.same_as_full(new, full)

@@ -115,6 +115,29 @@ def test_a_reuse_run_writes_what_a_full_conversion_writes(history, tmp_path, cap
     contract.check_output(str(new), str(history.after))
 
 
+def test_an_interrupted_reuse_run_resumes_to_the_same_bytes(history, tmp_path, capsys, monkeypatch):
+    """What an interrupted --reuse run spilled (its relabelled records) is resumed;
+    the records it left in OLD's shards are checked again."""
+    from beam_pipeline import finalize
+
+    def crash(self, *args):
+        raise KeyboardInterrupt  # every image done, nothing published
+
+    new = tmp_path / "new"
+    with monkeypatch.context() as patch:
+        patch.setattr(finalize.Finalizer, "run", crash)
+        assert _convert(history.after, new, "--reuse", str(history.old)) == 130
+    capsys.readouterr()
+    assert _convert(history.after, new, "--reuse", str(history.old)) == 0
+    counted = _counters(capsys.readouterr().out)
+    # Every image was done before the interruption: none is converted again.
+    assert counted["images_resumed"] + counted.get("images_reused", 0) == 22 + 6 + 3
+    assert "images_converted" not in counted
+    block = _assert_same_as_full(new, history.full, str(history.old))
+    # It counts the records this run took from OLD (the others it resumed).
+    assert block["images_reused"] == counted.get("images_reused", 0)
+
+
 def test_the_summary_says_how_many_records_were_reused(history, tmp_path, capsys):
     assert _convert(history.after, tmp_path / "new", "--reuse", str(history.old)) == 0
     out = capsys.readouterr().out
@@ -350,7 +373,7 @@ def test_refusal_names_each_image_setting_that_differs(old_image, why):
     wanted = settings.image_settings(images.ImageSpec(size=64))
     recorded = {**wanted, **old_image}
     recorded = {k: v for k, v in recorded.items() if v is not None}
-    old = reuse.OldDataset("/data/old", "/data/old/imagerecords.json", ("a",), recorded, "", (), 0)
+    old = reuse.OldDataset("/data/old", "/data/old/imagerecords.json", recorded, "", (), 0)
     problem = reuse.refusal(old, "/data/new", wanted)
     assert (why in problem) if why else problem == ""
     assert "the --reuse dataset" in reuse.refusal(old, "/data/old/", wanted)
