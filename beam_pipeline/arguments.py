@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 
-from beam_pipeline import beam_options, gcs, images, keys, listing, tfds_metadata
+from beam_pipeline import beam_options, discovery, gcs, images, keys, tfds_metadata
 from beam_pipeline.errors import UsageError
 
 EXAMPLE = (
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "copied from it, not converted again. The output is what a full conversion writes",
     )
     add(
-        listing.SKIP_UNREADABLE_FLAG,
+        discovery.SKIP_UNREADABLE_FLAG,
         **_FLAG,
         help="When a local class folder cannot be read, list it in skipped.jsonl (its class "
         "keeps its place in labels.txt) and convert the rest; default: such a folder stops "

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from beam_pipeline import convert, images, keys, listing, reuse, settings
+from beam_pipeline import convert, discovery, images, keys, listing, paths, reuse, settings
 from beam_pipeline.errors import UsageError
 
 SAMPLE_SIZE = 300
@@ -211,14 +211,14 @@ def _split_of(seed: int, fractions: Mapping[str, float], image_id: str, fixed: s
     return fixed or keys.assign_split(seed, image_id, fractions)
 
 
-def _census_folders(layout: listing.Layout, seed: int, fractions) -> Census:
+def _census_folders(layout: discovery.Layout, seed: int, fractions) -> Census:
     """Lists every class folder as the job does (``listing.sized_folder_rows``: the
     same rows, plus sizes and hidden entries), in parallel threads; gs:// through
     Beam's FileSystems."""
     root = layout.root
     refs, skipped = [], collections.defaultdict(list)
     for path in layout.loose_files:
-        skipped[listing.NOT_IN_CLASS_FOLDER].append(listing.relative_id(root, path))
+        skipped[listing.NOT_IN_CLASS_FOLDER].append(paths.relative_id(root, path))
 
     def rows(folder):
         return list(listing.sized_folder_rows(folder, root, sizes=True, hidden=True))
@@ -228,7 +228,7 @@ def _census_folders(layout: listing.Layout, seed: int, fractions) -> Census:
         for found in pool.map(rows, layout.folders):
             for row in found:
                 if isinstance(row, listing.Skipped):
-                    skipped[row.reason].append(listing.relative_id(root, row.path))
+                    skipped[row.reason].append(paths.relative_id(root, row.path))
                     continue
                 *ref, size = row
                 total += size or 0
@@ -236,7 +236,7 @@ def _census_folders(layout: listing.Layout, seed: int, fractions) -> Census:
     return _finish_census(refs, skipped, total, seed, fractions)
 
 
-def _census_manifest(layout: listing.Layout, seed: int, fractions) -> Census:
+def _census_manifest(layout: discovery.Layout, seed: int, fractions) -> Census:
     refs, skipped = [], collections.defaultdict(list)
     for row in layout.rows(layout.manifest):  # (image_id, path, label, split) or Skipped
         if isinstance(row, listing.Skipped):
@@ -257,7 +257,7 @@ def _finish_census(refs, skipped, total, seed, fractions) -> Census:
     return Census(refs, dict(counts), dict(skipped), extensions, total)
 
 
-def census(layout: listing.Layout, seed: int, fractions: Mapping[str, float]) -> Census:
+def census(layout: discovery.Layout, seed: int, fractions: Mapping[str, float]) -> Census:
     """Lists the whole input as the job would, without converting anything."""
     if layout.kind == "manifest":
         return _census_manifest(layout, seed, fractions)
@@ -301,7 +301,7 @@ def convert_sample(
 ) -> Sample:
     """Converts up to ``size`` images drawn with ``seed``, in memory, one at a time."""
     chosen = random.Random(seed).sample(list(refs), min(size, len(refs)))
-    remote = [ref for ref in chosen if not listing.is_local(ref[1])]
+    remote = [ref for ref in chosen if not paths.is_local(ref[1])]
     prefetched = dict(zip((r[1] for r in remote), _read_all([r[1] for r in remote]), strict=True))
     sample = Sample(0, [], collections.defaultdict(list), [], 0.0, 0.0, bool(remote))
     classes = tuple(classes)
@@ -477,8 +477,8 @@ def report(
     ]
     if empty:
         say(f"warning: {len(empty)} classes have no images: {', '.join(empty[:10])}")
-    for why, paths in found.skipped.items():
-        say(f"skipped ({why}): {_files(len(paths))}, e.g. {', '.join(paths[:3])}")
+    for why, files in found.skipped.items():
+        say(f"skipped ({why}): {_files(len(files))}, e.g. {', '.join(files[:3])}")
     odd = {ext: n for ext, n in found.extensions.items() if ext not in IMAGE_EXTENSIONS}
     if odd:
         shown = ", ".join(f"{ext} {n:,}" for ext, n in sorted(odd.items(), key=lambda x: -x[1]))
@@ -560,8 +560,8 @@ def run(args, beam_args, check_output) -> dict:
         check_output: the CLI's read-only output check; what it refuses is
             reported as a warning instead of stopping the dry run.
     """
-    layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
-    output = listing.normalize_root(args.output)
+    layout = discovery.discover(args.input, args.manifest, args.skip_unreadable_folders)
+    output = paths.normalize_root(args.output)
     problem = None
     try:
         check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)

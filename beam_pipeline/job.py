@@ -44,16 +44,16 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
 
     An unfinished run of this job is resumed; :func:`resume.prepare` decides.
     """
-    from beam_pipeline import listing, resume
+    from beam_pipeline import paths, resume
 
-    out = listing.normalize_root(output)
+    out = paths.normalize_root(output)
     if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
         raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
-    if listing.is_gcs(out):
+    if paths.is_gcs(out):
         from beam_pipeline import gcs
 
         gcs.check_output(out)
-    elif listing.is_local(out):
+    elif paths.is_local(out):
         if os.path.exists(out) and not os.path.isdir(out):
             raise UsageError(f"--output {output} is a file, not a folder")
     resume.check(out, overwrite)
@@ -98,18 +98,18 @@ def config_from_args(args, layout, conversion_processes: int):
 
     Args:
         args: What :func:`arguments.parse_args` returned (our flags).
-        layout: The input, as :func:`listing.discover` found it.
+        layout: The input, as :func:`discovery.discover` found it.
         conversion_processes: Local conversion processes (1: convert in the step).
 
     Raises:
         UsageError: a value the config refuses (JobConfig checks its own values).
     """
-    from beam_pipeline import listing
+    from beam_pipeline import paths
     from beam_pipeline.job_config import JobConfig
 
     return JobConfig(
         layout=layout,
-        output=listing.normalize_root(args.output),
+        output=paths.normalize_root(args.output),
         splits=args.split_fractions,
         seed=args.seed,
         image=args.image_spec,
@@ -121,7 +121,7 @@ def config_from_args(args, layout, conversion_processes: int):
         dedupe=args.dedupe,
         tfds_name=args.tfds_name,
         tfds_version=args.tfds_version,
-        reuse=listing.normalize_root(args.reuse) if args.reuse else None,
+        reuse=paths.normalize_root(args.reuse) if args.reuse else None,
     )
 
 
@@ -225,11 +225,11 @@ def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: st
 
 def _all_local(layout, output: str) -> bool:
     """Every input image and the output are local (a manifest may name gs:// images)."""
-    from beam_pipeline import listing
+    from beam_pipeline import paths
 
     if layout.kind == "manifest":
-        return layout.manifest_all_local and listing.is_local(output)
-    return listing.is_local(layout.root) and listing.is_local(output)
+        return layout.manifest_all_local and paths.is_local(output)
+    return paths.is_local(layout.root) and paths.is_local(output)
 
 
 LOCAL_ENGINE = "local"
@@ -284,12 +284,12 @@ def _point_to_workers_log(workers_log: str | None) -> None:
 
 def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done: dict) -> None:
     """Forks the conversion processes and has them convert the first images while Beam loads."""
-    from beam_pipeline import listing, local_pool
+    from beam_pipeline import listing, local_pool, paths
 
     # Fork before Beam's runner and gRPC start threads (see local_pool).
     local_pool.start(processes)
     # (Under --reuse most images need no conversion: none is begun ahead.)
-    if layout.kind != "manifest" and listing.is_local(layout.root) and not args.reuse:
+    if layout.kind != "manifest" and paths.is_local(layout.root) and not args.reuse:
         refs = listing.local_refs(
             layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES, args.seed, args.split_fractions
         )
@@ -326,14 +326,14 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     beam_args, processes = arguments.with_local_defaults(beam_args, args.local_processes)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
-    from beam_pipeline import gcs, listing, local_pool, resume, spill
+    from beam_pipeline import discovery, gcs, local_pool, paths, resume, spill
 
     # Every process of this run (forked or started) retries GCS this long at most.
     gcs.set_timeout(args.gcs_timeout_s)
     # Local input and output are checked without Beam, so that the conversion
     # processes can start (and start converting) while Beam loads.
-    layout = listing.discover(args.input, args.manifest, args.skip_unreadable_folders)
-    output = listing.normalize_root(args.output)
+    layout = discovery.discover(args.input, args.manifest, args.skip_unreadable_folders)
+    output = paths.normalize_root(args.output)
     check_reuse(args, output, say)  # first: an --output that is OLD is refused as such
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)
@@ -359,7 +359,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
                     return _finish(output, started, cpu_started, counted, True)
                 if processes > 1:
                     _start_local_pool(args, layout, processes, spill_dir, done)
-                    uses_gcs = not _all_local(layout, output) or listing.is_gcs(args.reuse or "")
+                    uses_gcs = not _all_local(layout, output) or paths.is_gcs(args.reuse or "")
                     beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
                 if held is not None:
                     held.start_heartbeat()  # a thread: only once the pool has forked
@@ -421,10 +421,10 @@ def _owning(output: str, lock: bool):
 
 def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:
     """Prints the summary of a finished run; its imagerecords.json, parsed."""
-    from beam_pipeline import convert, listing
+    from beam_pipeline import convert, paths
 
     seconds = time.monotonic() - started
-    info = json.loads(convert.read_bytes(listing.join(output, metadata.INFO_FILE)))
+    info = json.loads(convert.read_bytes(paths.join(output, metadata.INFO_FILE)))
     cpu = summary.cpu_seconds() - cpu_started if local else None
     print(summary.format_summary(info, seconds, counted, cpu), flush=True)
     return info

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from beam_pipeline import images, keys, listing, settings, spill, tfds_metadata
+from beam_pipeline import discovery, images, keys, paths, settings, spill, tfds_metadata
 from beam_pipeline.errors import UsageError
 
 _field = dataclasses.field
@@ -33,7 +33,7 @@ class JobConfig:
     and imagerecords.json's settings are derived from these declarations.
     """
 
-    layout: listing.Layout = _field(
+    layout: discovery.Layout = _field(
         metadata=settings.parts(
             settings.decides(
                 "input", info="source", value=lambda c: c.layout.manifest or c.layout.root
@@ -166,4 +166,4 @@ class JobConfig:
 
 def output_path(output: str, name: str) -> str:
     """``name`` (which may hold a "/") inside the output folder, on any filesystem."""
-    return listing.join(output, name)
+    return paths.join(output, name)

@@ -42,8 +42,8 @@ import threading
 import time
 import uuid
 
-from beam_pipeline import listing
 from beam_pipeline import output as output_files
+from beam_pipeline import paths
 from beam_pipeline.errors import RunStopped, UsageError
 
 LOCK = output_files.LOCK
@@ -114,7 +114,7 @@ def acquire(output: str):
         OutputInUse: a live run holds it.
         UsageError: the lock cannot be written (no permission, no such bucket).
     """
-    if listing.is_local(output):
+    if paths.is_local(output):
         return LocalLock.acquire(output)
     return GcsLock.acquire(output)
 
@@ -230,7 +230,7 @@ class GcsLock:
 
         from beam_pipeline import gcs
 
-        url = listing.join(output, LOCK)
+        url = paths.join(output, LOCK)
         bucket, name = gcs.split_url(url)
         owner = _owner()
         try:

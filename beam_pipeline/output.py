@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from beam_pipeline import duplicates, errors, listing, metadata, spill, tfds_metadata
+from beam_pipeline import duplicates, errors, listing, metadata, paths, spill, tfds_metadata
 
 # The job's marker (resume.py): the last file a successful run deletes.
 MARKER = f"{metadata.TMP_DIR}/{spill.SETTINGS_FILE}"
@@ -89,7 +89,7 @@ def naming(path: str) -> Iterator[None]:
 def _named(error: Exception, path: str) -> errors.RunStopped | None:
     if isinstance(error, errors.RunStopped):
         return None
-    if listing.is_local(path):
+    if paths.is_local(path):
         return errors.cannot_write(path, error) if isinstance(error, OSError) else None
     from beam_pipeline import gcs
 
@@ -129,7 +129,7 @@ def create(path: str) -> _Writing:
     into place with :func:`move_into_place`. Its errors name ``path``.
     """
     with naming(path):
-        if listing.is_local(path):
+        if paths.is_local(path):
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             return _Writing(path, open(path, "wb"))
         from apache_beam.io.filesystem import CompressionTypes
@@ -154,7 +154,7 @@ def write_atomically(path: str, data: bytes) -> None:
 def _rename(moves: Sequence[tuple[str, str]]) -> None:
     if not moves:
         return
-    if all(listing.is_local(src) for src, _ in moves):
+    if all(paths.is_local(src) for src, _ in moves):
         for src, dst in moves:
             with naming(dst):
                 os.replace(src, dst)
@@ -166,7 +166,7 @@ def _rename(moves: Sequence[tuple[str, str]]) -> None:
 
 def files_under(folder: str) -> list[str]:
     """The path of every file below ``folder``, any depth; none if it does not exist."""
-    if listing.is_local(folder):
+    if paths.is_local(folder):
         return [
             os.path.join(dirpath, name) for dirpath, _, names in os.walk(folder) for name in names
         ]
@@ -190,22 +190,22 @@ def move_into_place(moves: Iterable[tuple[str, str]], temp_folder: str) -> None:
 
 
 def _normal(path: str) -> str:
-    return os.path.normpath(path) if listing.is_local(path) else path
+    return os.path.normpath(path) if paths.is_local(path) else path
 
 
-def delete(paths: Sequence[str]) -> None:
+def delete(files: Sequence[str]) -> None:
     """Deletes files; a local file already gone is no error (a retried clean-up)."""
-    paths = list(paths)
-    if not paths:
+    files = list(files)
+    if not files:
         return
-    if all(listing.is_local(path) for path in paths):
-        for path in paths:
+    if all(paths.is_local(path) for path in files):
+        for path in files:
             try:
                 os.remove(path)
             except FileNotFoundError:
                 pass
         return
-    _filesystems().delete(paths)
+    _filesystems().delete(files)
 
 
 def delete_ours(output: str, relative: Iterable[str]) -> None:
@@ -219,7 +219,7 @@ def delete_ours(output: str, relative: Iterable[str]) -> None:
     foreign = [name for name in relative if not is_ours(name)]
     if foreign:
         raise ValueError(f"not a file this job writes, so not deleted: {foreign[0]}")
-    delete([listing.join(output, name) for name in relative])
+    delete([paths.join(output, name) for name in relative])
 
 
 def delete_temp_files(output: str, keep: Iterable[str] = ()) -> None:
@@ -229,8 +229,8 @@ def delete_temp_files(output: str, keep: Iterable[str] = ()) -> None:
         output: The --output folder.
         keep: Names relative to ``output`` to leave, e.g. :data:`MARKER`.
     """
-    kept = {_normal(listing.join(output, name)) for name in (*keep, LOCK)}
-    found = files_under(listing.join(output, metadata.TMP_DIR))
+    kept = {_normal(paths.join(output, name)) for name in (*keep, LOCK)}
+    found = files_under(paths.join(output, metadata.TMP_DIR))
     delete([path for path in found if _normal(path) not in kept])
 
 
@@ -240,8 +240,8 @@ def delete_temp_folder(output: str) -> None:
     All but a live run's :data:`LOCK`: its owner removes it, and the folder
     with it, once the run is over (lock.py).
     """
-    folder = listing.join(output, metadata.TMP_DIR)
-    if not listing.is_local(folder):
+    folder = paths.join(output, metadata.TMP_DIR)
+    if not paths.is_local(folder):
         delete_temp_files(output)
         return
     if not os.path.exists(os.path.join(output, LOCK)):

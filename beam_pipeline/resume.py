@@ -30,7 +30,7 @@ import dataclasses
 import json
 import os
 
-from beam_pipeline import listing, metadata, spill
+from beam_pipeline import listing, metadata, paths, spill
 from beam_pipeline import output as output_files
 from beam_pipeline import settings as declared
 from beam_pipeline.errors import UsageError
@@ -80,7 +80,7 @@ class Leftovers:
 
 
 def _relative_files(output: str) -> list[str]:
-    if listing.is_local(output):
+    if paths.is_local(output):
         found = []
         for dirpath, _, files in os.walk(output):
             for name in files:
@@ -91,7 +91,7 @@ def _relative_files(output: str) -> list[str]:
 
 def _read(path: str) -> bytes | None:
     try:
-        if listing.is_local(path):
+        if paths.is_local(path):
             with open(path, "rb") as stream:
                 return stream.read()
         from apache_beam.io.filesystems import FileSystems
@@ -120,7 +120,7 @@ def inspect(output: str) -> Leftovers:
         if ours and all(n.startswith(metadata.TMP_DIR + "/") for n in ours) and not others:
             return Leftovers("unfinished", ours, others, None)  # killed before the marker
         return Leftovers("foreign", ours, others)
-    data = _read(listing.join(output, MARKER))
+    data = _read(paths.join(output, MARKER))
     try:
         recorded = json.loads(data) if data else None
     except ValueError:
@@ -175,10 +175,10 @@ def prepare(output: str, settings: dict, overwrite: bool, spill_dir: str | None)
         output_files.delete_ours(output, stale)
         if spill_dir and not _spill_is_for(spill_dir, settings):
             output_files.delete_local_folder(spill_dir)  # a gs:// output's spill of another run
-    if listing.is_local(output):
+    if paths.is_local(output):
         output_files.remove_empty_folders(os.path.join(output, metadata.TMP_DIR))
     data = json.dumps(settings, indent=1, sort_keys=True).encode()
-    output_files.write_atomically(listing.join(output, MARKER), data)
+    output_files.write_atomically(paths.join(output, MARKER), data)
     if spill_dir:
         data = json.dumps(settings, sort_keys=True).encode()
         output_files.write_atomically(os.path.join(spill_dir, spill.SETTINGS_FILE), data)
@@ -189,7 +189,7 @@ def discard(output: str, spill_dir: str | None) -> None:
     """Removes what :func:`prepare` and a run that stopped at once left in a new output."""
     output_files.delete_local_folder(spill_dir)
     output_files.delete_temp_folder(output)
-    if listing.is_local(output):
+    if paths.is_local(output):
         try:
             os.rmdir(output)  # only if empty: it held nothing before this run
         except OSError:

@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from beam_pipeline import listing, records, settings
+from beam_pipeline import paths, records, settings
 from beam_pipeline.errors import UsageError
 from imagerecords import info as info_lib
 from imagerecords import storage
@@ -86,7 +86,7 @@ class Candidate(NamedTuple):
 class OldDataset:
     """What OLD's metadata says: where it is, how its images were made, its shards."""
 
-    path: str  # normalized (listing.normalize_root)
+    path: str  # normalized (paths.normalize_root)
     info_path: str
     image: dict  # settings.image_settings_from_info: name -> value
     created_by: str
@@ -102,7 +102,7 @@ def open_old(path: str) -> OldDataset:
     """
     from beam_pipeline import images  # Pillow: only for the spec's declarations
 
-    old = listing.normalize_root(path)
+    old = paths.normalize_root(path)
     if "://" in old and not storage.is_gcs(old):
         raise UsageError(f"--reuse {path}: only local folders and gs:// can be read")
     try:
@@ -149,7 +149,7 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
 
     ``image_settings``: the run's ``settings.image_settings(spec)``.
     """
-    out = listing.normalize_root(output)
+    out = paths.normalize_root(output)
     if _inside(out, old.path) or _inside(old.path, out):
         what = "is" if out == old.path else "lies inside" if _inside(out, old.path) else "holds"
         return (

@@ -374,11 +374,11 @@ def test_class_folder_with_a_newline_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["a\tb", "x\x1by", " "])
 def test_class_names_with_control_characters_are_refused(name):
-    from beam_pipeline import listing
+    from beam_pipeline import discovery
 
     with pytest.raises(UsageError, match="control character"):
-        listing.check_class_name(name, "class folder")
-    listing.check_class_name("caf\u00e9 au lait", "class folder")  # not a control character
+        discovery.check_class_name(name, "class folder")
+    discovery.check_class_name("caf\u00e9 au lait", "class folder")  # not a control character
 
 
 def test_manifest_label_with_a_newline_is_refused(images, tmp_path, capsys):

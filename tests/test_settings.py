@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import arguments, images, listing, metadata, resume, settings, spill
+from beam_pipeline import arguments, discovery, images, metadata, resume, settings, spill
 from beam_pipeline.__main__ import main
 from beam_pipeline.job_config import JobConfig
 from tests import contract
@@ -68,7 +68,7 @@ def test_each_image_setting_is_the_flag_of_its_name():
 
 def _config(tmp_path, **image) -> JobConfig:
     make_class_folders(str(tmp_path / "in"), classes=("a", "b"), per_class=1, nested=False)
-    layout = listing.discover(str(tmp_path / "in"))
+    layout = discovery.discover(str(tmp_path / "in"))
     return JobConfig(
         layout=layout,
         output=str(tmp_path / "out"),
