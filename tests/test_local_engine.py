@@ -14,8 +14,10 @@ import sys
 import pytest
 from PIL import Image
 
-from beam_pipeline import discovery, job, listing, local_engine, pooled
 from beam_pipeline.__main__ import main
+from beam_pipeline.cli import job
+from beam_pipeline.engines import local_engine, pooled
+from beam_pipeline.storage import discovery, listing
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
 
@@ -223,7 +225,7 @@ def test_an_interrupted_local_run_resumes_on_beam_with_the_same_bytes(
     messy, tmp_path, capsys, monkeypatch
 ):
     """Spill files are one format: what a local run converted, a Beam run resumes from."""
-    from beam_pipeline import finalize
+    from beam_pipeline.stages import finalize
 
     root, _ = messy
     common = ["--input", root, "--max_reject_fraction", "0.5"]

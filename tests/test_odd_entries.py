@@ -21,9 +21,10 @@ import sys
 
 import pytest
 
-from beam_pipeline import discovery, keys, listing, paths
 from beam_pipeline.__main__ import main
-from beam_pipeline.errors import UsageError
+from beam_pipeline.core import keys
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.storage import discovery, listing, paths
 from tests import contract
 from tests.image_factory import jpeg_bytes, make_class_folders, photo
 

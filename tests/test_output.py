@@ -1,4 +1,4 @@
-"""beam_pipeline.output: atomic placement and deleting only the job's files.
+"""beam_pipeline.storage.output: atomic placement and deleting only the job's files.
 
 Each behaviour runs on a local folder and on gs:// (Beam's FileSystems
 against the GCS emulator), the two kinds of --output the converter writes.
@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from beam_pipeline import errors, metadata, paths
-from beam_pipeline import output as output_files
+from beam_pipeline.core import errors, metadata
+from beam_pipeline.storage import output as output_files
+from beam_pipeline.storage import paths
 
 TMP = metadata.TMP_DIR
 

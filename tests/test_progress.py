@@ -12,7 +12,8 @@ import termios
 
 import pytest
 
-from beam_pipeline import discovery, listing, progress
+from beam_pipeline.engines import progress
+from beam_pipeline.storage import discovery, listing
 from tests.image_factory import make_class_folders
 
 PER_CLASS = 40

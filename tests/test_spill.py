@@ -1,4 +1,4 @@
-"""Spill files and the resume index (beam_pipeline.spill): pure, no Beam."""
+"""Spill files and the resume index (beam_pipeline.core.spill): pure, no Beam."""
 
 import concurrent.futures
 import hashlib
@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from beam_pipeline import convert, discovery, images, keys, listing, metadata, records, spill
+from beam_pipeline.core import images, keys, metadata, records, spill
+from beam_pipeline.stages import convert
+from beam_pipeline.storage import discovery, listing
 from tests.image_factory import add_bad_files, make_class_folders
 
 

@@ -11,19 +11,11 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline import (
-    books,
-    discovery,
-    images,
-    keys,
-    listing,
-    metadata,
-    pipeline,
-    records,
-    spill,
-)
-from beam_pipeline import output as output_files
-from beam_pipeline.convert import RecordBatch, ShardEntry
+from beam_pipeline.core import books, images, keys, metadata, records, spill
+from beam_pipeline.engines import pipeline
+from beam_pipeline.stages.convert import RecordBatch, ShardEntry
+from beam_pipeline.storage import discovery, listing
+from beam_pipeline.storage import output as output_files
 from tests.image_factory import add_bad_files, make_class_folders
 
 SPLITS = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -316,7 +308,7 @@ def test_local_refs_for_converting_ahead_respect_both_bounds(folder):
 )
 def test_job_config_checks_its_own_values(kwargs, message):
     """Code that builds a JobConfig directly gets the CLI's errors."""
-    from beam_pipeline.errors import UsageError
+    from beam_pipeline.core.errors import UsageError
 
     layout = discovery.Layout(kind="classes", root="/in", classes=("a",))
     fields = {"layout": layout, "output": "/o", "splits": SPLITS, **kwargs}

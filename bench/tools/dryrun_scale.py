@@ -22,8 +22,9 @@ import time
 
 from PIL import Image
 
-from beam_pipeline import discovery, dryrun
 from beam_pipeline.__main__ import run
+from beam_pipeline.cli import dryrun
+from beam_pipeline.storage import discovery
 
 
 def make_folder(root: str, images: int, classes: int = 100) -> float:
