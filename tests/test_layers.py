@@ -106,7 +106,11 @@ def test_the_other_packages_use_only_the_core():
         ("beam_pipeline.core.keys", "import apache_beam as beam", True),
         ("beam_pipeline.core.keys", "from beam_pipeline.core import records", False),
         ("beam_pipeline.core.keys", "from . import records", False),
-        ("beam_pipeline.storage.gcs", "from beam_pipeline.beam_internals import beam_private", True),
+        (
+            "beam_pipeline.storage.gcs",
+            "from beam_pipeline.beam_internals import beam_private",
+            True,
+        ),
         ("beam_pipeline.stages.resume", "from beam_pipeline.cli.job import config_from_args", True),
         ("beam_pipeline.stages.resume", "from ..storage import output", False),
         ("beam_pipeline.stages.resume", "from ..engines import pooled", True),
