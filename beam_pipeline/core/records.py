@@ -163,24 +163,42 @@ def frame_record(data: bytes) -> bytes:
 FRAME_OVERHEAD = 16  # bytes frame_record adds to each record
 
 
+FRAME_HEAD = 12  # length (8) + its masked CRC (4)
+
+
+class DamagedRecord(ValueError):
+    """A TFRecord frame that is truncated or fails a CRC."""
+
+
+def read_frame(stream, max_length: int | None = None) -> bytes | None:
+    """The data of the next TFRecord frame of a binary stream, or None at its end.
+
+    Raises:
+        DamagedRecord: a truncated frame, a CRC that does not match, or a length
+            over ``max_length`` (a reader that knows its records are small).
+    """
+    header = stream.read(FRAME_HEAD)
+    if not header:
+        return None
+    if len(header) != FRAME_HEAD:
+        raise DamagedRecord("truncated TFRecord header")
+    (length,) = struct.unpack("<Q", header[:8])
+    if _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]:
+        raise DamagedRecord("TFRecord length CRC mismatch")
+    if max_length is not None and length > max_length:
+        raise DamagedRecord(f"TFRecord length {length} over {max_length}")
+    data = stream.read(length)
+    footer = stream.read(4)
+    if len(data) != length or len(footer) != 4:
+        raise DamagedRecord("truncated TFRecord")
+    if _masked_crc(data) != struct.unpack("<I", footer)[0]:
+        raise DamagedRecord("TFRecord data CRC mismatch")
+    return data
+
+
 def iter_records(stream) -> Iterator[bytes]:
-    """Reads framed records from a binary stream, checking both CRCs."""
-    while True:
-        header = stream.read(12)
-        if not header:
-            return
-        if len(header) != 12:
-            raise ValueError("truncated TFRecord header")
-        (length,) = struct.unpack("<Q", header[:8])
-        (length_crc,) = struct.unpack("<I", header[8:])
-        if _masked_crc(header[:8]) != length_crc:
-            raise ValueError("TFRecord length CRC mismatch")
-        data = stream.read(length)
-        footer = stream.read(4)
-        if len(data) != length or len(footer) != 4:
-            raise ValueError("truncated TFRecord")
-        if _masked_crc(data) != struct.unpack("<I", footer)[0]:
-            raise ValueError("TFRecord data CRC mismatch")
+    """Reads framed records from a binary stream, checking both CRCs (see :func:`read_frame`)."""
+    while (data := read_frame(stream)) is not None:
         yield data
 
 

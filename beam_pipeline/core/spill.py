@@ -43,7 +43,7 @@ RECORD, REJECTION = 1, 2
 SUFFIX = ".spill"
 SETTINGS_FILE = "job.json"
 _HEAD = struct.Struct("<BQqQ")
-_FRAME_HEAD = 12  # length (8) + its masked CRC (4)
+_MAX_HEAD = 1 << 20  # an entry head is small: a longer frame there is damage
 
 
 def default_dir(output: str) -> str:
@@ -143,7 +143,7 @@ def scan(path: str) -> Iterator[Spilled]:
                 return
             kind, key, label, size = _HEAD.unpack_from(head)
             split, image_id, reason, sha256 = head[_HEAD.size :].decode("utf-8").split("\0", 3)
-            offset += _FRAME_HEAD + len(head) + 4
+            offset += records.FRAME_HEAD + len(head) + 4
             if kind == RECORD:
                 framed = stream.read(size)
                 if len(framed) != size or not records.is_intact(framed):
@@ -157,18 +157,13 @@ def scan(path: str) -> Iterator[Spilled]:
 
 
 def _read_frame(stream) -> bytes | None:
-    """The data of the next TFRecord frame, or None at the end or at a damaged frame."""
-    header = stream.read(_FRAME_HEAD)
-    if len(header) != _FRAME_HEAD:
+    """The data of the next frame, or None at the end or at a damaged frame (a run
+    killed mid-write leaves one at the end; what follows it is not trusted)."""
+    try:
+        data = records.read_frame(stream, max_length=_MAX_HEAD)
+    except records.DamagedRecord:
         return None
-    (length,) = struct.unpack("<Q", header[:8])
-    if length > 1 << 20:
-        return None  # headers are small: a huge length is damage
-    rest = stream.read(length + 4)
-    framed = header + rest
-    if len(rest) != length + 4 or not records.is_intact(framed) or length < _HEAD.size:
-        return None
-    return rest[:length]
+    return data if data is None or len(data) >= _HEAD.size else None
 
 
 def spill_files(directory: str) -> list[str]:
