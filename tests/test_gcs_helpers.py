@@ -263,3 +263,27 @@ def test_only_a_lost_connection_counts_as_unreachable():
         "within --gcs_timeout_s "
     )
     assert "(ConnectionError: refused)" in str(error)
+
+
+def test_gs_paths_work_after_a_local_run_in_the_same_process(gcs_emulator, gcs_bucket, tmp_path):
+    """A local run imports Beam without its GCS filesystem; a later gs:// job (or
+    call) in the same process must still reach GCS, not fail 'Unable to get filesystem'."""
+    code = (
+        "import sys\n"
+        "from beam_pipeline.beam_internals import beam_private\n"
+        "from beam_pipeline.storage import output, paths\n"
+        "beam_private.import_beam_for_local_run(uses_gcs=False)\n"
+        "assert 'apache_beam' in sys.modules\n"
+        "target = sys.argv[1] + '/labels.txt'\n"
+        "output.write_atomically(target, b'cat\\n')\n"
+        "with paths.filesystems().open(target) as stream:\n"
+        "    assert stream.read() == b'cat\\n'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, f"gs://{gcs_bucket}/out"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert gcs_emulator.read_bytes(f"gs://{gcs_bucket}/out/labels.txt") == b"cat\n"

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from beam_pipeline.core import deadline, images, keys, records, spill
 from beam_pipeline.stages import reuse
-from beam_pipeline.storage import gcs
+from beam_pipeline.storage import gcs, paths
 
 
 class SpillLocation(NamedTuple):
@@ -81,10 +81,10 @@ def read_bytes(path: str) -> bytes:
         with open(path, "rb") as stream:
             return stream.read()
     from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
 
     gcs.bound_retries()  # this process may not have been told --gcs_timeout_s yet
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+    opened = paths.filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    with opened as stream:
         return stream.read()
 
 

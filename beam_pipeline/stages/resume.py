@@ -88,9 +88,7 @@ def _read(path: str) -> bytes | None:
         if paths.is_local(path):
             with open(path, "rb") as stream:
                 return stream.read()
-        from apache_beam.io.filesystems import FileSystems
-
-        with FileSystems.open(path) as stream:
+        with paths.filesystems().open(path) as stream:
             return stream.read()
     except (OSError, FileNotFoundError):
         return None

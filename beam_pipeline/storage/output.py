@@ -62,12 +62,10 @@ def is_ours(relative: str) -> bool:
 
 
 def _filesystems():
-    from apache_beam.io.filesystems import FileSystems
-
     from beam_pipeline.storage import gcs
 
     gcs.bound_retries()
-    return FileSystems
+    return paths.filesystems()
 
 
 @contextlib.contextmanager

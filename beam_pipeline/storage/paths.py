@@ -13,9 +13,19 @@ import posixpath
 
 def filesystems():
     """Beam's FileSystems, imported on first use: local discovery needs no Beam,
-    so the CLI can validate a local input and start converting before Beam loads."""
+    so the CLI can validate a local input and start converting before Beam loads.
+
+    Callers want it for a path that is not local, so Beam's gs:// filesystem is
+    registered here if it is not yet: a local run in the same process imports
+    Beam without the storage client (beam_private.import_beam_for_local_run),
+    and Beam registers filesystems only as it imports them.
+    """
     from apache_beam.io.filesystems import FileSystems
 
+    try:
+        import apache_beam.io.gcp.gcsfilesystem  # noqa: F401
+    except ImportError:  # Beam without its [gcp] extra: gs:// fails with Beam's own message
+        pass
     return FileSystems
 
 
