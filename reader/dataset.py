@@ -17,8 +17,8 @@ in the manner of TF Model Garden's ``official/core/input_reader.py``::
                 -> cache in memory -> [shuffle -> repeat] -> per image: crop (a slice
                 of the cached pixels) + resize + flip -> batch -> [pad] -> normalise
 
-Which shards (or records) each input pipeline reads, and how many batches it
-yields, is :class:`~reader.sharding.SplitShards`'; it reads each shard with
+A :class:`~reader.sharding.SplitShards` decides which shards (or records) each
+input pipeline reads and how many batches it yields; it reads each shard with
 :func:`~reader.counting.shard_records`, which counts its records against
 imagerecords.json as it goes: a shard with a record too many or too few, or
 one that is corrupt or cut short, fails the read with an error naming it.
