@@ -7,6 +7,7 @@ errors as one ``make_dataset`` makes from its keywords.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -15,6 +16,12 @@ from reader import decode
 
 AUTOTUNE = tf.data.AUTOTUNE
 DECODED = "decoded"
+
+
+def derive_seed(seed: int, purpose: str) -> int:
+    """A 63-bit seed for one purpose, from a config's seed (stdlib hash, stable across processes)."""
+    digest = hashlib.blake2b(f"{seed}\0{purpose}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def _range(name: str, value, upper: float | None) -> tuple[float, float]:

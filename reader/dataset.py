@@ -17,19 +17,19 @@ in the manner of TF Model Garden's ``official/core/input_reader.py``::
                 -> cache in memory -> [shuffle -> repeat] -> per image: crop (a slice
                 of the cached pixels) + resize + flip -> batch -> [pad] -> normalise
 
-``shard_records`` reads one shard and counts its records against
+A :class:`~reader.sharding.SplitShards` decides which shards (or records) each
+input pipeline reads and how many batches it yields; it reads each shard with
+:func:`~reader.counting.shard_records`, which counts its records against
 imagerecords.json as it goes: a shard with a record too many or too few, or
 one that is corrupt or cut short, fails the read with an error naming it.
-
 The decoding steps (parse, decode, crop, flip, resize) are a
-:class:`~reader.parser.Parser`'s, built from the config's :class:`AugmentConfig`;
-this module reads, shuffles, batches and finishes. No Python runs per element:
-every step is a TensorFlow op inside ``tf.data``.
+:class:`~reader.parser.Parser`'s, built from the config's :class:`AugmentConfig`.
+This module caches, shuffles, batches and finishes. No Python runs per
+element: every step is a TensorFlow op inside ``tf.data``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -39,9 +39,10 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from reader import decode, native
-from reader.config import AUGMENT_FIELDS, AUTOTUNE, AugmentConfig, ReaderConfig
-from reader.info import INFO_FILENAME, DatasetInfo, is_url, load_info, too_few_for_a_batch
+from reader.config import AUGMENT_FIELDS, AugmentConfig, ReaderConfig, derive_seed
+from reader.info import DatasetInfo, load_info
 from reader.parser import Parser
+from reader.sharding import SplitShards
 
 _LOG = logging.getLogger(__name__)
 
@@ -52,84 +53,6 @@ _LOG = logging.getLogger(__name__)
 # _ASSUMED_JPEG_RATIO times the shard bytes (JPEG at quality ~90).
 _ASSUMED_ASPECT = 1.5
 _ASSUMED_JPEG_RATIO = 10
-
-# TFRecordDataset's read buffer. The default (256 KiB) means many small reads;
-# on gs:// each read is an HTTP range request, so read in larger pieces.
-_READ_BUFFER_BYTES = 8 << 20
-
-# Records of a shard counted per call of the count check (see shard_records):
-# one small function call per chunk, not one per record, which would cost about
-# as much as reading the record.
-_COUNT_CHUNK = 128
-
-
-def shard_records(
-    path: tf.Tensor,
-    expected: tf.Tensor | None = None,
-    dataset: str = "DATASET",
-    listed_in: str = INFO_FILENAME,
-) -> tf.data.Dataset:
-    """The serialized records of one shard; with ``expected``, checked against that count.
-
-    With ``expected`` (the shard's ``num_examples`` in imagerecords.json), a shard
-    that holds more or fewer records, or whose records cannot all be read (a
-    corrupt or cut-short record), fails the read with an ``InvalidArgumentError``
-    naming the shard file and the count. TensorFlow's own ``DataLossError``
-    names neither, so a read error ends the shard early instead
-    (``ignore_errors``), and the count, which then falls short, says where.
-
-    ``ignore_errors`` would retry an error that does not go away forever: one
-    from *opening* the file (missing, no permission), which ``TFRecordDataset``
-    meets again on every retry. So the file is first opened by a reader that
-    reads one byte and yields nothing, outside ``ignore_errors``: such an
-    error propagates as TensorFlow raises it, with the path in its message.
-
-    The count is checked once per :data:`_COUNT_CHUNK` records: the records are
-    batched into chunks, numbered, checked, and unbatched again; a zero-length
-    chunk after the last one marks the end.
-
-    Args:
-        path: The shard's path (a scalar string tensor).
-        expected: Its record count (int64 scalar), or ``None``: unchecked.
-        dataset: The dataset folder, for the message's ``inspect --verify`` hint.
-        listed_in: The name of the metadata file that lists ``expected``.
-    """
-    records = tf.data.TFRecordDataset(path, buffer_size=_READ_BUFFER_BYTES)
-    if expected is None:
-        return records
-    expected = tf.cast(expected, tf.int64)
-    # Batched, so that it joins the chunks, not each record: it yields nothing.
-    opened = tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1).skip(1)
-    opened = opened.batch(_COUNT_CHUNK)
-    end = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))
-
-    def check(index: tf.Tensor, chunk: tf.Tensor) -> tf.Tensor:
-        size = tf.size(chunk, out_type=tf.int64)
-        read = index * _COUNT_CHUNK + size
-        # A chunk short of _COUNT_CHUNK is the shard's last: the count must be
-        # reached there. The end marker (size 0) after full chunks: the same.
-        more = tf.logical_and(size > 0, read > expected)
-        fewer = tf.logical_and(size < _COUNT_CHUNK, read < expected)
-        as_text = tf.strings.as_string
-        message = tf.where(
-            more,
-            tf.strings.join(
-                [path, ": the shard holds more than the ", as_text(expected), " records "]
-                + [f"{listed_in} lists"]
-            ),
-            tf.strings.join(
-                [path, ": reading stopped after ", as_text(read), " of the ", as_text(expected)]
-                + [f" records {listed_in} lists: the shard holds fewer, or is cut short"]
-                + [f" or corrupt (python -m reader.inspect {dataset} --verify names the record)"]
-            ),
-        )
-        tf.debugging.Assert(tf.logical_not(tf.logical_or(more, fewer)), [message])
-        return chunk
-
-    chunks = opened.concatenate(records.ignore_errors().batch(_COUNT_CHUNK)).concatenate(end)
-    # zip with a range, not enumerate(), which costs ~2 ms more per shard to set up.
-    numbered = tf.data.Dataset.zip((tf.data.Dataset.range(2**62), chunks))
-    return numbered.map(check).unbatch()
 
 
 def _physical_memory_bytes() -> int | None:
@@ -165,18 +88,6 @@ def decoded_cache_bytes(info: DatasetInfo, split: str, num_records: int | None =
     else:
         return None, "unknown: imagerecords.json gives neither the stored size nor the bytes"
     return int(n * per_image), how
-
-
-def _interleave_parallelism(num_parallel_calls: int, cycle_length: int) -> int:
-    """``num_parallel_calls`` for ``interleave``: AUTOTUNE, or at most ``cycle_length``.
-
-    ``interleave`` refuses a fixed parallelism above its cycle length (e.g.
-    ``num_parallel_calls=2`` on a split of one shard); the same number still
-    applies to the decode map.
-    """
-    if num_parallel_calls == AUTOTUNE:
-        return num_parallel_calls
-    return max(1, min(num_parallel_calls, cycle_length))
 
 
 def _use_native_ops(config: ReaderConfig) -> bool:
@@ -218,12 +129,6 @@ def _warn_native_unavailable() -> None:
         )
 
 
-def _derive_seed(seed: int, purpose: str) -> int:
-    """A 63-bit seed for one purpose (stdlib hash, stable across processes)."""
-    digest = hashlib.blake2b(f"{seed}\0{purpose}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
-
-
 class InputReader:
     """Builds the ``tf.data`` pipeline of one split for one input pipeline.
 
@@ -236,16 +141,7 @@ class InputReader:
         info.split(config.split)  # UnknownSplitError, naming the splits there are.
         self._info = info
         self._config = config
-        self._files = list(info.files(config.split))
-        if not self._files:
-            raise ValueError(f"split {config.split!r} of {info.path} has no shards")
-        # Every shard's records are counted as they are read (shard_records),
-        # when imagerecords.json gives every shard's count (the converter does).
-        counts = [shard.num_examples for shard in info.split(config.split).shards]
-        self._counts = None if None in counts else counts
-        # Shards live in the dataset folder: on gs:// every read buffer refill is a
-        # network round trip, worth a thread that reads ahead (_shard_then_read).
-        self._remote = is_url(info.path)
+        self._shards = SplitShards(info, config)
         native_dtype = None
         if _use_native_ops(config):
             # uint8 batches come out of the op rounded; float ones are normalised after it.
@@ -270,13 +166,13 @@ class InputReader:
         num_pipelines = input_context.num_input_pipelines if input_context else 1
         pipeline_id = input_context.input_pipeline_id if input_context else 0
         # Per-pipeline seeds: each pipeline shuffles its records and augments its
-        # images differently; the *file* shuffle seed is shared (see _read_records).
-        seed = _derive_seed(self._seed, f"pipeline{pipeline_id}")
+        # images differently; the *file* shuffle seed is shared (see reader/sharding.py).
+        seed = derive_seed(self._seed, f"pipeline{pipeline_id}")
         if cfg.drops_remainder:
-            self._check_one_full_batch(num_pipelines, pipeline_id)
+            self._shards.check_one_full_batch(num_pipelines, pipeline_id)
         parser = self._parser
 
-        ds = self._read_records(num_pipelines, pipeline_id)
+        ds = self._shards.records(num_pipelines, pipeline_id)
         if cfg.caches_decoded:
             self._check_decoded_cache_memory(num_pipelines, pipeline_id)
             ds = self._map(ds, parser.cache_train_record, parser.cache_eval_record).cache()
@@ -306,8 +202,8 @@ class InputReader:
             ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drops_remainder)
             ds = self._map(ds, parser.parse_train_batch, parser.parse_eval_batch, seed)
         ds = self._maybe_pad(ds)
-        ds = self._maybe_assert_cardinality(ds, num_pipelines, pipeline_id)
-        ds = self._pad_to_common_length(ds, num_pipelines)
+        ds = self._shards.assert_cardinality(ds, num_pipelines, pipeline_id)
+        ds = self._shards.pad_to_common_length(ds, num_pipelines)
         ds = ds.map(
             self._finish_batch,
             num_parallel_calls=cfg.num_parallel_calls,
@@ -315,203 +211,6 @@ class InputReader:
         )
         ds = ds.prefetch(cfg.prefetch)
         return ds.with_options(self._options(input_context is not None))
-
-    # Reading -------------------------------------------------------------------------
-    def _read_records(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
-        if num_pipelines > 1 and len(self._files) < num_pipelines:
-            return self._read_then_shard(num_pipelines, pipeline_id)
-        return self._shard_then_read(num_pipelines, pipeline_id)
-
-    def _shard_then_read(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
-        """Each pipeline reads a disjoint set of shard files (the cheap, normal case)."""
-        cfg = self._config
-        files = self._shard_list()
-        if cfg.shuffles_files and cfg.seed is not None:
-            # Every pipeline draws the *same* permutation (same seed, same number of
-            # epochs) and then takes every n-th file: the pipelines stay disjoint in
-            # every epoch, and over epochs each one sees different files.
-            files = files.shuffle(
-                len(self._files),
-                seed=_derive_seed(cfg.seed, "files"),
-                reshuffle_each_iteration=True,
-            )
-            files = files.shard(num_pipelines, pipeline_id)
-        elif cfg.shuffles_files:
-            # Unseeded pipelines would draw different permutations and overlap, so
-            # fix the assignment first and shuffle only the pipeline's own files.
-            files = files.shard(num_pipelines, pipeline_id)
-            files = files.shuffle(len(self._files), reshuffle_each_iteration=True)
-        else:
-            files = files.shard(num_pipelines, pipeline_id)
-        if not cfg.training:
-            # Evaluation reads the shards one after the other, so records come in
-            # shard order (the converter's permutation). The decode step, not the
-            # reading, is the bottleneck, and it runs in parallel downstream. On
-            # gs:// a one-file, deterministic interleave reads the same order on
-            # its own thread, ahead of the consumer (see below).
-            if self._remote:
-                return self._read_ahead(files, cycle_length=1, deterministic=True)
-            return files.flat_map(self._shard_records)
-        per_pipeline = -(-len(self._files) // num_pipelines)
-        cycle_length = cfg.cycle_length or min(per_pipeline, 16)
-        if cycle_length == 1 and not self._remote:
-            # One local shard per cycle (a pipeline with one shard: small splits,
-            # many hosts, the benchmark's sets): the shards one after the other,
-            # exactly the interleave's order, read on the consumer's thread. The
-            # parallel interleave hands every record between threads: ~20-60 us
-            # of CPU per record against ~4 for this (docs/performance.md, "Measurements
-            # behind code choices"). On gs:// the interleave stays even for one shard: each 8 MB
-            # refill is a network round trip, which its thread overlaps with the
-            # decoding instead of stalling the batches behind it.
-            return files.flat_map(self._shard_records)
-        return self._read_ahead(files, cycle_length, cfg.is_deterministic)
-
-    def _read_ahead(
-        self, files: tf.data.Dataset, cycle_length: int, deterministic: bool
-    ) -> tf.data.Dataset:
-        """``cycle_length`` shards at a time, read by the interleave's threads."""
-        cfg = self._config
-        return files.interleave(
-            self._shard_records,
-            cycle_length=cycle_length,
-            block_length=cfg.block_length,
-            num_parallel_calls=_interleave_parallelism(cfg.num_parallel_calls, cycle_length),
-            deterministic=deterministic,
-        )
-
-    def _shard_records(self, path: tf.Tensor, expected: tf.Tensor | None = None):
-        return shard_records(
-            path, expected, dataset=self._info.path, listed_in=self._info.metadata_file
-        )
-
-    def _shard_list(self) -> tf.data.Dataset:
-        """The split's shards in shard order: ``(path, record count)``, or paths alone."""
-        if self._counts is None:
-            return tf.data.Dataset.from_tensor_slices(self._files)
-        counts = tf.constant(self._counts, tf.int64)
-        return tf.data.Dataset.from_tensor_slices((self._files, counts))
-
-    def _read_then_shard(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
-        """Fewer files than pipelines: every pipeline reads everything, keeps every n-th record.
-
-        Correct but wasteful (each pipeline reads n times its share), hence the
-        warning. The read order must be identical in all pipelines for the
-        record-level shard to be disjoint, so files are read in shard order and
-        the interleave is deterministic, whatever ``deterministic`` says.
-        """
-        cfg = self._config
-        _LOG.warning(
-            "Split %r of %s has %d shard file(s) for %d input pipelines: sharding by record "
-            "instead of by file, so every pipeline reads the whole split and keeps 1/%d of it. "
-            "Convert with more shards (--min_shards %d) to avoid this.",
-            cfg.split,
-            self._info.path,
-            len(self._files),
-            num_pipelines,
-            num_pipelines,
-            num_pipelines,
-        )
-        files = self._shard_list()
-        if cfg.training:
-            cycle_length = cfg.cycle_length or min(len(self._files), 16)
-            ds = files.interleave(
-                self._shard_records,
-                cycle_length=cycle_length,
-                block_length=cfg.block_length,
-                num_parallel_calls=_interleave_parallelism(cfg.num_parallel_calls, cycle_length),
-                deterministic=True,
-            )
-        else:
-            ds = files.flat_map(self._shard_records)
-        return ds.shard(num_pipelines, pipeline_id)
-
-    def _expected_records(self, num_pipelines: int, pipeline_id: int) -> int | None:
-        """Records this pipeline reads in one pass, when imagerecords.json tells."""
-        split = self._info.split(self._config.split)
-        if num_pipelines == 1:
-            return split.num_examples
-        if len(self._files) < num_pipelines:  # by record: ids pipeline_id, +n, +2n, ...
-            return len(range(pipeline_id, split.num_examples, num_pipelines))
-        if self._config.shuffles_files and self._config.seed is not None:
-            return None  # the files a pipeline reads change from epoch to epoch
-        counts = [shard.num_examples for shard in split.shards[pipeline_id::num_pipelines]]
-        return None if None in counts else sum(counts)
-
-    def _records_bounds(self, num_pipelines: int) -> tuple[int, int] | None:
-        """Fewest and most records any one pipeline can read in a pass, from the shard counts.
-
-        For when the pipelines' files change from epoch to epoch (seeded file
-        shuffle): a pipeline reads ``len(files) // n`` or one more of the shards.
-        """
-        counts = [shard.num_examples for shard in self._info.split(self._config.split).shards]
-        if None in counts:
-            return None
-        counts.sort()
-        fewest, most = len(counts) // num_pipelines, -(-len(counts) // num_pipelines)
-        return sum(counts[:fewest]), sum(counts[len(counts) - most :])
-
-    def _check_one_full_batch(self, num_pipelines: int, pipeline_id: int) -> None:
-        """Refuses to drop the remainder of a split (or share) smaller than one batch."""
-        cfg = self._config
-        records = self._expected_records(num_pipelines, pipeline_id)
-        if records is None:
-            bounds = self._records_bounds(num_pipelines)
-            records = bounds[0] if bounds else None
-        if records is not None and records < cfg.batch_size:
-            where = (
-                f" for input pipeline {pipeline_id} of {num_pipelines}"
-                if num_pipelines > 1
-                else f" in {self._info.path}"
-            )
-            raise ValueError(too_few_for_a_batch(cfg.split, records, cfg.batch_size, where))
-
-    def _pad_to_common_length(self, ds: tf.data.Dataset, num_pipelines: int) -> tf.data.Dataset:
-        """With ``pad_to_batch``, every input pipeline yields the same number of batches.
-
-        Shards differ in size, so pipelines reading different shards would end
-        after different numbers of batches; on a TPU pod, where hosts step
-        together, the host that ends first leaves the others waiting forever.
-        Each pipeline therefore adds all-padding batches (weight 0) up to the
-        largest pipeline's count, computed from imagerecords.json's per-shard
-        counts; real examples are untouched, each still read exactly once.
-        """
-        cfg = self._config
-        if not cfg.pad_to_batch or num_pipelines == 1:
-            return ds
-        counts = [self._expected_records(num_pipelines, i) for i in range(num_pipelines)]
-        if None in counts:
-            bounds = self._records_bounds(num_pipelines)
-            most = bounds[1] if bounds else self._info.num_examples(cfg.split)
-        else:
-            most = max(counts)
-        batches = -(-most // cfg.batch_size)
-
-        def empty(spec: tf.TensorSpec) -> tf.Tensor:
-            shape = [1 if d is None else d for d in spec.shape.as_list()]
-            if spec.dtype == tf.string:
-                return tf.fill(shape, tf.constant("", tf.string))
-            return tf.zeros(shape, spec.dtype)  # weight 0: counts for nothing
-
-        padding = tf.data.Dataset.from_tensors(tf.nest.map_structure(empty, ds.element_spec))
-        return ds.concatenate(padding.repeat()).take(batches)
-
-    def _maybe_assert_cardinality(self, ds, num_pipelines: int, pipeline_id: int):
-        """Gives a finite dataset its known length (in batches).
-
-        Keras then knows the number of steps (progress bar, no "ran out of data"
-        warning). The records themselves are counted per shard as they are read
-        (:func:`shard_records`): one record too many or too few fails there,
-        naming the shard, before the number of batches could tell (it often
-        cannot: 470 or 472 records make as many batches of 8 as 471).
-        """
-        cfg = self._config
-        records = None if cfg.repeat_forever else self._expected_records(num_pipelines, pipeline_id)
-        if records is None:
-            return ds
-        batches = (
-            records // cfg.batch_size if cfg.drops_remainder else -(-records // cfg.batch_size)
-        )
-        return ds.apply(tf.data.experimental.assert_cardinality(batches))
 
     def _maybe_cache(self, ds, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
         cache = self._config.cache
@@ -529,7 +228,7 @@ class InputReader:
         A warning, not a refusal: the estimate assumes an aspect ratio, and the
         caller may know the images are smaller (or the machine has swap).
         """
-        records = self._expected_records(num_pipelines, pipeline_id)
+        records = self._shards.expected_records(num_pipelines, pipeline_id)
         if records is None:
             records = -(-self._info.num_examples(self._config.split) // num_pipelines)
         estimate, how = decoded_cache_bytes(self._info, self._config.split, records)
@@ -559,7 +258,7 @@ class InputReader:
             return ds
         return ds.shuffle(
             cfg.shuffle_buffer_size,
-            seed=_derive_seed(seed, "records"),
+            seed=derive_seed(seed, "records"),
             reshuffle_each_iteration=True,
         )
 
@@ -581,9 +280,9 @@ class InputReader:
         Args:
             seed: The input pipeline's seed.
         """
-        base = tf.constant(_derive_seed(seed, "augment"), tf.int64)
+        base = tf.constant(derive_seed(seed, "augment"), tf.int64)
         draws = tf.data.Dataset.random(
-            seed=_derive_seed(seed, "augment-stream") % (1 << 31),
+            seed=derive_seed(seed, "augment-stream") % (1 << 31),
             rerandomize_each_iteration=True,
         )
         return draws.map(lambda draw: tf.stack([base, draw]))

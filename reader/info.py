@@ -62,6 +62,14 @@ def join_path(base: str, name: str) -> str:
     return tf.io.gfile.join(base, name)
 
 
+def read_text(path: str) -> str | None:
+    """A text file of a dataset (``labels.txt``, ``rejects.jsonl``), or None when it is missing."""
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path, "r") as f:
+        return f.read()
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
     """One ``.tfrecord`` file of a split.

@@ -69,10 +69,10 @@ DOCS_CONTACT_SHEET = os.path.join(ROOT, "docs", "img", "contact_sheet.png")
 
 def draw_contact_sheet(info, path: str) -> str:
     """8 random images of each split, as `reader.inspect --contact_sheet` draws them."""
-    from reader import inspect as inspect_tool
+    from reader import pictures
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    inspect_tool.contact_sheet(info, path, list(info.splits), samples=8, seed=0, tile=96)
+    pictures.contact_sheet(info, path, list(info.splits), samples=8, seed=0, tile=96)
     # 256 colours keep the committed picture small (~4x smaller than full colour).
     Image.open(path).quantize(256).save(path, optimize=True)
     return path

@@ -46,9 +46,8 @@ section, and every mention such as ``docs/performance.md, "Local engine"``
 (in code comments too, wrapped or not) names the start of a heading there.
 
 ``PENDING`` lists files that did not pass these checks, and which this branch
-could not edit, when this test was written; their blocks are not run
-(reader.md's Keras block trains EfficientNet for 30 epochs) and their
-references not checked. Remove a file from it once it is fixed.
+could not edit, when this test was written; their blocks are not run and
+their references not checked. Remove a file from it once it is fixed.
 """
 
 from __future__ import annotations
@@ -71,9 +70,6 @@ DOCS = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT
 
 # file -> why its blocks are not run yet (see the module docstring).
 PENDING = {
-    "docs/reader.md": "blocks read gs://my-bucket/..., use names no block imports "
-    "(keras, dataclasses) or defines (model, GLOBAL_BATCH), and train for 30 epochs; "
-    'it cites performance.md\'s "Session 9", which is gone',
     "docs/format.md": "its reader API block is a sketch (`...` inside a call)",
     "docs/gcs.md": "its block reads gs://my-bucket/records",
 }

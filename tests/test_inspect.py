@@ -15,7 +15,7 @@ import tensorflow as tf
 from PIL import Image
 
 from reader import inspect as inspect_tool
-from reader import load_info
+from reader import load_info, overview, pictures
 from tests.shard_fixtures import (
     flip_data_byte,
     record_spans,
@@ -117,7 +117,7 @@ def test_shards_grouped_by_class_are_flagged(tmp_path):
     grouped = write_dataset(tmp_path / "grouped", per_class=40, class_sorted_shards=True)
     status, text = _run(grouped.path)
     assert status == 0  # a summary reports; only --verify fails
-    mixes = inspect_tool.shuffle_evidence(load_info(grouped.path))
+    mixes = overview.shuffle_evidence(load_info(grouped.path))
     flagged = {m.file for m in mixes if m.flagged}
     assert flagged == {m.file for m in mixes if m.sampled >= 10}
     assert "records look grouped by class" in text
@@ -134,7 +134,7 @@ def test_shards_grouped_by_class_are_flagged(tmp_path):
     ],
 )
 def test_shard_mix(labels, shares, flagged):
-    mix = inspect_tool.shard_mix("train", "train-00000-of-00001.tfrecord", labels, shares)
+    mix = overview.shard_mix("train", "train-00000-of-00001.tfrecord", labels, shares)
     if flagged is None:
         assert mix.flagged is None
     else:
@@ -323,18 +323,18 @@ def test_contact_sheet_tiles_are_the_named_splits_images(good, tmp_path):
     status, text = _run(good.path, "--contact_sheet", sheet, "--split", "val", "--samples", "10")
     assert status == 0, text
     assert "contact sheet: 10 images of val" in text
-    tiles = inspect_tool.contact_sheet(
+    tiles = pictures.contact_sheet(
         load_info(good.path), str(tmp_path / "again.png"), ["val"], 10, 0
     )
     assert sheet.read_bytes() == (tmp_path / "again.png").read_bytes()  # same seed, same sheet
 
     image = np.asarray(Image.open(sheet).convert("RGB")).astype(int)
     # 8 columns (two rows for 10 images) under one split header.
-    cell_w = inspect_tool.TILE + inspect_tool.PAD
-    cell_h = inspect_tool.TILE + inspect_tool.CAPTION + inspect_tool.PAD
+    cell_w = pictures.TILE + pictures.PAD
+    cell_h = pictures.TILE + pictures.CAPTION + pictures.PAD
     assert image.shape == (
-        inspect_tool.HEADER + 2 * cell_h + inspect_tool.PAD,
-        inspect_tool.PAD + 8 * cell_w,
+        pictures.HEADER + 2 * cell_h + pictures.PAD,
+        pictures.PAD + 8 * cell_w,
         3,
     )
     assert image.std() > 20  # not blank
@@ -361,11 +361,9 @@ def test_histogram_bars_follow_the_class_counts(good, tmp_path):
     path = tmp_path / "hist.png"
     status, text = _run(good.path, "--histogram", path, "--no_shuffle_check")
     assert status == 0, text
-    bars = inspect_tool.histogram(
-        load_info(good.path), str(tmp_path / "again.png"), ["train", "val"]
-    )
+    bars = pictures.histogram(load_info(good.path), str(tmp_path / "again.png"), ["train", "val"])
     image = np.asarray(Image.open(path).convert("RGB"))
-    assert image.shape[1] == inspect_tool.HISTOGRAM_WIDTH
+    assert image.shape[1] == pictures.HISTOGRAM_WIDTH
     assert image.shape[0] > 3 * 2 * 12  # a bar per class and split
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 10  # not blank
     longest = max(bar.count for bar in bars)
@@ -375,7 +373,7 @@ def test_histogram_bars_follow_the_class_counts(good, tmp_path):
         width = bar.box[2] - bar.box[0]
         assert width == pytest.approx(widest * bar.count / longest, abs=1)
         if width > 2:
-            colour = inspect_tool.SPLIT_COLOURS[["train", "val"].index(bar.split)]
+            colour = pictures.SPLIT_COLOURS[["train", "val"].index(bar.split)]
             middle = image[(bar.box[1] + bar.box[3]) // 2, (bar.box[0] + bar.box[2]) // 2]
             assert tuple(middle) == colour
 
@@ -453,7 +451,7 @@ def test_inspect_and_verify_on_gcs(good, tmp_path, gcs_emulator, tf_gcs_env):
     status, text = seen["good"]
     assert status == 0, text
     assert "verify: OK: 5 shards" in text and "(0 flagged)" in text
-    assert Image.open(tmp_path / "sheet.png").size[0] > 4 * inspect_tool.TILE
+    assert Image.open(tmp_path / "sheet.png").size[0] > 4 * pictures.TILE
     status, text = seen["damaged"]
     assert status == 1
     assert "train-00003-of-00004.tfrecord: record 1 " in text and "data CRC mismatch" in text
