@@ -44,10 +44,6 @@ match.
 docs: every Markdown link of README.md and docs/*.md reaches its file and
 section, and every mention such as ``docs/performance.md, "Local engine"``
 (in code comments too, wrapped or not) names the start of a heading there.
-
-``PENDING`` lists files that did not pass these checks, and which this branch
-could not edit, when this test was written; their blocks are not run and
-their references not checked. Remove a file from it once it is fixed.
 """
 
 from __future__ import annotations
@@ -69,11 +65,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/docs/*.md"))]
 
 # file -> why its blocks are not run yet (see the module docstring).
-PENDING = {
-    "docs/format.md": "its reader API block is a sketch (`...` inside a call)",
-    "docs/gcs.md": "its block reads gs://my-bucket/records",
-}
-
 SKIPS = {
     "needs-gpu": "needs a GPU",
     "needs-tpu": "needs a TPU",
@@ -305,8 +296,6 @@ def _run_file(path: str, workdir) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_snippet_runs(block, results):
-    if block.path in PENDING:
-        pytest.skip(f"not run until its markers are added: {PENDING[block.path]}")
     compile(block.runnable_code(), block.path, "exec")  # even a skipped block must parse
     if block.skip:
         pytest.skip(block.skip)
@@ -410,8 +399,8 @@ def _sources() -> list[str]:
 
 
 def test_links_and_named_sections_resolve():
-    problems = [p for path in DOCS if path not in PENDING for p in _doc_link_problems(path)]
+    problems = [p for path in DOCS for p in _doc_link_problems(path)]
     problems += [
-        p for path in _sources() if path not in PENDING for p in _named_section_problems(path)
+        p for path in _sources() for p in _named_section_problems(path)
     ]
     assert problems == []
