@@ -17,7 +17,7 @@ import traceback
 
 try:
     from beam_pipeline.cli import job
-    from beam_pipeline.cli.arguments import build_parser, parse_args
+    from beam_pipeline.cli.arguments import build_parser, parse_args, verbose_requested
     from beam_pipeline.cli.job import run
     from beam_pipeline.core import errors
     from beam_pipeline.core.errors import BooksDoNotBalance, UsageError
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     # flags, no semi_persistent_directory) as warnings; they mean nothing here.
     logging.getLogger(_JOB_SERVICE_LOG).setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in argv  # before parsing: a usage error can show its traceback too
+    verbose = verbose_requested(argv)  # before parsing: a usage error can show its traceback too
     ctrl_c = _CtrlC(verbose)
     parsed = None
     try:
