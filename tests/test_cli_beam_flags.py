@@ -149,36 +149,51 @@ def reference(images, tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "flags, runner",
+    "flags, runner, pool",
     [
         # The last --runner is DirectRunner: it runs in_memory on --local_processes.
         (
             ["--runner", "DaskRunner", "--runner=DirectRunner", "--local_processes", "2"],
             "DirectRunner (in_memory, 2 conversion processes)",
+            {2},
         ),
         (
             ["--runner=directrunner", "--local_processes", "2"],
             "DirectRunner (in_memory, 2 conversion processes)",
+            {2},
         ),
         (
             ["--direct_running_mode=multi_processing", "--direct_running_mode", "in_memory"]
             + ["--local_processes", "2"],
             "DirectRunner (in_memory, 2 conversion processes)",
+            {2},
         ),
-        # The last mode is multi_processing: Beam's two workers convert, no local pool.
+        # The last mode is multi_processing: Beam's two workers convert, and no
+        # local pool is started for them.
         (
             ["--direct_running_mode", "in_memory", "--direct_running_mode=multi_processing"]
             + ["--direct_num_workers", "2", "--local_processes", "2"],
             "DirectRunner (multi_processing, 2 conversion processes)",
+            set(),
         ),
     ],
 )
 def test_the_job_runs_on_the_last_runner_and_mode_given(
-    images, reference, tmp_path, capsys, flags, runner
+    images, reference, tmp_path, capsys, monkeypatch, flags, runner, pool
 ):
+    from beam_pipeline.engines import local_pool
+
+    started, start = set(), local_pool.start
+
+    def recorded(processes):  # the real pool starts; which size is noted
+        started.add(processes)
+        return start(processes)
+
+    monkeypatch.setattr(local_pool, "start", recorded)
     out = tmp_path / "o"
     assert main(["--input", str(images), "--output", str(out), *flags]) == 0
     assert _running_on(capsys.readouterr().err) == runner
+    assert started == pool
     assert contract.all_files(str(out)) == reference
 
 
