@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from beam_pipeline.beam_internals import beam_options
+from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.core import images, keys, tfds_metadata
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, gcs
@@ -195,11 +195,14 @@ def _require_dask(beam: beam_options.BeamFlags) -> None:
     """Refuses the Dask runner, before any work, where Dask is not installed."""
     from importlib.util import find_spec
 
-    if beam.on_dask and not (find_spec("dask") and find_spec("distributed")):
+    if not beam.on_dask:
+        return
+    if not (find_spec("dask") and find_spec("distributed")):
         raise UsageError(
             "the Dask runner needs Dask: pip install 'imagerecords[dask]' "
             "(dask[distributed], here and on every worker)"
         )
+    beam_private.require_beam_for_dask()
 
 
 def _check_beam_args(beam_args: list[str]) -> beam_options.BeamFlags:
