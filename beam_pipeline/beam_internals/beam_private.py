@@ -1,4 +1,13 @@
-"""Local-speed tricks that reach into Apache Beam's private modules, fenced in one place.
+"""What this project uses of Apache Beam's private modules, fenced in one place.
+
+This module holds the local-speed tricks below, the version they were read
+against (:data:`BEAM_VERSION`) and the inventory of every private name of
+Beam that ``beam_pipeline`` uses (:data:`PRIVATE_NAMES`: here, in
+``beam_options.py`` and in ``dask_runner.py``, and nowhere else;
+``tests/test_beam_private.py`` checks both). The tricks fall back to Beam's
+public path; the Dask translation fixes (``dask_runner.py``) have none, so
+``--runner DaskRunner`` is refused with another Beam
+(:func:`require_beam_for_dask`).
 
 Written against **apache-beam 2.77.0** (:data:`BEAM_VERSION`; ``setup.py`` and
 ``deploy/Dockerfile`` pin the same version). Each trick only makes a local
