@@ -133,6 +133,19 @@ def test_the_dry_run_reports_the_runner_and_processes_the_job_would_use(
     assert _dry_run_line(images, tmp_path, capsys, *flags, *extra) == expected
 
 
+def test_the_dry_run_of_a_gcs_input_reports_beam_as_the_job_would_run_it(
+    gcs_emulator, images, tmp_path, capsys
+):
+    """No Beam flag, but a gs:// input: the job runs on Beam (job.choose_engine), so
+    the dry run's estimate is Beam's, not the local engine's."""
+    bucket = gcs_emulator.create_bucket()
+    gcs_emulator.upload_dir(images, f"gs://{bucket}/images")
+    argv = ["--input", f"gs://{bucket}/images", "--output", str(tmp_path / "o"), "--dry_run"]
+    assert main([*argv, "--local_processes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "local run (Beam DirectRunner in_memory, 2 conversion processes): " in out, out
+
+
 # ------------------------------------------------------------------ the job
 
 
