@@ -83,8 +83,6 @@ from dask.highlevelgraph import HighLevelGraph  # noqa: E402
 # changed in an earlier Beam release; nothing for a user of this CLI to act on.
 logging.getLogger(beam_ops.__name__).setLevel(logging.ERROR)
 
-DaskOptions = beam_dask.DaskOptions  # --dask_client_address and the other --dask_* flags
-
 # Partitions a Reshuffle spreads over, per worker thread, when
 # --dask_npartitions is not given: a little more than one, so a slow partition
 # does not hold up the whole stage.
