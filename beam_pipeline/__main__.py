@@ -16,8 +16,9 @@ import threading
 import traceback
 
 try:
+    from beam_pipeline.beam_internals import beam_private
     from beam_pipeline.cli import job
-    from beam_pipeline.cli.arguments import build_parser, parse_args
+    from beam_pipeline.cli.arguments import build_parser, parse_args, verbose_requested
     from beam_pipeline.cli.job import run
     from beam_pipeline.core import errors
     from beam_pipeline.core.errors import BooksDoNotBalance, UsageError
@@ -142,17 +143,14 @@ def _error(message: str, verbose: bool) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
 
 
-_JOB_SERVICE_LOG = "apache_beam.runners.portability.local_job_service"
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status (0, 1 failed, 2 bad usage, 130 Ctrl-C)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # multi_processing workers relay their start-up chatter (unparseable runner
     # flags, no semi_persistent_directory) as warnings; they mean nothing here.
-    logging.getLogger(_JOB_SERVICE_LOG).setLevel(logging.ERROR)
+    logging.getLogger(beam_private.JOB_SERVICE_LOGGER).setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in argv  # before parsing: a usage error can show its traceback too
+    verbose = verbose_requested(argv)  # before parsing: a usage error can show its traceback too
     ctrl_c = _CtrlC(verbose)
     parsed = None
     try:
@@ -162,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if not verbose:
             # Beam logs an error raised in a step (with its traceback) before
             # re-raising it; the CLI reports it in one line instead.
-            for name in ("apache_beam.runners.common", _JOB_SERVICE_LOG):
+            for name in (beam_private.STEP_ERRORS_LOGGER, beam_private.JOB_SERVICE_LOGGER):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
         if not parsed[0].quiet:
             # Progress lines from the conversion step ("converted N images (R images/s)").
@@ -206,6 +204,4 @@ def _interrupted(verbose: bool) -> int:
 
 if __name__ == "__main__":
     # Every output is closed and renamed by now (beam_private: why, and when not).
-    from beam_pipeline.beam_internals import beam_private
-
     beam_private.fast_exit(main())

@@ -316,3 +316,221 @@ def test_successful_multi_processing_run_writes_the_in_memory_bytes(
             r for r in caplog.records if r.name == "beam_pipeline.beam_internals.beam_private"
         ]
     assert contract.all_files(str(tmp_path / "o")) == normal  # no workers.log left either
+
+
+# ------------------------------------------- every private name, in one inventory
+
+PACKAGE = os.path.join(ROOT, "beam_pipeline")
+INTERNALS = os.path.join(PACKAGE, "beam_internals")
+_NAMED_IN_TEXT = re.compile(r"\bapache_beam(?:\.\w+)+")
+
+
+def _beam_names_used(path: str) -> set[str]:
+    """Every dotted name of Beam that the module at ``path`` uses: what it imports,
+    the attributes it reads of those (up to the first dunder), and the names of
+    Beam's modules and objects its strings hold (docstrings aside)."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    bound, used = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "apache_beam":
+                    used.add(alias.name)
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        bound["apache_beam"] = "apache_beam"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("apache_beam"):
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                used.add(f"{node.module}.{alias.name}")
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    # beam_private's lists of private modules and names are not uses themselves.
+    lists = {
+        id(constant)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") in ("PRIVATE_MODULES", "PRIVATE_NAMES") for t in node.targets)
+        for constant in ast.walk(node.value)
+    }
+    inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            chain, current = [], node
+            while isinstance(current, ast.Attribute):
+                chain.insert(0, current.attr)
+                current = current.value
+            if isinstance(current, ast.Name) and current.id in bound:
+                for index, part in enumerate(chain):
+                    if part.startswith("__"):
+                        chain = chain[:index]
+                        break
+                used.add(".".join([bound[current.id], *chain]))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings | lists
+        ):
+            used.update(_NAMED_IN_TEXT.findall(node.value))
+    return used
+
+
+def _is_private(name: str) -> bool:
+    parts = name.split(".")
+    return name.startswith(beam_private.PRIVATE_MODULES) or any(
+        part.startswith("_") and not part.startswith("__") for part in parts
+    )
+
+
+def _trimmed(name: str) -> str:
+    """``name`` up to a method of a builtin value (``_RUNNER_MAP.items``: ``_RUNNER_MAP``)."""
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for index in range(cut, len(parts)):
+            if type(value).__module__ == "builtins" and hasattr(type(value), parts[index]):
+                return ".".join(parts[:index])
+            value = getattr(value, parts[index], None)
+        return name
+    return name
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``name`` is a module, or an attribute of one, in the installed Beam."""
+    import importlib
+    import importlib.util
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            continue
+        if cut == len(parts):
+            return True
+        value = importlib.import_module(module)
+        for attr in parts[cut:]:
+            if not hasattr(value, attr):
+                return False
+            value = getattr(value, attr)
+        return True
+    return False
+
+
+def _private_uses(folder: str, inside: bool) -> dict[str, set[str]]:
+    uses = {}
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not name.endswith(".py") or path.startswith(INTERNALS + os.sep) != inside:
+                continue
+            if name == "_beam_option_table.py":  # generated from Beam: data, not a use
+                continue
+            private = {_trimmed(n) for n in _beam_names_used(path) if _is_private(n)}
+            if private:
+                uses[os.path.relpath(path, ROOT)] = private
+    return uses
+
+
+def test_every_private_name_beam_internals_uses_is_listed_and_resolves():
+    """After a Beam upgrade: re-read each listed use against the new Beam, then
+    move BEAM_VERSION (the version test above fails until then)."""
+    uses = _private_uses(INTERNALS, inside=True)
+    used = set().union(*uses.values())
+    assert used, uses  # the scan sees the imports (it found nothing: the scan is broken)
+    unlisted = {
+        path: sorted(names - set(beam_private.PRIVATE_NAMES)) for path, names in uses.items()
+    }
+    assert not any(unlisted.values()), f"not in beam_private.PRIVATE_NAMES: {unlisted}"
+    assert len(set(beam_private.PRIVATE_NAMES)) == len(beam_private.PRIVATE_NAMES)
+    missing = [name for name in beam_private.PRIVATE_NAMES if not _resolves(name)]
+    assert not missing, f"gone from apache-beam {beam_private.installed_beam_version()}: {missing}"
+    # A listed name the scan cannot see (an attribute of an object the code is
+    # handed) must still be named in the source, or the list has gone stale.
+    sources = "".join(
+        open(os.path.join(INTERNALS, name), encoding="utf-8").read()
+        for name in os.listdir(INTERNALS)
+        if name.endswith(".py")
+    )
+    stale = [
+        name
+        for name in beam_private.PRIVATE_NAMES
+        if name not in used and name.rsplit(".", 1)[-1] not in sources
+    ]
+    assert not stale, f"listed in beam_private.PRIVATE_NAMES, used nowhere: {stale}"
+
+
+def test_no_module_outside_beam_internals_uses_beams_private_parts():
+    uses = _private_uses(PACKAGE, inside=False)
+    assert not uses, f"Beam's private names outside beam_pipeline/beam_internals/: {uses}"
+
+
+@pytest.mark.parametrize(
+    "source, private",
+    [
+        ("from apache_beam.runners.common import DoFnInvoker", True),
+        ("from apache_beam.runners import runner\nrunner._RUNNER_MAP", True),
+        ("import apache_beam as beam\nbeam.runners.worker.statesampler.StateSampler", True),
+        ("import apache_beam.runners.dask.dask_runner", True),
+        ("LOGGER = 'apache_beam.runners.portability.local_job_service'", True),
+        ("from apache_beam.pvalue import AsList\nAsList._from_runtime_iterable", True),
+        ("import apache_beam as beam\nbeam.Map(len)", False),
+        ("from apache_beam.io.filesystems import FileSystems", False),
+        ('"""A docstring naming apache_beam.runners.common."""', False),
+    ],
+)
+def test_the_scan_finds_private_names_however_they_are_reached(tmp_path, source, private):
+    path = tmp_path / "module.py"
+    path.write_text(source + "\n")
+    assert any(_is_private(name) for name in _beam_names_used(str(path))) == private
+
+
+def test_the_dask_runner_is_refused_in_one_line_with_another_beam(tmp_path, monkeypatch, capsys):
+    """No public path to fall back to: refused before any work, naming both versions."""
+    root = tmp_path / "in"
+    make_class_folders(str(root), classes=("a", "b"), per_class=2)
+    monkeypatch.setattr(beam_private, "BEAM_VERSION", "0.0.0")
+    argv = ["--input", str(root), "--output", str(tmp_path / "o"), "--runner", "DaskRunner"]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    installed = beam_private.installed_beam_version()
+    assert line.startswith(
+        f"error: --runner DaskRunner needs apache-beam 0.0.0, installed is {installed}"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_dask_runner_module_refuses_another_beam():
+    code = (
+        "from beam_pipeline.beam_internals import beam_private\n"
+        "beam_private.BEAM_VERSION = '0.0.0'\n"
+        "from beam_pipeline.core.errors import UsageError\n"
+        "try:\n"
+        "    import beam_pipeline.beam_internals.dask_runner\n"
+        "except UsageError as error:\n"
+        "    print(error)\n"
+        "import sys\n"
+        "print('apache_beam.runners.common' in sys.modules)\n"
+    )
+    result = _run_python(code)
+    assert result.returncode == 0, result.stderr
+    refused, loaded = result.stdout.strip().splitlines()
+    assert refused.startswith("--runner DaskRunner needs apache-beam 0.0.0")
+    assert loaded == "False"  # refused before any of Beam's private modules was imported

@@ -442,11 +442,13 @@ def test_index_files_locate_every_record(dataset, tmp_path):
 
 
 def test_local_default_skips_construction_type_checks_unless_asked():
+    from beam_pipeline.beam_internals.beam_options import check
     from beam_pipeline.cli.arguments import with_local_defaults
 
-    args, _ = with_local_defaults([], None)
-    assert "--no_pipeline_type_check" in args and IN_MEMORY in args
-    args, _ = with_local_defaults(["--pipeline_type_check"], None)
-    assert "--no_pipeline_type_check" not in args
-    args, _ = with_local_defaults(["--runner=DataflowRunner"], None)
-    assert args == ["--runner=DataflowRunner"]
+    beam, _ = with_local_defaults(check([]), None)
+    assert "--no_pipeline_type_check" in beam.args and IN_MEMORY in beam.args
+    assert beam.direct_running_mode == "in_memory" and beam.get("pipeline_type_check") is False
+    beam, _ = with_local_defaults(check(["--no_pipeline_type_check"]), None)
+    assert beam.args.count("--no_pipeline_type_check") == 1
+    beam, processes = with_local_defaults(check(["--runner=DataflowRunner"]), None)
+    assert beam.args == ("--runner=DataflowRunner",) and processes == 1

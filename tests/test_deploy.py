@@ -118,7 +118,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
             assert re.match(regex, samples[parameter["name"]]), parameter["name"]
     # What the launcher passes: --name=value for every parameter.
     args, beam_args = parse_args([f"--{n}={v}" for n, v in samples.items()] + ["--wait=false"])
-    assert beam_args == []
+    assert not beam_args  # no Beam flag (a BeamFlags is false without any)
     assert args.image_size == 224 and args.resize == "crop" and args.upscale is True
     assert args.overwrite is False and args.wait is False and args.min_shards == 8
     assert args.index_files is True and args.image_spec.resample == "lanczos"

@@ -1,4 +1,4 @@
-"""Checks Apache Beam's command-line flags without importing Beam.
+"""Apache Beam's command-line flags, checked and read once, without importing Beam.
 
 The CLI forks its conversion processes before Beam loads (``local_pool``), and
 importing Beam takes seconds; so that no process is forked for a command that
@@ -8,17 +8,28 @@ the installed Beam accepts (``_beam_option_table.py``, written by
 When the installed Beam is not the version the table was made from, the check
 imports Beam and builds the table from it instead (slower, never wrong).
 
+:func:`check` returns a frozen :class:`BeamFlags`: the flags as given (what
+``PipelineOptions`` is built from) and the values Beam takes from them, read
+the way Beam's own parser reads them (a repeated flag: the last one wins; a
+flag's aliases share one value; no abbreviations). Everything in the CLI
+that depends on a Beam flag (the engine, the runner, the local processes,
+the dry run's report) reads it from there, so every part sees the same value.
+
 Pure apart from that fallback: no Beam import on the common path.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
 import pprint
 import re
+import types
+from collections.abc import Mapping
+from typing import Any
 
 from beam_pipeline.core.errors import UsageError
 
@@ -26,10 +37,14 @@ from beam_pipeline.core.errors import UsageError
 # Beam's, with the translation fixes this job needs). Beam knows its Dask runner
 # by the dotted path only; that path gets the fixed one too.
 DASK_RUNNER_NAMES = ("DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner")
+DASK = "DaskRunner"
+DIRECT = "DirectRunner"
 
 # kind of a flag's value: "flag" (no value), "optional" (nargs="?"), "int",
 # "float", "json", "text"
 _CHECKS = {"int": int, "float": float, "json": json.loads}
+# argparse's actions that keep the last value given (every other one gathers).
+_STORE_ACTIONS = ("_StoreAction", "_StoreTrueAction", "_StoreFalseAction", "_StoreConstAction")
 
 
 def _beam_version() -> str | None:
@@ -82,12 +97,19 @@ def snapshot() -> dict:
             kind = "json"
         else:
             kind = "text"
+        # Beam's store actions keep the last value given; the others (append,
+        # comma-separated lists, dicts) gather every one.
+        gathers = type(action).__name__ not in _STORE_ACTIONS
+        const = action.const if isinstance(action.const, (bool, str, int, type(None))) else None
+        choices = tuple(action.choices) if action.choices else None
         for name in action.option_strings:
-            options[name] = (kind, tuple(action.choices) if action.choices else None)
+            options[name] = (kind, choices, action.dest, const, gathers)
     return {
         "beam_version": _beam_version(),
         "options": dict(sorted(options.items())),
-        "runners": tuple(sorted(runner._RUNNER_MAP)),
+        # --runner NAME as Beam's create_runner finds it: lower-cased, with or
+        # without "runner", else NAME itself as a dotted class path.
+        "runners": dict(sorted(runner._RUNNER_MAP.items())),
         "runner_names": tuple(pipeline_options.StandardOptions.KNOWN_RUNNER_NAMES),
     }
 
@@ -123,6 +145,20 @@ def _check_value(name: str, kind: str, choices, value: str | None) -> None:
             raise UsageError(f"{name} must be {what}, got {value!r}") from None
 
 
+def runner_class(name: str, table: dict) -> str:
+    """The runner ``--runner NAME`` makes, as Beam's ``create_runner`` finds it.
+
+    A runner Beam knows by name comes back as its class name (``direct``,
+    ``directrunner`` and Beam's dotted path are all ``DirectRunner``); any of
+    :data:`DASK_RUNNER_NAMES` is :data:`DASK`; another dotted path is kept.
+    """
+    if name in DASK_RUNNER_NAMES:
+        return DASK
+    runners = table["runners"]
+    path = runners.get(name.lower(), runners.get(name.lower() + "runner", name))
+    return path.rsplit(".", 1)[-1] if path in runners.values() else path
+
+
 def check_runner(name: str, table: dict) -> None:
     """Refuses a runner name Beam would not find (a dotted class path is left to Beam)."""
     runners = table["runners"]
@@ -139,20 +175,103 @@ def check_runner(name: str, table: dict) -> None:
     )
 
 
-def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) -> None:
-    """Checks every Beam flag and its value as Beam's parser would.
+@dataclasses.dataclass(frozen=True)
+class BeamFlags:
+    """Beam's flags as given, and the values Beam takes from them.
+
+    Attributes:
+        args: The flags, in order, as given (``PipelineOptions`` takes these).
+        values: Beam's option name (its ``dest``) -> the value Beam's parser
+            stores: a repeated flag's last value (argparse's ``store``), or a
+            tuple of every value of a flag that gathers them (``--experiments``,
+            ``--labels``, ...); a switch's value (``--no_pipeline_type_check``:
+            False). Only the flags given.
+        runner: The runner ``--runner`` makes (:func:`runner_class`), or None
+            when no ``--runner`` is given (Beam's default, DirectRunner).
+    """
+
+    args: tuple[str, ...] = ()
+    values: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
+    runner: str | None = None
+
+    def __bool__(self) -> bool:  # any Beam flag at all (it sends the job to Beam)
+        return bool(self.args)
+
+    def given(self, option: str) -> bool:
+        return option in self.values
+
+    def get(self, option: str, default=None):
+        return self.values.get(option, default)
+
+    @property
+    def on_direct_runner(self) -> bool:
+        """DirectRunner: named, or Beam's default."""
+        return self.runner in (None, DIRECT)
+
+    @property
+    def on_dask(self) -> bool:
+        return self.runner == DASK
+
+    @property
+    def direct_running_mode(self) -> str | None:
+        return self.get("direct_running_mode")
+
+    @property
+    def direct_num_workers(self) -> int | None:
+        return self.get("direct_num_workers")
+
+    @property
+    def machine_type(self) -> str | None:
+        """``--machine_type`` or its alias ``--worker_machine_type``."""
+        return self.get("machine_type")
+
+    @property
+    def template_location(self) -> str | None:
+        return self.get("template_location")
+
+    def plus(self, extra: list[str]) -> BeamFlags:
+        """These flags followed by ``extra`` (checked), as one parse would read them."""
+        added = check(extra)
+        values = dict(self.values)
+        for option, value in added.values.items():
+            if isinstance(value, tuple) and isinstance(values.get(option), tuple):
+                value = values[option] + value
+            values[option] = value
+        return BeamFlags(
+            self.args + added.args, types.MappingProxyType(values), added.runner or self.runner
+        )
+
+
+def _value_of(kind: str, value: str | None, const):
+    if value is None:
+        return const
+    if kind in ("int", "float"):
+        return _CHECKS[kind](value)
+    return value  # JSON and text stay text, as Beam's value providers see them
+
+
+def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) -> BeamFlags:
+    """Checks every Beam flag and its value as Beam's parser would, and reads them.
 
     Args:
         beam_args: The arguments left after the CLI's own flags.
         own_flags: The CLI's own flag names, for "did you mean" hints.
         lenient: Warn about unknown flags instead of refusing them (a Flex
-            Template launcher adds flags of its own).
+            Template launcher adds flags of its own); they are passed to Beam
+            and read by no one here.
+
+    Returns:
+        The flags and their values (:class:`BeamFlags`).
 
     Raises:
         UsageError: one line naming the flag.
     """
     table = _table()
     options = table["options"]
+    values: dict[str, Any] = {}
+    runner = None
     index = 0
     while index < len(beam_args):
         arg = beam_args[index]
@@ -161,6 +280,7 @@ def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) ->
             raise UsageError(
                 f"unknown option {arg}" if arg.startswith("-") else f"unexpected argument {arg!r}"
             )
+        # Beam's parser takes no abbreviation (allow_abbrev=False): an exact name or nothing.
         name, has_value, value = arg.partition("=")
         if name not in options:
             hint = ""
@@ -178,7 +298,7 @@ def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) ->
                         index += 1
                 continue
             raise UsageError(message)
-        kind, choices = options[name]
+        kind, choices, dest, const, gathers = options[name]
         if not has_value:
             value = None
             if kind not in ("flag",) and index < len(beam_args):
@@ -189,6 +309,10 @@ def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) ->
         _check_value(name, kind, choices, value)
         if name == "--runner" and value is not None:
             check_runner(value, table)
+            runner = runner_class(value, table)
+        read = _value_of(kind, value, const)
+        values[dest] = values.get(dest, ()) + (read,) if gathers else read
+    return BeamFlags(tuple(beam_args), types.MappingProxyType(values), runner)
 
 
 def main() -> None:

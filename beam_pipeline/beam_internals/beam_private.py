@@ -1,4 +1,13 @@
-"""Local-speed tricks that reach into Apache Beam's private modules, fenced in one place.
+"""What this project uses of Apache Beam's private modules, fenced in one place.
+
+This module holds the local-speed tricks below, the version they were read
+against (:data:`BEAM_VERSION`) and the inventory of every private name of
+Beam that ``beam_pipeline`` uses (:data:`PRIVATE_NAMES`: here, in
+``beam_options.py`` and in ``dask_runner.py``, and nowhere else;
+``tests/test_beam_private.py`` checks both). The tricks fall back to Beam's
+public path; the Dask translation fixes (``dask_runner.py``) have none, so
+``--runner DaskRunner`` is refused with another Beam
+(:func:`require_beam_for_dask`).
 
 Written against **apache-beam 2.77.0** (:data:`BEAM_VERSION`; ``setup.py`` and
 ``deploy/Dockerfile`` pin the same version). Each trick only makes a local
@@ -64,6 +73,73 @@ BEAM_VERSION = "2.77.0"
 
 _log = logging.getLogger(__name__)
 
+# Beam's modules that are not its public API: whatever this project uses of
+# them, or of any name with a leading underscore, is listed in PRIVATE_NAMES.
+PRIVATE_MODULES = (
+    "apache_beam.internal",
+    "apache_beam.runners.common",
+    "apache_beam.runners.dask",
+    "apache_beam.runners.direct",
+    "apache_beam.runners.portability",
+    "apache_beam.runners.worker",
+    "apache_beam.transforms.sideinputs",
+)
+
+# Every name of Beam's private parts that beam_pipeline uses, all of them in
+# beam_internals/ (read against BEAM_VERSION). tests/test_beam_private.py
+# finds each use in the source (imports, attributes, names in strings), checks
+# it is listed here and resolves on the installed Beam, and that no module
+# outside beam_internals/ uses one.
+PRIVATE_NAMES = (
+    # beam_private.py: the local-speed tricks
+    "apache_beam.runners.worker.statesampler",
+    "apache_beam.runners.worker.statesampler.StateSampler",
+    "apache_beam.runners.worker.statesampler.DEFAULT_SAMPLING_PERIOD_MS",
+    "apache_beam.runners.portability.fn_api_runner.fn_runner",
+    "apache_beam.runners.portability.fn_api_runner.fn_runner.ExtendedProvisionInfo",
+    "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner",
+    "apache_beam.runners.portability.portable_runner.JobServiceHandle",
+    "apache_beam.runners.portability.portable_runner.JobServiceHandle.encode_pipeline_options",
+    "apache_beam.runners.worker.sdk_worker_main",
+    # beam_private.py: Beam's loggers the command line quiets (__main__.py)
+    "apache_beam.runners.common",
+    "apache_beam.runners.portability.local_job_service",
+    # beam_options.py: the table of Beam's flags
+    "apache_beam.options.pipeline_options.PipelineOptions._add_argparse_args",
+    "apache_beam.runners.runner._RUNNER_MAP",
+    "apache_beam.runners.dask.dask_runner",
+    "apache_beam.runners.dask.dask_runner.DaskRunner",
+    # dask_runner.py: the fixed Dask translation
+    "apache_beam.internal.pickler",
+    "apache_beam.internal.pickler.dumps",
+    "apache_beam.internal.pickler.loads",
+    "apache_beam.runners.common.DoFnContext",
+    "apache_beam.runners.common.DoFnInvoker",
+    "apache_beam.runners.common.DoFnInvoker.create_invoker",
+    "apache_beam.runners.common.DoFnSignature",
+    "apache_beam.runners.common.Receiver",
+    "apache_beam.runners.common._OutputHandler",
+    "apache_beam.runners.dask.dask_runner.DaskOptions",
+    "apache_beam.runners.dask.dask_runner.DaskOptions._extract_bag_kwargs",
+    "apache_beam.runners.dask.dask_runner.DaskRunnerResult",
+    "apache_beam.runners.dask.dask_runner.dask_overrides",
+    "apache_beam.runners.dask.overrides._Reshuffle",
+    "apache_beam.runners.dask.transform_evaluator",
+    "apache_beam.runners.dask.transform_evaluator.Create",
+    "apache_beam.runners.dask.transform_evaluator.Flatten",
+    "apache_beam.runners.dask.transform_evaluator.NoOp",
+    "apache_beam.runners.dask.transform_evaluator.TRANSLATIONS",
+    "apache_beam.runners.dask.transform_evaluator.get_windowed_value",
+    "apache_beam.transforms.sideinputs.SideInputMap",
+    "apache_beam.pvalue.AsSideInput._view_options",
+)
+
+# Beam's loggers that the command line quiets (__main__.py): the one that logs
+# an error raised in a step, with its traceback, before re-raising it; and the
+# local job service's, which relays multi_processing workers' start-up chatter.
+STEP_ERRORS_LOGGER = "apache_beam.runners.common"
+JOB_SERVICE_LOGGER = "apache_beam.runners.portability.local_job_service"
+
 
 @functools.cache
 def installed_beam_version() -> str | None:
@@ -90,6 +166,30 @@ def _fell_back(trick: str, problem: BaseException | str, fallback: str) -> None:
         BEAM_VERSION,
         installed_beam_version(),
     )
+
+
+def require_beam_version(what: str, instead: str) -> None:
+    """Refuses ``what`` (something with no public fallback) unless the installed
+    Beam is :data:`BEAM_VERSION`, in one line saying what to do instead.
+
+    Raises:
+        UsageError: another Beam is installed.
+    """
+    installed = installed_beam_version()
+    if installed != BEAM_VERSION:
+        from beam_pipeline.core.errors import UsageError
+
+        raise UsageError(
+            f"{what} needs apache-beam {BEAM_VERSION}, installed is {installed}: its fixes "
+            f"to Beam's private modules were written against {BEAM_VERSION} "
+            f"(pip install 'apache-beam[gcp]=={BEAM_VERSION}'), or {instead}"
+        )
+
+
+def require_beam_for_dask() -> None:
+    """--runner DaskRunner: only with :data:`BEAM_VERSION` (dask_runner.py's fixes
+    replace parts of Beam's Dask translation; there is no public path to fall back to)."""
+    require_beam_version("--runner DaskRunner", "run the job on DirectRunner or DataflowRunner")
 
 
 # ------------------------------------------------------------ import Apache Beam

@@ -37,6 +37,11 @@ Create, GroupByKey and Flatten translations, the options, the result):
 
 Like Beam's DaskRunner this runs batch pipelines in the global window only.
 The graph is the same one every runner gets (``pipeline.build``).
+
+Every name used here of Beam's private modules is listed in
+``beam_private.PRIVATE_NAMES``; the module refuses to load (one ``error:``
+line) unless the installed Beam is ``beam_private.BEAM_VERSION``, the one the
+fixes were read against (``tests/test_beam_private.py``).
 """
 
 from __future__ import annotations
@@ -46,31 +51,37 @@ import itertools
 import logging
 import zlib
 
-import apache_beam as beam
-import dask.bag as dask_bag
-from apache_beam import pvalue
-from apache_beam.internal import pickler
-from apache_beam.pipeline import PipelineVisitor
-from apache_beam.runners.common import (
+from beam_pipeline.beam_internals import beam_private
+
+# What follows replaces parts of Beam's private Dask translation, read against
+# one Beam; with another there is nothing public to fall back to, and a
+# changed internal could break a job midway or mix its outputs: refused, in
+# one line, before any of Beam's private modules is imported.
+beam_private.require_beam_for_dask()
+
+import apache_beam as beam  # noqa: E402
+import dask.bag as dask_bag  # noqa: E402
+from apache_beam import pvalue  # noqa: E402
+from apache_beam.internal import pickler  # noqa: E402
+from apache_beam.pipeline import PipelineVisitor  # noqa: E402
+from apache_beam.runners.common import (  # noqa: E402
     DoFnContext,
     DoFnInvoker,
     DoFnSignature,
     Receiver,
     _OutputHandler,
 )
-from apache_beam.runners.dask import dask_runner as beam_dask
-from apache_beam.runners.dask import transform_evaluator as beam_ops
-from apache_beam.runners.dask.overrides import _Reshuffle
-from apache_beam.transforms.sideinputs import SideInputMap
-from apache_beam.utils.windowed_value import WindowedValue
-from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
+from apache_beam.runners.dask import dask_runner as beam_dask  # noqa: E402
+from apache_beam.runners.dask import transform_evaluator as beam_ops  # noqa: E402
+from apache_beam.runners.dask.overrides import _Reshuffle  # noqa: E402
+from apache_beam.transforms.sideinputs import SideInputMap  # noqa: E402
+from apache_beam.utils.windowed_value import WindowedValue  # noqa: E402
+from dask.base import tokenize  # noqa: E402
+from dask.highlevelgraph import HighLevelGraph  # noqa: E402
 
 # Beam's Create translation warns on every run that its default partition size
 # changed in an earlier Beam release; nothing for a user of this CLI to act on.
 logging.getLogger(beam_ops.__name__).setLevel(logging.ERROR)
-
-DaskOptions = beam_dask.DaskOptions  # --dask_client_address and the other --dask_* flags
 
 # Partitions a Reshuffle spreads over, per worker thread, when
 # --dask_npartitions is not given: a little more than one, so a slow partition

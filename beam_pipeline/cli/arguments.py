@@ -3,17 +3,19 @@
 :func:`parse_args` splits the command line into this tool's flags and Beam's
 pipeline options and checks both without importing Beam (Beam's against the
 option table in ``beam_options``), so a bad flag ends with one ``error:`` line
-before any process is forked. :func:`with_local_defaults` fills in the local
-DirectRunner's mode and the number of conversion processes.
+before any process is forked. Beam's flags are read there once, into a
+:class:`~beam_pipeline.beam_internals.beam_options.BeamFlags` that every later
+step reads (the runner, the DirectRunner's mode, ...).
+:func:`with_local_defaults` fills in the local DirectRunner's mode and the
+number of conversion processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 
-from beam_pipeline.beam_internals import beam_options
+from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.core import images, keys, tfds_metadata
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, gcs
@@ -147,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--local_processes",
         type=int,
         default=None,
-        help="DirectRunner in_memory only: convert images in this many local processes, "
-        "at least 1 (default: all cores when no --direct_running_mode is given, else 1)",
+        help="Convert images in this many local processes, at least 1, on a local run: "
+        "the local engine or Beam's DirectRunner in_memory (default: all cores; 1 when "
+        "--direct_running_mode is given)",
     )
     add(
         "--dry_run",
@@ -188,40 +191,38 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgumentError(message)
 
 
-def runner_name(beam_args: list[str]) -> str | None:
-    """The --runner value among the Beam args (the last one wins, as in Beam)."""
-    found = re.findall(r"--runner(?:=|\s+)(\S+)", " ".join(beam_args))
-    return found[-1] if found else None
-
-
-def _require_dask(beam_args: list[str]) -> None:
+def _require_dask(beam: beam_options.BeamFlags) -> None:
     """Refuses the Dask runner, before any work, where Dask is not installed."""
     from importlib.util import find_spec
 
-    if runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES and not (
-        find_spec("dask") and find_spec("distributed")
-    ):
+    if not beam.on_dask:
+        return
+    if not (find_spec("dask") and find_spec("distributed")):
         raise UsageError(
             "the Dask runner needs Dask: pip install 'imagerecords[dask]' "
             "(dask[distributed], here and on every worker)"
         )
+    beam_private.require_beam_for_dask()
 
 
-def _check_beam_args(beam_args: list[str]) -> None:
-    """Every Beam flag and its value, checked without importing Beam (see beam_options)."""
+def _check_beam_args(beam_args: list[str]) -> beam_options.BeamFlags:
+    """Every Beam flag and its value, checked and read without importing Beam (see beam_options)."""
     # The Flex Template launcher may add flags of its own; warn, don't fail.
     lenient = bool(os.environ.get("IMAGERECORDS_LENIENT_OPTIONS"))
-    beam_options.check(beam_args, _OWN_FLAGS, lenient=lenient)
-    _require_dask(beam_args)
+    beam = beam_options.check(beam_args, _OWN_FLAGS, lenient=lenient)
+    _require_dask(beam)
+    return beam
 
 
 _OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
 
 
 def parse_args(argv: list[str]):
-    """-> (our namespace, beam args). Raises UsageError for any bad argument, Beam's included.
+    """-> (our namespace, Beam's flags). Raises UsageError for any bad argument, Beam's included.
 
     Imports no Beam, so a bad flag is refused before any process is forked.
+    Beam's flags come back read (:class:`beam_options.BeamFlags`): whatever
+    depends on one reads it there, never from the command line again.
     """
     parser = build_parser()
     parser.__class__ = _Parser
@@ -229,7 +230,7 @@ def parse_args(argv: list[str]):
         args, beam_args = parser.parse_known_args(argv)
     except _ArgumentError as error:
         raise UsageError(str(error)) from None
-    _check_beam_args(beam_args)
+    beam = _check_beam_args(beam_args)
     if not args.input and not args.manifest:
         raise UsageError("--input is required (or --manifest FILE)")
     try:
@@ -249,29 +250,54 @@ def parse_args(argv: list[str]):
         raise UsageError(
             f"--max_reject_fraction must be in [0, 1], got {args.max_reject_fraction:g}"
         )
-    return args, beam_args
+    return args, beam
 
 
-def with_local_defaults(beam_args: list[str], processes: int | None) -> tuple[list[str], int]:
+def with_local_defaults(
+    beam: beam_options.BeamFlags, processes: int | None
+) -> tuple[beam_options.BeamFlags, int]:
     """DirectRunner with no explicit mode: use every core, not one in-memory thread.
 
-    Returns the Beam args and the number of local conversion processes.
+    Returns Beam's flags (with the mode added) and the number of local
+    conversion processes (1: none beside the runner's own workers).
     ``multi_threading`` is avoided on purpose (docs/format.md section 5: it was seen
     to lose records under load).
     """
-    joined = " ".join(beam_args)
-    runner = re.search(r"--runner[= ](\S+)", joined)
-    if runner and runner.group(1) not in ("DirectRunner", "direct"):
-        return beam_args, 1
-    mode = re.search(r"--direct_running_mode[= ](\S+)", joined)
-    cores = os.cpu_count() or 1
-    if mode:
-        in_memory = mode.group(1) == "in_memory"
-        return beam_args, (processes or 1) if in_memory else 1
+    if not beam.on_direct_runner:
+        return beam, 1
+    mode = beam.direct_running_mode
+    if mode is not None:
+        return beam, (processes or 1) if mode == "in_memory" else 1
     extra = ["--direct_running_mode=in_memory"]
-    if "pipeline_type_check" not in joined:
+    if not beam.given("pipeline_type_check"):
         # Beam's construction-time type checks guard user-written pipelines; this
         # one is fixed and tested, and checking it costs CPU on every run while
         # the conversion processes need the cores.
         extra.append("--no_pipeline_type_check")
-    return beam_args + extra, processes or cores
+    return beam.plus(extra), processes or os.cpu_count() or 1
+
+
+def direct_workers(beam: beam_options.BeamFlags, processes: int) -> int:
+    """The processes that convert on a DirectRunner run: the local pool's in the
+    ``in_memory`` mode, else Beam's workers (``--direct_num_workers``: Beam's
+    default 1; 0 is one per core)."""
+    if beam.direct_running_mode == "in_memory":
+        return processes
+    return beam.get("direct_num_workers", 1) or os.cpu_count() or 1
+
+
+def verbose_requested(argv: list[str]) -> bool:
+    """--verbose as the parser will read it (the last one wins), for an error
+    raised before or while parsing."""
+    found = False
+    for index, arg in enumerate(argv):
+        name, has_value, value = arg.partition("=")
+        if name != "--verbose":
+            continue
+        if not has_value and index + 1 < len(argv) and not argv[index + 1].startswith("-"):
+            value, has_value = argv[index + 1], True
+        try:
+            found = _boolean(value) if has_value else True
+        except argparse.ArgumentTypeError:
+            found = False
+    return found

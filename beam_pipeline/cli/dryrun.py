@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from beam_pipeline.cli import arguments
 from beam_pipeline.core import images, keys, settings
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.stages import convert, reuse
@@ -407,16 +408,29 @@ def _fmt_usd(usd: float) -> str:
     return f"~${usd:,.2f}" if usd >= 0.01 else "under $0.01"
 
 
-def _machine_from_args(beam_args: Sequence[str]) -> str:
-    joined = " ".join(beam_args)
-    found = re.search(r"--(?:worker_)?machine_type[= ](\S+)", joined)
-    return found.group(1) if found else DEFAULT_MACHINE_TYPE
+def local_run(args, beam, layout) -> tuple[str, int, bool]:
+    """How the job would convert here: (what runs it, its conversion processes,
+    whether on Beam), decided as the job decides (``job.choose_engine``,
+    ``arguments.with_local_defaults``). A job for another runner (Dataflow,
+    Dask) is estimated on the local engine, for comparison."""
+    from beam_pipeline.cli import job
+
+    engine = job.choose_engine(beam, layout, paths.normalize_root(args.output))
+    local_beam, processes = arguments.with_local_defaults(beam, args.local_processes)
+    if engine == job.LOCAL_ENGINE:
+        return "local engine", processes, False
+    if local_beam.on_direct_runner:
+        mode = local_beam.direct_running_mode
+        return f"Beam DirectRunner {mode}", arguments.direct_workers(local_beam, processes), True
+    return "local engine", args.local_processes or os.cpu_count() or 1, False
 
 
 def report(
-    args, beam_args, layout, output_problem: str | None, out=None, old: reuse.OldDataset = None
+    args, beam, layout, output_problem: str | None, out=None, old: reuse.OldDataset = None
 ) -> dict:
     """Lists, samples, estimates and prints; returns the numbers (for tests and tools).
+
+    ``beam``: Beam's flags (``arguments.parse_args``'s).
 
     ``old``: --reuse's dataset: what the run would reuse, convert and drop is
     counted (reuse.forecast) and the time estimates are for that run.
@@ -425,7 +439,7 @@ def report(
     out = out or sys.stdout
     say = lambda text="": print(text, file=out)  # noqa: E731
     try:
-        machine = machine_type(_machine_from_args(beam_args))
+        machine = machine_type(beam.machine_type or DEFAULT_MACHINE_TYPE)
     except ValueError as error:
         raise UsageError(str(error)) from None
     fractions = args.split_fractions
@@ -451,7 +465,7 @@ def report(
         budget = reuse.FORECAST_BUDGET_S
         ahead = reuse.forecast(found.refs, index, layout.classes, args.seed, budget)
     run_cpu_per_image = ahead.cpu_per_image(cpu_per_image) if ahead else cpu_per_image
-    processes = args.local_processes or os.cpu_count() or 1
+    engine, processes, on_beam = local_run(args, beam, layout)
     total_bytes = sum(s.bytes for s in splits)
     cost = dataflow_cost(total_images, run_cpu_per_image, total_bytes, machine)
 
@@ -523,10 +537,12 @@ def report(
         f"speed on this machine: {per_s:,.0f} images/s per core, "
         f"{cpu_per_image * 1000:.1f} ms CPU per image{read_note}"
     )
-    on_beam = bool(beam_args)  # any Beam flag: the job runs on Beam (job.choose_engine)
     wall = local_wall_s(total_images, run_cpu_per_image, processes, on_beam)
-    engine = "Beam DirectRunner" if on_beam else "local engine"
-    say(f"local run ({engine}, {processes} conversion processes): about {_fmt_duration(wall)}")
+    elsewhere = "" if beam.on_direct_runner else f"; the job runs on {beam.runner}"
+    say(
+        f"local run ({engine}, {processes} conversion processes{elsewhere}): "
+        f"about {_fmt_duration(wall)}"
+    )
     say(
         f"Dataflow on {machine.name} ({machine.vcpus} vCPU, {machine.memory_gb:g} GB): "
         f"~{_fmt_hours(cost.vcpu_hours)} vCPU-hours, ~{_fmt_bytes(cost.shuffle_gb * 1e9)} shuffled, "
@@ -555,7 +571,7 @@ def report(
     }
 
 
-def run(args, beam_args, check_output) -> dict:
+def run(args, beam, check_output) -> dict:
     """The ``--dry_run`` entry point of the CLI: the same input checks as a real run.
 
     Args:
@@ -576,4 +592,4 @@ def run(args, beam_args, check_output) -> dict:
             reuse.check(old, output, settings.image_settings(args.image_spec))
         except UsageError as error:
             problem, old = problem or str(error), None
-    return report(args, beam_args, layout, problem, old=old)
+    return report(args, beam, layout, problem, old=old)

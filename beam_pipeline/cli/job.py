@@ -3,10 +3,13 @@
 :func:`run` parses the arguments (``arguments.py``), finds the input's
 layout, checks ``--output`` and an earlier run's leftovers (``resume.py``),
 starts the local conversion processes, turns the arguments into a
-:class:`~beam_pipeline.engines.pipeline.JobConfig` (:func:`config_from_args`),
-builds and runs the pipeline (:func:`build_and_run`) and prints the summary
-(``summary.py``). The tricks that make a local run fast by reaching into
-Beam's private modules live in ``beam_private.py``.
+:class:`~beam_pipeline.stages.job_config.JobConfig` (:func:`config_from_args`),
+runs it on the engine :func:`choose_engine` picks (the local engine, or the
+Beam graph: :func:`build_and_run`) and prints the summary (``summary.py``).
+Beam's flags are read once, by ``arguments.parse_args``
+(:class:`~beam_pipeline.beam_internals.beam_options.BeamFlags`); everything
+here reads them from there. The tricks that make a local run fast by reaching
+into Beam's private modules live in ``beam_internals/beam_private.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from beam_pipeline.core.errors import UsageError
 CONVERT_AHEAD_LIMIT = 1024
 CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 
-_DIRECT = (None, "DirectRunner", "direct")
 # The stderr of DirectRunner's multi_processing worker processes (not with --verbose):
 # Beam's worker prints a traceback per failed bundle there.
 WORKERS_LOG = "workers.log"
@@ -157,10 +159,11 @@ def _collector_skips_the_graph():
         gc.unfreeze()
 
 
-def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: str | None = None):
+def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None = None):
     """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
     or None when not waiting (``wait`` false, or a Dataflow template was written).
 
+    ``beam_flags``: Beam's flags (``arguments.with_local_defaults``'s).
     ``workers_log``: a local file for the stderr of DirectRunner's
     multi_processing worker processes (None: they share this process's stderr).
     """
@@ -169,33 +172,35 @@ def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: st
 
     from beam_pipeline.engines import pipeline
 
-    if arguments.runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+    if beam_flags.on_dask:
         import beam_pipeline.beam_internals.dask_runner  # noqa: F401  registers Beam's --dask_* options
 
-    options = PipelineOptions(beam_args)
-    chosen = options.get_all_options()
-    runner_name = chosen.get("runner") or "DirectRunner"
+    options = PipelineOptions(list(beam_flags.args))
+    runner_name = beam_flags.runner or beam_options.DIRECT
     runner = None
-    if runner_name in ("DirectRunner", "direct"):
+    if beam_flags.on_direct_runner:
         beam_private.shorten_state_sampling()
-        mode = chosen.get("direct_running_mode")
+        mode = beam_flags.direct_running_mode
         if mode != "multi_processing":
             workers_log = None
         elif workers_log:
             os.makedirs(os.path.dirname(workers_log), exist_ok=True)
             open(workers_log, "w").close()  # a resumed run's log starts empty
-        runner = beam_private.direct_fn_api_runner(chosen, workers_log)
-        workers = (
-            config.conversion_processes if mode == "in_memory" else chosen.get("direct_num_workers")
-        )
+        runner = beam_private.direct_fn_api_runner(options.get_all_options(), workers_log)
+        workers = arguments.direct_workers(beam_flags, config.conversion_processes)
         runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
-    elif runner_name in beam_options.DASK_RUNNER_NAMES:
+    elif beam_flags.on_dask:
         # Beam knows the Dask runner by its dotted path only; all these names
         # get the fixed one (beam_pipeline/beam_internals/dask_runner.py).
-        from beam_pipeline.beam_internals.dask_runner import DaskOptions, DaskRunner
+        from beam_pipeline.beam_internals.dask_runner import DaskRunner
 
         runner = DaskRunner()
-        address = options.view_as(DaskOptions).address or "a new local Dask cluster"
+        scheduler_file = beam_flags.get("scheduler_file")  # --dask_scheduler_file
+        address = (
+            beam_flags.get("address")  # --dask_client_address
+            or (scheduler_file and f"scheduler file {scheduler_file}")
+            or "a new local Dask cluster"
+        )
         runner_name = f"DaskRunner ({address})"
     say(f"imagerecords: running on {runner_name}")
     try:
@@ -208,7 +213,7 @@ def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: st
     gcs.bound_retries()  # Beam's GCS client is loaded now
     with _collector_skips_the_graph():
         result = p.run()
-    template = chosen.get("template_location")
+    template = beam_flags.template_location
     if template:
         # DataflowRunner wrote the job description and staged the job; nothing
         # runs until someone launches the template.
@@ -240,7 +245,7 @@ LOCAL_ENGINE = "local"
 BEAM = "beam"
 
 
-def choose_engine(beam_args: list[str], layout, output: str) -> str:
+def choose_engine(beam, layout, output: str) -> str:
     """:data:`LOCAL_ENGINE` for a job that names no Beam option and whose input
     images (a folder, or every path of a manifest) and output are local;
     :data:`BEAM` for every other job.
@@ -249,8 +254,10 @@ def choose_engine(beam_args: list[str], layout, output: str) -> str:
     graph, without Beam (local_engine.py): the same bytes, ~2.5 s of CPU
     sooner. Any Beam flag (``--runner DirectRunner`` is the simplest) runs the
     job on Beam instead.
+
+    ``beam``: Beam's flags (``arguments.parse_args``'s), true when any is given.
     """
-    if beam_args:
+    if beam:
         return BEAM
     return LOCAL_ENGINE if _all_local(layout, output) else BEAM
 
@@ -319,16 +326,15 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         errors.RunStopped: GCS out of reach for --gcs_timeout_s, a file that
             could not be written (the error names it).
     """
-    args, beam_args = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args, given_beam = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.dry_run:
         from beam_pipeline.cli import dryrun
 
-        return dryrun.run(args, beam_args, check_output)
+        return dryrun.run(args, given_beam, check_output)
     started, cpu_started = time.monotonic(), summary.cpu_seconds()
-    if not args.wait and arguments.runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+    if not args.wait and given_beam.on_dask:
         raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
-    given_beam_args = beam_args
-    beam_args, processes = arguments.with_local_defaults(beam_args, args.local_processes)
+    beam, processes = arguments.with_local_defaults(given_beam, args.local_processes)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
     from beam_pipeline.core import spill
@@ -345,10 +351,10 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     check_reuse(args, output, say)  # first: an --output that is OLD is refused as such
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)
-    engine = choose_engine(given_beam_args, layout, output)
+    engine = choose_engine(given_beam, layout, output)
     spill_dir = spill.default_dir(output) if processes > 1 or engine == LOCAL_ENGINE else None
     workers_log = None if args.verbose or engine == LOCAL_ENGINE else _workers_log_path(output)
-    template = any(arg.startswith("--template_location") for arg in beam_args)
+    template = beam.given("template_location")
     # A template build writes nothing to --output: it neither locks nor prepares it.
     with _owning(output, lock=not template) as held:
         if template:
@@ -377,7 +383,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
                 config = config_from_args(args, layout, processes)
                 _describe_input(layout, say)
                 try:
-                    result = build_and_run(config, beam_args, args.wait, say, workers_log)
+                    result = build_and_run(config, beam, args.wait, say, workers_log)
                 except BaseException:
                     _point_to_workers_log(workers_log)
                     raise
@@ -395,9 +401,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         if result is None:
             return {}  # --wait=false: submitted; the lock covered the launch only
         counted = summary.counters(result)
-        return _finish(
-            output, started, cpu_started, counted, arguments.runner_name(beam_args) in _DIRECT
-        )
+        return _finish(output, started, cpu_started, counted, beam.on_direct_runner)
 
 
 @contextlib.contextmanager

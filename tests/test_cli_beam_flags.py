@@ -1,0 +1,224 @@
+"""Beam's flags are read once, as Beam reads them, and every part of the CLI agrees.
+
+A repeated flag (the last one wins, as in Beam's argparse), ``--runner=X`` and
+``--runner X``, a runner's other names (``direct``, ``directrunner``) and a
+flag's aliases (``--worker_machine_type``) give one answer to the engine
+choice, the local processes, the runner the job starts and the dry run's
+report.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from beam_pipeline.__main__ import main
+from beam_pipeline.beam_internals import beam_options
+from beam_pipeline.core.errors import UsageError
+from tests import contract
+from tests.image_factory import make_class_folders
+
+# What the job reads of Beam's flags (BeamFlags' properties read these dests).
+READ = ("runner", "direct_running_mode", "direct_num_workers", "machine_type", "template_location")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--runner", "DirectRunner", "--runner", "DaskRunner"],
+        ["--runner=DaskRunner", "--runner=direct"],
+        ["--direct_running_mode", "in_memory", "--direct_running_mode=multi_processing"],
+        ["--direct_running_mode=multi_processing", "--direct_running_mode", "in_memory"],
+        ["--direct_num_workers", "4", "--direct_num_workers=0"],
+        ["--machine_type", "n2-standard-8", "--worker_machine_type=c3-highcpu-4"],
+        ["--worker_machine_type=c3-highcpu-4", "--machine_type", "n2-standard-8"],
+        ["--template_location", "gs://b/t1", "--template_location=gs://b/t2"],
+        ["--experiments=a", "--experiment", "b", "--no_pipeline_type_check"],
+    ],
+)
+def test_the_flags_are_read_as_beams_own_parser_reads_them(args):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    import beam_pipeline.beam_internals.dask_runner  # noqa: F401  Beam's --dask_* options
+
+    beam = beam_options.check(args)
+    assert beam.args == tuple(args)
+    by_beam = PipelineOptions(args).get_all_options()
+    read = [dest for dest in READ if beam.given(dest)]  # not given: Beam's default
+    for dest in read:
+        assert beam.get(dest) == by_beam[dest], dest
+    assert beam.get("experiments", ()) == tuple(by_beam["experiments"] or ())
+    assert beam.get("pipeline_type_check", True) == by_beam["pipeline_type_check"]
+
+
+@pytest.mark.parametrize(
+    "name, runner",
+    [
+        ("DirectRunner", "DirectRunner"),
+        ("direct", "DirectRunner"),
+        ("directrunner", "DirectRunner"),
+        ("apache_beam.runners.direct.direct_runner.DirectRunner", "DirectRunner"),
+        ("dataflow", "DataflowRunner"),
+        ("DaskRunner", "DaskRunner"),
+        ("dask", "DaskRunner"),
+        ("apache_beam.runners.dask.dask_runner.DaskRunner", "DaskRunner"),
+        ("my.module.MyRunner", "my.module.MyRunner"),
+    ],
+)
+@pytest.mark.parametrize("form", ["--runner={}", "--runner {}"])
+def test_a_runner_by_any_of_its_names_and_either_form_is_one_runner(name, runner, form):
+    beam = beam_options.check(form.format(name).split(" "))
+    assert beam.runner == runner
+    assert beam.on_direct_runner == (runner == "DirectRunner")
+    assert beam.on_dask == (runner == "DaskRunner")
+
+
+@pytest.mark.parametrize("abbreviated", ["--runne", "--run", "--direct_running", "--machine"])
+def test_no_flag_is_abbreviated_neither_here_nor_by_beam(abbreviated):
+    """Beam's parser (allow_abbrev=False) would drop ``--runne X``; the CLI refuses it."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    assert PipelineOptions([abbreviated, "x"]).get_all_options()["runner"] is None
+    with pytest.raises(UsageError, match=f"unknown option {abbreviated}$"):
+        beam_options.check([abbreviated, "x"])
+
+
+# ------------------------------------------------------------------ the dry run
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flags") / "images"
+    make_class_folders(str(root), classes=("a", "b"), per_class=6)
+    return root
+
+
+def _dry_run_line(images, tmp_path, capsys, *flags) -> str:
+    argv = ["--input", str(images), "--output", str(tmp_path / "o"), "--dry_run", *flags]
+    assert main(argv) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("local run (")]
+    return line[: line.index("): ") + 1]
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (
+            ["--runner", "DirectRunner", "--runner", "DaskRunner"],
+            "local run (local engine, 3 conversion processes; the job runs on DaskRunner)",
+        ),
+        (
+            ["--runner", "DaskRunner", "--runner", "DirectRunner"],
+            "local run (Beam DirectRunner in_memory, 3 conversion processes)",
+        ),
+        (
+            ["--runner=directrunner"],
+            "local run (Beam DirectRunner in_memory, 3 conversion processes)",
+        ),
+        (
+            ["--direct_running_mode", "in_memory", "--direct_running_mode", "multi_processing"],
+            "local run (Beam DirectRunner multi_processing, 2 conversion processes)",
+        ),
+        (
+            ["--direct_running_mode=multi_processing", "--direct_running_mode=in_memory"],
+            "local run (Beam DirectRunner in_memory, 3 conversion processes)",
+        ),
+    ],
+)
+def test_the_dry_run_reports_the_runner_and_processes_the_job_would_use(
+    images, tmp_path, capsys, flags, expected
+):
+    extra = ["--local_processes", "3", "--direct_num_workers", "2"]
+    assert _dry_run_line(images, tmp_path, capsys, *flags, *extra) == expected
+
+
+def test_the_dry_run_of_a_gcs_input_reports_beam_as_the_job_would_run_it(
+    gcs_emulator, images, tmp_path, capsys
+):
+    """No Beam flag, but a gs:// input: the job runs on Beam (job.choose_engine), so
+    the dry run's estimate is Beam's, not the local engine's."""
+    bucket = gcs_emulator.create_bucket()
+    gcs_emulator.upload_dir(images, f"gs://{bucket}/images")
+    argv = ["--input", f"gs://{bucket}/images", "--output", str(tmp_path / "o"), "--dry_run"]
+    assert main([*argv, "--local_processes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "local run (Beam DirectRunner in_memory, 2 conversion processes): " in out, out
+
+
+# ------------------------------------------------------------------ the job
+
+
+def _running_on(err: str) -> str:
+    (line,) = [x for x in err.splitlines() if x.startswith("imagerecords: running on")]
+    return line.removeprefix("imagerecords: running on ")
+
+
+@pytest.fixture(scope="module")
+def reference(images, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "o"
+    assert main(["--input", str(images), "--output", str(out), "--quiet"]) == 0
+    return contract.all_files(str(out))
+
+
+@pytest.mark.parametrize(
+    "flags, runner, pool",
+    [
+        # The last --runner is DirectRunner: it runs in_memory on --local_processes.
+        (
+            ["--runner", "DaskRunner", "--runner=DirectRunner", "--local_processes", "2"],
+            "DirectRunner (in_memory, 2 conversion processes)",
+            {2},
+        ),
+        (
+            ["--runner=directrunner", "--local_processes", "2"],
+            "DirectRunner (in_memory, 2 conversion processes)",
+            {2},
+        ),
+        (
+            ["--direct_running_mode=multi_processing", "--direct_running_mode", "in_memory"]
+            + ["--local_processes", "2"],
+            "DirectRunner (in_memory, 2 conversion processes)",
+            {2},
+        ),
+        # The last mode is multi_processing: Beam's two workers convert, and no
+        # local pool is started for them.
+        (
+            ["--direct_running_mode", "in_memory", "--direct_running_mode=multi_processing"]
+            + ["--direct_num_workers", "2", "--local_processes", "2"],
+            "DirectRunner (multi_processing, 2 conversion processes)",
+            set(),
+        ),
+    ],
+)
+def test_the_job_runs_on_the_last_runner_and_mode_given(
+    images, reference, tmp_path, capsys, monkeypatch, flags, runner, pool
+):
+    from beam_pipeline.engines import local_pool
+
+    started, start = set(), local_pool.start
+
+    def recorded(processes):  # the real pool starts; which size is noted
+        started.add(processes)
+        return start(processes)
+
+    monkeypatch.setattr(local_pool, "start", recorded)
+    out = tmp_path / "o"
+    assert main(["--input", str(images), "--output", str(out), *flags]) == 0
+    assert _running_on(capsys.readouterr().err) == runner
+    assert started == pool
+    assert contract.all_files(str(out)) == reference
+
+
+# ------------------------------------------------------------------ --verbose
+
+
+@pytest.mark.parametrize(
+    "verbose, traceback",
+    [(["--verbose"], True), (["--verbose=true"], True), (["--verbose", "false"], False)],
+)
+def test_a_usage_error_shows_its_traceback_as_the_last_verbose_says(capsys, verbose, traceback):
+    assert main(["--output", "o", *verbose, "--seed", "x"]) == 2
+    err = capsys.readouterr().err
+    assert ("Traceback" in err) == traceback, err
+    assert re.search(r"^error: .*--seed", err, re.M), err
