@@ -44,10 +44,10 @@ def run(
     """
     counted: Counter = Counter()
     books, skipped = plan.Books(), []
+    classes, processes = config.layout.classes, config.conversion_processes
     converter = pooled.PoolConverter(
-        config.image, config.seed, config.layout.classes, config.spill_directory,
-        config.conversion_processes, pool,
-    )  # fmt: skip
+        config.image, config.seed, classes, config.spill_directory, processes, pool
+    )
     try:
         # List and Convert, interleaved (listing runs as fast as conversion pulls it)
         old = _read_old(config, converter, shown) if config.reuse else None
@@ -64,10 +64,10 @@ def run(
         counted[counters.DROPPED_AS_DUPLICATES] += len(copies)
         rejects += copies
     # Plan
-    for tally in [plan.written(b) for b in batches] + [
-        plan.rejected(config.seed, r) for r in rejects
-    ]:
-        books.add(*tally)
+    for batch in batches:
+        books.add(*plan.written(batch))
+    for rejection in rejects:
+        books.add(*plan.rejected(config.seed, rejection))
     plans = books.plans(config)
     shown.step(f"planned {sum(p.shards for p in plans.values())} shards in {len(plans)} splits")
     # Write
