@@ -155,6 +155,7 @@ def test_a_pool_crosses_beams_pickling_as_a_handle_to_itself():
 
     pool = local_pool.start(1)
     try:
+        assert isinstance(pool, local_pool.Pool)
         pickled = pickle.dumps(pool)
         assert pickle.loads(pickled) is pool
         read, write = os.pipe()
