@@ -266,12 +266,12 @@ def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, 
     victim = sorted(ids)[0]
     original = pipeline._PooledConvertFn._emit
 
-    def doubling(self, outcome, converted_now=True):
+    def doubling(self, outcome, how):
         result = outcome.result
-        yield from original(self, outcome, converted_now)
+        yield from original(self, outcome, how)
         if isinstance(result, Converted) and result.entry.image_id == victim:
             assert isinstance(result.entry.data, SpillLocation)  # only a reference travels
-            yield from original(self, outcome, converted_now)
+            yield from original(self, outcome, how)
 
     monkeypatch.setattr(pipeline._PooledConvertFn, "_emit", doubling)
     argv = ["--max_reject_fraction", "0.1", "--local_processes", "2", "--runner", "DirectRunner"]

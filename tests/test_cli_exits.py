@@ -234,8 +234,7 @@ def test_a_killed_cli_takes_its_workers_with_it(tmp_path):
 
 
 def test_shutdown_all_stops_a_started_pool():
-    local_pool.start(2)
-    (executor,) = local_pool._started.values()
+    executor = local_pool.start(2).take()
     pids = list(executor._processes)
     assert len(pids) == 2
     local_pool.shutdown_all()

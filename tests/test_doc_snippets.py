@@ -400,7 +400,5 @@ def _sources() -> list[str]:
 
 def test_links_and_named_sections_resolve():
     problems = [p for path in DOCS for p in _doc_link_problems(path)]
-    problems += [
-        p for path in _sources() for p in _named_section_problems(path)
-    ]
+    problems += [p for path in _sources() for p in _named_section_problems(path)]
     assert problems == []

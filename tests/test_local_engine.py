@@ -166,9 +166,9 @@ def test_a_lost_record_fails_the_books_and_names_it(messy, tmp_path, capsys, mon
     victim = "cat/cat_0005.jpg"
     original = pooled.PoolConverter.add
 
-    def lossy(self, ref):
+    def lossy(self, ref, old=None):
         if ref[0] != victim:
-            yield from original(self, ref)
+            yield from original(self, ref, old)
 
     monkeypatch.setattr(pooled.PoolConverter, "add", lossy)
     argv = ["--input", root, "--output", str(tmp_path / "o"), "--max_reject_fraction", "0.5"]
@@ -184,10 +184,12 @@ def test_a_doubled_record_fails_the_books(messy, tmp_path, capsys, monkeypatch):
     original = local_engine._convert
 
     def doubling(*args):
-        collected = original(*args)
-        for entries in collected.entries.values():
-            entries += [e for e in entries if e.image_id == victim]
-        return collected
+        batches, rejects = original(*args)
+        doubled = [
+            b._replace(entries=b.entries + tuple(e for e in b.entries if e.image_id == victim))
+            for b in batches
+        ]
+        return doubled, rejects
 
     monkeypatch.setattr(local_engine, "_convert", doubling)
     argv = ["--input", root, "--output", str(tmp_path / "o"), "--max_reject_fraction", "0.5"]

@@ -159,13 +159,14 @@ def _collector_skips_the_graph():
         gc.unfreeze()
 
 
-def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None = None):
+def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None = None, pool=None):
     """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
     or None when not waiting (``wait`` false, or a Dataflow template was written).
 
     ``beam_flags``: Beam's flags (``arguments.with_local_defaults``'s).
     ``workers_log``: a local file for the stderr of DirectRunner's
     multi_processing worker processes (None: they share this process's stderr).
+    ``pool``: the local conversion processes (``local_pool.Pool``) for the pooled path.
     """
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -207,7 +208,7 @@ def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None =
         p = beam.Pipeline(runner=runner, options=options)
     except (ImportError, ValueError, AttributeError) as error:  # a runner Beam cannot make
         raise UsageError(f"--runner {runner_name}: {error}") from None
-    pipeline.build(p, config)
+    pipeline.build(p, config, pool)
     from beam_pipeline.storage import gcs
 
     gcs.bound_retries()  # Beam's GCS client is loaded now
@@ -262,12 +263,11 @@ def choose_engine(beam, layout, output: str) -> str:
     return LOCAL_ENGINE if _all_local(layout, output) else BEAM
 
 
-def _run_local_engine(args, layout, processes: int, say) -> dict[str, int]:
-    """Runs the job on the local engine; its counters."""
-    from beam_pipeline.engines import local_engine, local_pool, progress
+def _run_local_engine(args, layout, pool, say) -> dict[str, int]:
+    """Runs the job on the local engine with the conversion processes ``pool``; its counters."""
+    from beam_pipeline.engines import local_engine, progress
 
-    # Fork first, while this process has no other thread (see local_pool).
-    local_pool.start(processes)
+    processes = pool.processes
     config = config_from_args(args, layout, processes)
     _describe_input(layout, say)
     say(
@@ -275,7 +275,7 @@ def _run_local_engine(args, layout, processes: int, say) -> dict[str, int]:
         "--runner DirectRunner runs the same job on Beam)"
     )
     with _collector_skips_the_graph():
-        return local_engine.run(config, progress.Reporter(enabled=not args.quiet))
+        return local_engine.run(config, progress.Reporter(enabled=not args.quiet), pool)
 
 
 def _workers_log_path(output: str) -> str:
@@ -293,22 +293,18 @@ def _point_to_workers_log(workers_log: str | None) -> None:
         print(f"imagerecords: the worker processes' messages are in {workers_log}", file=sys.stderr)
 
 
-def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done: dict) -> None:
-    """Forks the conversion processes and has them convert the first images while Beam loads."""
-    from beam_pipeline.engines import local_pool
+def _convert_ahead(args, layout, pool, spill_dir: str | None, done: dict) -> None:
+    """Has the conversion processes convert the first images while Beam loads."""
     from beam_pipeline.storage import listing, paths
 
-    # Fork before Beam's runner and gRPC start threads (see local_pool).
-    local_pool.start(processes)
     # (Under --reuse most images need no conversion: none is begun ahead.)
     if layout.kind != "manifest" and paths.is_local(layout.root) and not args.reuse:
         refs = listing.local_refs(
             layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES, args.seed, args.split_fractions
         )
-        local_pool.convert_ahead(
+        pool.convert_ahead(
             [ref for ref in refs if ref.image_id not in done],
             (args.image_spec, args.seed, layout.classes, spill_dir),
-            processes,
         )
 
 
@@ -365,16 +361,18 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
             )
         try:
             try:
+                pool = None
                 if engine == LOCAL_ENGINE or processes > 1:
-                    # Fork the conversion processes before the resume index is read:
-                    # children that inherit it would each map (and count) its pages.
-                    local_pool.start(processes)
+                    # Fork the conversion processes before the resume index is read
+                    # (children that inherit it would each map, and count, its pages)
+                    # and before Beam's runner and gRPC start threads (see local_pool).
+                    pool = local_pool.start(processes)
                 done = _report_leftovers(found, output, spill_dir, say)
                 if engine == LOCAL_ENGINE:
-                    counted = _run_local_engine(args, layout, processes, say)
+                    counted = _run_local_engine(args, layout, pool, say)
                     return _finish(output, started, cpu_started, counted, True)
-                if processes > 1:
-                    _start_local_pool(args, layout, processes, spill_dir, done)
+                if pool is not None:
+                    _convert_ahead(args, layout, pool, spill_dir, done)
                     uses_gcs = not _all_local(layout, output) or paths.is_gcs(args.reuse or "")
                     beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
                 if held is not None:
@@ -383,7 +381,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
                 config = config_from_args(args, layout, processes)
                 _describe_input(layout, say)
                 try:
-                    result = build_and_run(config, beam, args.wait, say, workers_log)
+                    result = build_and_run(config, beam, args.wait, say, workers_log, pool)
                 except BaseException:
                     _point_to_workers_log(workers_log)
                     raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import resource
 
 from beam_pipeline.core import duplicates, images, settings
+from beam_pipeline.core.counters import NAMESPACE
 
 
 def cpu_seconds() -> float:
@@ -29,7 +30,7 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
     Args:
         info: The run's imagerecords.json, parsed.
         seconds: Wall time of the run.
-        counted: The ``imagerecords`` counters (:func:`counters`).
+        counted: The run's counters (core/counters.py), by name.
         cpu: CPU seconds of this process tree, or None when the work ran elsewhere.
     """
     lines = [f"{'split':<12}{'records':>10}{'rejected':>10}{'shards':>8}{'MB':>10}"]
@@ -81,10 +82,8 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
 
 
 def counters(result) -> dict[str, int]:
-    """The ``imagerecords`` counters of a finished Beam result, summed by name."""
+    """The counters (core/counters.py) of a finished Beam result, summed by name."""
     from apache_beam.metrics.metric import MetricsFilter
-
-    from beam_pipeline.engines.pipeline import NAMESPACE
 
     try:
         queried = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))

@@ -2,10 +2,10 @@
 
 Forking a process while other threads are busy (Beam's runner, gRPC) can
 leave a child holding a lock that no thread will ever release. The CLI
-therefore calls :func:`start` before the pipeline runs, when the only other
-threads are idle numpy/pyarrow ones, and the conversion step takes that pool
-with :func:`take`. Code that builds the pipeline itself (tests, notebooks)
-gets a pool forked on demand instead.
+therefore calls :func:`start` before the engine runs, when the only other
+threads are idle numpy/pyarrow ones, and hands the :class:`Pool` to the
+engine, whose conversion step takes it. Code that builds the pipeline itself
+(tests, notebooks) gets a pool forked on demand instead.
 
 Beam-free on purpose: the children only ever import Pillow, protobuf and this
 package's pure modules.
@@ -25,11 +25,8 @@ import weakref
 from beam_pipeline.core import deadline
 from beam_pipeline.stages import convert
 
-_started: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
+# Every pool forked, for :func:`shutdown_all` on every way out (Ctrl-C included).
 _all: weakref.WeakSet = weakref.WeakSet()
-# path -> (future of a convert.spill_chunk, index in it, the ref it converts):
-# images converted ahead of the pipeline
-_ahead: dict[str, tuple[concurrent.futures.Future, int, tuple]] = {}
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -107,57 +104,77 @@ def _act_on_sigint(handler) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def start(processes: int) -> None:
-    """Forks the pool now, for the next :func:`take` of that size."""
-    if processes > 1 and processes not in _started:
-        _started[processes] = new(processes)
+class Pool:
+    r"""The conversion processes the command line forks before Beam starts any thread,
+    and the images they began converting ahead of the job: what the command line
+    hands to the engine (``local_engine.run``, ``pipeline.build``), as an argument.
 
-
-def take(processes: int) -> concurrent.futures.ProcessPoolExecutor:
-    """The pool :func:`start` made for this size, or a new one."""
-    return _started.pop(processes, None) or new(processes)
-
-
-def convert_ahead(refs: list, args: tuple, processes: int, chunk: int = 8) -> None:
-    """Starts converting ``refs`` on the pool :func:`start` made, before the pipeline runs.
-
-    Importing Beam, building the graph and starting the runner take ~2 s on
-    one core; this puts the other cores to work meanwhile. The conversion step
-    :func:`claim`s these results instead of converting the same files again.
-
-    Args:
-        refs: ``(image_id, path, label, split)`` tuples, as the pipeline will list them.
-        args: the rest of :func:`convert.spill_chunk`'s arguments.
+    The engine's converter :meth:`take`\ s the processes and :meth:`claim`\ s the
+    images converted ahead. Beam pickles the conversion step with its pool: a
+    Pool pickles to a handle that finds the same Pool in this process (the
+    in-memory DirectRunner unpickles it here) and to None in any other, where
+    the step forks its own.
     """
-    executor = _started.get(processes)
-    if executor is None:
-        return
-    for start_at in range(0, len(refs), chunk):
-        part = refs[start_at : start_at + chunk]
-        future = executor.submit(convert.spill_chunk, part, *args)
-        for index, ref in enumerate(part):
-            _ahead[ref[1]] = (future, index, tuple(ref))
+
+    def __init__(self, processes: int):
+        self.processes = processes
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = new(processes)
+        # path -> (future of a convert.spill_chunk, index in it, the ref it converts)
+        self._ahead: dict[str, tuple[concurrent.futures.Future, int, tuple]] = {}
+        _handles[id(self)] = self
+
+    def __reduce__(self):
+        return _find, (os.getpid(), id(self))
+
+    def take(self) -> concurrent.futures.ProcessPoolExecutor:
+        """The processes forked at the start, the first time; a new pool after."""
+        executor, self._executor = self._executor, None
+        return executor or new(self.processes)
+
+    def convert_ahead(self, refs: list, args: tuple, chunk: int = 8) -> None:
+        r"""Starts converting ``refs`` before the engine runs (the pool must not be taken yet).
+
+        Importing Beam, building the graph and starting the runner take ~2 s on
+        one core; this puts the other cores to work meanwhile. The conversion step
+        :meth:`claim`\ s these results instead of converting the same files again.
+
+        Args:
+            refs: ``(image_id, path, label, split)`` tuples, as the pipeline will list them.
+            args: the rest of :func:`convert.spill_chunk`'s arguments.
+        """
+        if self._executor is None:
+            return
+        for start_at in range(0, len(refs), chunk):
+            part = refs[start_at : start_at + chunk]
+            future = self._executor.submit(convert.spill_chunk, part, *args)
+            for index, ref in enumerate(part):
+                self._ahead[ref[1]] = (future, index, tuple(ref))
+
+    def claim(self, path: str) -> tuple[concurrent.futures.Future, int, tuple] | None:
+        """The conversion of ``path`` started by :meth:`convert_ahead`, if any (once)."""
+        return self._ahead.pop(path, None)
+
+    def drop_ahead(self) -> None:
+        """Forgets the conversions started ahead (their pool broke): convert normally."""
+        self._ahead.clear()
 
 
-def claim(path: str) -> tuple[concurrent.futures.Future, int, tuple] | None:
-    """The conversion of ``path`` started by :func:`convert_ahead`, if any (once)."""
-    return _ahead.pop(path, None)
+# id -> Pool: what a pickled Pool's handle finds again in this process.
+_handles: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def drop_ahead() -> None:
-    """Forgets the conversions started ahead (their pool broke): convert normally."""
-    _ahead.clear()
+def _find(pid: int, handle: int) -> Pool | None:
+    return _handles.get(handle) if pid == os.getpid() else None
+
+
+def start(processes: int) -> Pool:
+    """Forks ``processes`` conversion processes now, for the engine to take."""
+    return Pool(processes)
 
 
 def shutdown_all() -> None:
-    """Stops every pool, taken or not, and waits for its processes (idempotent).
-
-    The pools are listed before the strong references in ``_started`` go:
-    dropping the last one first could let a pool vanish from the weak set
-    unshut, its processes still running.
-    """
-    executors = list(_all) + list(_started.values())
-    _started.clear()
-    _ahead.clear()
-    for executor in dict.fromkeys(executors):
+    """Stops every pool, taken or not, and waits for its processes (idempotent)."""
+    for pool in list(_handles.values()):
+        pool.drop_ahead()
+    for executor in list(_all):
         executor.shutdown(wait=True, cancel_futures=True)

@@ -19,19 +19,18 @@ a RecordBatch carries up to a few MB of record bytes through the shuffle.
 
 from __future__ import annotations
 
+import functools
 import logging
-import sys
 import time
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
-from beam_pipeline.core import books, duplicates, keys
-from beam_pipeline.engines import pooled
-from beam_pipeline.stages import reuse
+from beam_pipeline.core import counters
+from beam_pipeline.engines import local_pool, pooled
+from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse
 from beam_pipeline.stages.convert import (
     Converted,
     Outcome,
@@ -51,7 +50,6 @@ from beam_pipeline.stages.shards import (  # noqa: F401  (ShardInfo, check_shard
 from beam_pipeline.stages.staging import write_staged_shard
 from beam_pipeline.storage import listing
 
-NAMESPACE = "imagerecords"
 REJECTED = "rejected"
 REUSED = "reused"
 LISTED = "listed"
@@ -61,42 +59,32 @@ _LOG_EVERY_S = 15.0  # progress line per converting worker
 log = logging.getLogger(__name__)
 
 
+def _counter(name: str):
+    """The Beam metric of one of core/counters.py's counters."""
+    return Metrics.counter(counters.NAMESPACE, name)
+
+
 # --------------------------------------------------------------------- listing
 
 
 class _ListFn(beam.DoFn):
     """ClassFolder or manifest path -> ImageRef; (split, KeyTally) of listed keys on
-    ``listed``; Skipped (a file that is clearly not an image) on ``skipped``.
-
-    The listed keys go out per folder (at most ``BATCH`` per element), not per
-    image: they are the books' independent count of what must come out.
-    """
-
-    BATCH = 1 << 16
+    ``listed``; Skipped (a file that is clearly not an image) on ``skipped``
+    (list_images.list_source)."""
 
     def __init__(self, config: JobConfig):
         self._layout, self._seed, self._splits = config.layout, config.seed, config.splits
-        self._listed = Metrics.counter(NAMESPACE, "images_listed")
+        self._listed = _counter(counters.LISTED)
 
     def process(self, source):
-        seed, splits = self._seed, self._splits
-        pending: dict[str, list[int]] = {}
-        for row in self._layout.rows(source):
-            if isinstance(row, listing.Skipped):
+        for row in list_images.list_source(self._layout, source, self._seed, self._splits):
+            if isinstance(row, listing.ImageRef):
+                yield row
+            elif isinstance(row, listing.Skipped):
                 yield TaggedOutput(SKIPPED, row)
-                continue
-            image_id, path, label, split = row
-            split = split or keys.assign_split(seed, image_id, splits)
-            self._listed.inc()
-            yield listing.ImageRef(image_id, path, label, split)
-            listed = pending.setdefault(split, [])
-            listed.append(keys.order_key(seed, image_id))
-            if len(listed) >= self.BATCH:
-                yield TaggedOutput(LISTED, (split, books.KeyTally(listed=tuple(listed))))
-                listed.clear()
-        for split, listed in pending.items():
-            if listed:
-                yield TaggedOutput(LISTED, (split, books.KeyTally(listed=tuple(listed))))
+            else:
+                self._listed.inc(len(row.tally.listed))
+                yield TaggedOutput(LISTED, tuple(row))
 
 
 class ListImages(beam.PTransform):
@@ -178,19 +166,7 @@ class _ConvertFn(beam.DoFn):
 
     def __init__(self, config: JobConfig):
         self._args = (config.image, config.seed, config.layout.classes)
-        self._counters = {
-            name: Metrics.counter(NAMESPACE, name)
-            for name in (
-                "images_converted",
-                "images_rejected",
-                "images_passed_through",
-                "images_repaired",
-                "images_bad_profile",
-                "bytes_read",
-                "record_bytes",
-                pooled.REUSED_COUNTER,
-            )
-        }
+        self._counters = {name: _counter(name) for name in counters.MEANING}
 
     def setup(self):
         self._count = 0
@@ -204,16 +180,16 @@ class _ConvertFn(beam.DoFn):
         ref, old = _candidate(element)
         yield from self._emit(convert_ref(ref, *self._args, old))
 
-    def _emit(self, outcome: Outcome, converted_now: bool = True):
+    def _emit(self, outcome: Outcome, how: str = outcomes.CONVERTED):
         """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
-        for name, count in pooled.outcome_counts(outcome, converted_now).items():
+        for name, count in outcomes.counts(outcome, how).items():
             self._counters[name].inc(count)
         result = outcome.result
         if isinstance(result, Rejection):
             yield TaggedOutput(REJECTED, result)
             return
         self._reused += outcome.reused
-        if converted_now:
+        if how != outcomes.RESUMED:
             self._count += 1
             now = time.monotonic()
             if now - self._last_log >= _LOG_EVERY_S:
@@ -240,37 +216,22 @@ class _PooledConvertFn(_ConvertFn):
     (:class:`pooled.PoolConverter`, which the local engine uses too).
     """
 
-    def __init__(self, config: JobConfig, processes: int):
+    def __init__(self, config: JobConfig, processes: int, pool: local_pool.Pool | None = None):
         super().__init__(config)
         self._processes = processes
         self._spill_dir = config.spill_directory
-        self._how = {
-            how: Metrics.counter(NAMESPACE, name) for how, name in pooled.HOW_COUNTERS.items()
-        }
+        self._pool = pool  # pickled as a handle: the same Pool in this process
 
     def setup(self):
         super().setup()
         image, seed, classes = self._args
         self._converter = pooled.PoolConverter(
-            image, seed, classes, self._spill_dir, self._processes
+            image, seed, classes, self._spill_dir, self._processes, self._pool
         )
 
-    def _emit(self, outcome: Outcome, converted_now: bool = True):
-        result = outcome.result
-        if isinstance(result, Converted):
-            # One string object per spill file: a pickled batch then names each file once.
-            where = result.entry.data
-            where = where._replace(path=sys.intern(where.path))
-            outcome = outcome._replace(
-                result=result._replace(entry=result.entry._replace(data=where))
-            )
-        return super()._emit(outcome, converted_now)
-
-    def _emit_all(self, outcomes):
-        for outcome, how in outcomes:
-            if how in self._how:
-                self._how[how].inc()
-            yield from self._emit(outcome, how != pooled.RESUMED)
+    def _emit_all(self, finished):
+        for outcome, how in finished:
+            yield from self._emit(outcomes.interned(outcome), how)
 
     def start_bundle(self):
         super().start_bundle()
@@ -334,14 +295,17 @@ class ConvertImages(beam.PTransform):
     """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output (and, under
     --reuse, per bundle the number of records taken from OLD on ``reused``)."""
 
-    def __init__(self, config: JobConfig):
+    def __init__(self, config: JobConfig, pool: local_pool.Pool | None = None):
         super().__init__()
         self._config = config
+        self._pool = pool
 
     def expand(self, refs):
         processes = self._config.conversion_processes
         fn = (
-            _PooledConvertFn(self._config, processes) if processes > 1 else _ConvertFn(self._config)
+            _PooledConvertFn(self._config, processes, self._pool)
+            if processes > 1
+            else _ConvertFn(self._config)
         )
         if self._config.reuse:
             refs = refs | "MatchOld" >> MatchOld(reuse.open_old(self._config.reuse))
@@ -351,26 +315,19 @@ class ConvertImages(beam.PTransform):
 # ------------------------------------------------------------------ duplicates
 
 
-def _members(batch: RecordBatch):
-    """RecordBatch -> (sha256, Member) per record: ~150 bytes per image, not the image."""
-    for e in batch.entries:
-        if e.sha256:  # every converted record has one; hand-made test entries may not
-            yield e.sha256, duplicates.Member(e.image_id, batch.split, e.label)
-
-
 class _DropDuplicates(beam.DoFn):
     """RecordBatch -> RecordBatch without the copies --dedupe drops + a Rejection per copy."""
 
     def __init__(self):
-        self._dropped = Metrics.counter(NAMESPACE, "images_dropped_as_duplicates")
+        self._dropped = _counter(counters.DROPPED_AS_DUPLICATES)
 
     def process(self, batch: RecordBatch, drops: dict[str, str]):
-        kept, copies = duplicates.drop_copies(batch.entries, drops)
-        for entry, reason in copies:
+        kept, copies = dedupe.drop_copies(batch, drops)
+        for rejection in copies:
             self._dropped.inc()
-            yield TaggedOutput(REJECTED, Rejection(entry.image_id, entry.path, batch.split, reason))
-        if kept:
-            yield RecordBatch(batch.split, tuple(kept))
+            yield TaggedOutput(REJECTED, rejection)
+        if kept.entries:
+            yield kept
 
 
 class FindDuplicates(beam.PTransform):
@@ -389,17 +346,15 @@ class FindDuplicates(beam.PTransform):
         groups = (
             batches
             # RecordBatch -> (sha256, Member)
-            | "HashAndMember" >> beam.FlatMap(_members)
+            | "HashAndMember" >> beam.FlatMap(dedupe.members)
             | "MembersPerHash" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
             # (sha256, [Member]) with at least two members
-            | "OnlyDuplicates" >> beam.Filter(lambda group: len(group[1]) > 1)
+            | "OnlyDuplicates" >> beam.Filter(dedupe.is_group)
         )
         if not self._dedupe:
             empty = batches.pipeline | "NoDrops" >> beam.Create([], reshuffle=False)
             return {"groups": groups, "batches": batches, "rejected": empty}
-        drops = groups | "CopiesToDrop" >> beam.FlatMap(
-            lambda group: [(m.image_id, reason) for m, reason in duplicates.dropped(group[1])]
-        )
+        drops = groups | "CopiesToDrop" >> beam.FlatMap(dedupe.copies)
         kept = batches | "DropCopies" >> beam.ParDo(
             _DropDuplicates(), drops=AsDict(drops)
         ).with_outputs(REJECTED, main="batches")
@@ -409,39 +364,9 @@ class FindDuplicates(beam.PTransform):
 # ------------------------------------------------------------------ shard plan
 
 
-class _TallyFn(beam.CombineFn):
-    """KeyTally of one split -> (listed, written, rejected keys, record bytes), all of the split."""
-
-    def create_accumulator(self):
-        return [], [], [], 0
-
-    def add_input(self, accumulator, tally: books.KeyTally):
-        listed, written, rejected, size = accumulator
-        for into, values in ((listed, tally.listed), (written, tally.written)):
-            if values:
-                into.append(books.as_keys(values))
-        if tally.rejected:
-            rejected.append(books.as_keys(tally.rejected))
-        return listed, written, rejected, size + tally.record_bytes
-
-    def merge_accumulators(self, accumulators):
-        listed, written, rejected, size = [], [], [], 0
-        for more in accumulators:
-            listed += more[0]
-            written += more[1]
-            rejected += more[2]
-            size += more[3]
-        return self.compact((listed, written, rejected, size))
-
-    def compact(self, accumulator):
-        # One array per kind: 8 bytes per key, however many batches came in.
-        *parts, size = accumulator
-        return (*([np.concatenate(p)] if len(p) > 1 else p for p in parts), size)
-
-    def extract_output(self, accumulator):
-        *parts, size = accumulator
-        empty = np.zeros(0, dtype=np.uint64)
-        return (*(np.concatenate(p) if p else empty for p in parts), size)
+class _TallyFn(plan.KeyTallies, beam.CombineFn):
+    """KeyTally of one split -> (listed, written, rejected keys, record bytes), all of the
+    split (plan.KeyTallies, as a Beam CombineFn)."""
 
 
 class PlanShards(beam.PTransform):
@@ -457,35 +382,20 @@ class PlanShards(beam.PTransform):
         self._config = config
 
     def expand(self, pcolls):
-        seed = self._config.seed
-        target, minimum = self._config.target_shard_bytes, self._config.min_shards
-
-        def written(batch: RecordBatch):
-            entries = batch.entries
-            tally = books.KeyTally(
-                written=tuple(e.key for e in entries), record_bytes=sum(e.size for e in entries)
-            )
-            return batch.split, tally
-
-        def rejected(rejection: Rejection):
-            return rejection.split, books.KeyTally(
-                rejected=(keys.order_key(seed, rejection.image_id),)
-            )
-
-        def plan(split, tallied):
-            return split, books.plan_split(split, *tallied, target, minimum)
-
+        config = self._config
         return (
             (
                 pcolls["listed"],
-                pcolls["batches"] | "WrittenKeys" >> beam.Map(written),
-                pcolls["rejected"] | "RejectedKeys" >> beam.Map(rejected),
+                pcolls["batches"] | "WrittenKeys" >> beam.Map(plan.written),
+                pcolls["rejected"]
+                | "RejectedKeys" >> beam.Map(functools.partial(plan.rejected, config.seed)),
             )
             | "AllKeys" >> beam.Flatten()
             # (split, KeyTally) -> (split, (listed, written, rejected keys, bytes))
             | "TallyPerSplit" >> beam.CombinePerKey(_TallyFn())
             # -> (split, SplitPlan)
-            | "PlanSplit" >> beam.MapTuple(plan)
+            | "PlanSplit"
+            >> beam.MapTuple(lambda split, tallied: (split, plan.plan(config, split, tallied)))
         )
 
 
@@ -503,8 +413,8 @@ class _WriteShardFn(beam.DoFn):
     def __init__(self, output: str, index_files: bool = False):
         self._output = output
         self._index_files = index_files
-        self._shards = Metrics.counter(NAMESPACE, "shards_written")
-        self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
+        self._shards = _counter(counters.SHARDS_WRITTEN)
+        self._bytes = _counter(counters.SHARD_BYTES_WRITTEN)
 
     def process(self, element, plans):
         (split, shard), batches = element
@@ -540,9 +450,6 @@ class WriteShards(beam.PTransform):
 # ---------------------------------------------------------------- bookkeeping
 
 
-# ---------------------------------------------------------------- bookkeeping
-
-
 class _Finalize(beam.DoFn):
     """None + side inputs -> a JSON line of records per split; publishes the dataset
     (finalize.Finalizer: idempotent, so a retried Finalize completes what the first try began)."""
@@ -557,10 +464,14 @@ class _Finalize(beam.DoFn):
 # ----------------------------------------------------------------------- graph
 
 
-def build(pipeline: beam.Pipeline, config: JobConfig):
-    """Adds the whole conversion to ``pipeline``; returns the final summary PCollection."""
+def build(pipeline: beam.Pipeline, config: JobConfig, pool: local_pool.Pool | None = None):
+    """Adds the whole conversion to ``pipeline``; returns the final summary PCollection.
+
+    ``pool``: the conversion processes the command line forked, for the pooled
+    path (None: the conversion step forks its own).
+    """
     listed = pipeline | "ListImages" >> ListImages(config)
-    converted = listed["refs"] | "ConvertImages" >> ConvertImages(config)
+    converted = listed["refs"] | "ConvertImages" >> ConvertImages(config, pool)
     found = converted.batches | "FindDuplicates" >> FindDuplicates(config.dedupe)
     batches = found["batches"]
     # Rejection: bad images, then the copies --dedupe dropped

@@ -23,43 +23,7 @@ from collections.abc import Iterator
 from beam_pipeline.core import images, spill
 from beam_pipeline.engines import local_pool
 from beam_pipeline.stages.convert import Outcome, Rejection, from_spill, spill_chunk, timeout_reason
-
-# How an outcome came about (the counters differ).
-CONVERTED = "converted"
-AHEAD = "ahead"  # converted while the job was starting (local_pool.convert_ahead)
-RESUMED = "resumed"  # converted, or rejected, by an interrupted run
-
-
-# The counter each way of coming about adds one to (the converted ones: outcome_counts).
-HOW_COUNTERS = {AHEAD: "images_converted_ahead", RESUMED: "images_resumed"}
-# A record taken from --reuse's dataset instead of being converted (outcome_counts).
-REUSED_COUNTER = "images_reused"
-
-
-def outcome_counts(outcome: Outcome, converted_now: bool = True) -> dict[str, int]:
-    """The conversion counters one outcome adds to (those above zero), by name.
-
-    One definition for both engines: Beam's conversion steps increment
-    Metrics counters of these names, the local engine a Counter. An outcome
-    taken from an interrupted run (``converted_now`` false) counts only its
-    record's bytes, or its rejection; one taken from ``--reuse``'s dataset
-    counts the source bytes read to check it, and :data:`REUSED_COUNTER`.
-    """
-    result = outcome.result
-    if isinstance(result, Rejection):
-        return {"images_rejected": 1}
-    counts = {"record_bytes": result.entry.size}
-    if outcome.reused:
-        counts.update({"bytes_read": outcome.bytes_read, REUSED_COUNTER: 1})
-    elif converted_now:
-        counts.update(
-            bytes_read=outcome.bytes_read,
-            images_converted=1,
-            images_passed_through=int(outcome.passed_through),
-            images_repaired=int(outcome.repaired),
-            images_bad_profile=int(outcome.bad_profile),
-        )
-    return {name: n for name, n in counts.items() if n}
+from beam_pipeline.stages.outcomes import AHEAD, CONVERTED, RESUMED
 
 
 class _Picked:
@@ -78,7 +42,7 @@ class _Picked:
 class PoolConverter:
     """Feeds ImageRefs to the local pool in chunks; yields ``(Outcome, how)`` as they finish.
 
-    ``how`` is :data:`CONVERTED`, :data:`AHEAD` or :data:`RESUMED`. Call
+    ``how`` is ``outcomes.CONVERTED``, ``AHEAD`` or ``RESUMED`` (stages/outcomes.py). Call
     :meth:`start` before a batch of :meth:`add` calls, :meth:`finish` to drain,
     :meth:`close` at the end.
     """
@@ -93,12 +57,16 @@ class PoolConverter:
         classes: tuple[str, ...],
         spill_dir: str,
         processes: int,
+        pool: local_pool.Pool | None = None,
     ):
+        """``pool``: the processes the command line forked, with the images it began
+        converting ahead (None: a pool is forked here)."""
         self._spec = spec
         self._processes = processes
         self._task_args = (spec, seed, classes, spill_dir)
         self._done = spill.load_index(spill_dir)
-        self._executor = local_pool.take(processes)
+        self._pool = pool or local_pool.Pool(processes)
+        self._executor = self._pool.take()
         self.start()
 
     def start(self) -> None:
@@ -118,7 +86,7 @@ class PoolConverter:
         if earlier is not None and earlier.split == split and earlier.label in (label, -1):
             yield Outcome(from_spill(earlier, path), 0, False), RESUMED
             return
-        ahead = local_pool.claim(path)
+        ahead = self._pool.claim(path)
         if ahead is not None and ahead[2] == ref:  # converted while the job was starting
             self._pending.append(([(ref, None)], _Picked(*ahead[:2]), AHEAD))
         else:
@@ -173,7 +141,7 @@ class PoolConverter:
     def _recover(self) -> list[Outcome]:
         """A worker died: convert every in-flight image again, one per task."""
         self._executor.shutdown(wait=False, cancel_futures=True)
-        local_pool.drop_ahead()  # those futures died with the pool
+        self._pool.drop_ahead()  # those futures died with the pool
         executor = None
         for index, (chunk, _, how) in enumerate(self._pending):
             outcomes = []

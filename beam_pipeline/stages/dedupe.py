@@ -1,0 +1,66 @@
+"""The Duplicates stage: records whose sources have the same sha256 form a group;
+with ``--dedupe`` every copy but the keeper becomes a rejection.
+
+The Beam graph's ``FindDuplicates`` runs these functions as steps (members
+per record, grouped by hash across workers); the local engine runs them in
+one pass (:func:`find_groups`, :func:`drop_all_copies`). The rules (who is
+kept, the reason) are core/duplicates.py's.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator
+
+from beam_pipeline.core import duplicates
+from beam_pipeline.stages.convert import RecordBatch, Rejection
+
+Group = tuple[str, list[duplicates.Member]]  # (sha256, every image with that source)
+
+
+def members(batch: RecordBatch) -> Iterator[tuple[str, duplicates.Member]]:
+    """RecordBatch -> (sha256, Member) per record: ~150 bytes per image, not the image."""
+    for e in batch.entries:
+        if e.sha256:  # every converted record has one; hand-made test entries may not
+            yield e.sha256, duplicates.Member(e.image_id, batch.split, e.label)
+
+
+def is_group(group: Group) -> bool:
+    """A hash held by two or more images."""
+    return len(group[1]) > 1
+
+
+def copies(group: Group) -> list[tuple[str, str]]:
+    """(image ID, rejection reason) of every member --dedupe drops from ``group``."""
+    return [(m.image_id, reason) for m, reason in duplicates.dropped(group[1])]
+
+
+def drop_copies(batch: RecordBatch, drops: dict[str, str]) -> tuple[RecordBatch, list[Rejection]]:
+    """The batch without the copies in ``drops`` (image ID -> reason), and a Rejection
+    per copy."""
+    kept, dropped = duplicates.drop_copies(batch.entries, drops)
+    rejections = [Rejection(e.image_id, e.path, batch.split, reason) for e, reason in dropped]
+    return RecordBatch(batch.split, tuple(kept)), rejections
+
+
+def find_groups(batches: Iterable[RecordBatch]) -> list[Group]:
+    """Every group of the batches, in one process."""
+    found = collections.defaultdict(list)
+    for batch in batches:
+        for sha256, member in members(batch):
+            found[sha256].append(member)
+    return [group for group in found.items() if is_group(group)]
+
+
+def drop_all_copies(
+    batches: Iterable[RecordBatch], groups: list[Group]
+) -> tuple[list[RecordBatch], list[Rejection]]:
+    """--dedupe in one process: the batches without the copies of ``groups``, and a
+    Rejection per copy."""
+    drops = dict(pair for group in groups for pair in copies(group))
+    kept, rejections = [], []
+    for batch in batches:
+        batch, dropped = drop_copies(batch, drops)
+        kept.append(batch)
+        rejections += dropped
+    return kept, rejections

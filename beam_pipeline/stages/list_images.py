@@ -1,0 +1,48 @@
+"""The List stage: the rows of one source (a class folder or a manifest) -> ImageRefs
+with their split, Skipped files, and the listed order keys in batches.
+
+Both engines run this loop: the local engine over every source in turn,
+the Beam graph's ``ListImages`` step once per source. The listed keys are
+the books' independent count of what must come out (``books.plan_split``);
+they leave in batches of at most :data:`BATCH` keys, not one per image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from beam_pipeline.core import books, keys
+from beam_pipeline.storage.listing import ImageRef, Skipped
+
+BATCH = 1 << 16  # keys per ListedKeys: 512 KB
+
+
+class ListedKeys(NamedTuple):
+    """The order keys of up to :data:`BATCH` images listed in one split."""
+
+    split: str
+    tally: books.KeyTally
+
+
+def list_source(layout, source, seed: int, splits) -> Iterator[ImageRef | Skipped | ListedKeys]:
+    """Every image of ``source`` as an ImageRef (its split drawn by ``keys.assign_split``
+    unless the layout gives one), every file that is not an image as a Skipped, and
+    the keys of the images listed as ListedKeys: one per :data:`BATCH` per split, and
+    the rest at the end. Count the images listed from the ListedKeys."""
+    pending: dict[str, list[int]] = {}
+    for row in layout.rows(source):
+        if isinstance(row, Skipped):
+            yield row
+            continue
+        image_id, path, label, split = row
+        split = split or keys.assign_split(seed, image_id, splits)
+        yield ImageRef(image_id, path, label, split)
+        listed = pending.setdefault(split, [])
+        listed.append(keys.order_key(seed, image_id))
+        if len(listed) >= BATCH:
+            yield ListedKeys(split, books.KeyTally(listed=tuple(listed)))
+            listed.clear()
+    for split, listed in pending.items():
+        if listed:
+            yield ListedKeys(split, books.KeyTally(listed=tuple(listed)))
