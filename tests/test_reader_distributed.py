@@ -171,19 +171,3 @@ def test_reader_source_imports_only_tensorflow_and_the_standard_library():
             else:
                 continue
             assert set(roots) <= allowed | extra, f"reader/{name}:{node.lineno} imports {roots}"
-
-
-# Issue 25's bound on a module of the product: one job per module, small
-# enough to read whole.
-MAX_MODULE_LINES = 600
-
-
-def test_reader_modules_stay_under_600_lines():
-    folder = os.path.join(REPO, "reader")
-    sizes = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                sizes[name] = len(f.read().splitlines())
-    assert sizes, "no modules found in reader/"
-    assert {n: s for n, s in sizes.items() if s >= MAX_MODULE_LINES} == {}
