@@ -192,3 +192,11 @@ def test_identical_files_are_counted_and_dedupe_keeps_the_smallest_id(
     written = [i for r in rows.values() for i in r]
     assert sorted(written + list(rejects)) == sorted(ids)
     assert len(written) == len(ids) - sum(len(g) - 1 for g in members)
+
+
+@pytest.mark.parametrize(
+    "splits, first",
+    [(["val", "train", "test"], "train"), (["a", "b"], "a"), ([], "train")],
+)
+def test_first_split_is_train_else_the_first(splits, first):
+    assert duplicates.first_split(splits) == first

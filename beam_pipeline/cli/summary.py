@@ -72,8 +72,7 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
             f"skipped {skipped['count']} files that are not images to convert ({reasons}): "
             f"listed in {skipped['file']} in the output folder"
         )
-    splits = list(info["splits"])
-    first = "train" if "train" in splits else (splits[0] if splits else "train")
+    first = duplicates.first_split(list(info["splits"]))
     deduped = bool(info.get("config", {}).get("dedupe"))
     lines += duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
     if counted:

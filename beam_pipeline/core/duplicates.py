@@ -71,6 +71,12 @@ def leaks(groups: Iterable[Sequence[Member]], first_split: str) -> dict[str, int
     return dict(sorted(out.items()))
 
 
+def first_split(splits: Sequence[str]) -> str:
+    """The split a model trains on, whose copies elsewhere are leaks: "train" when
+    there is one, else the first."""
+    return "train" if "train" in splits else (splits[0] if splits else "train")
+
+
 def info_block(groups: Sequence[Sequence[Member]], first_split: str) -> dict:
     """The ``duplicates`` block of imagerecords.json (docs/format.md section 7)."""
     return {

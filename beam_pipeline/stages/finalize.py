@@ -126,7 +126,7 @@ class Finalizer:
             config=declared["config"],
         )
         info["duplicates"] = duplicates.info_block(
-            [members for _, members in groups], _first_split(splits)
+            [members for _, members in groups], duplicates.first_split(splits)
         )
         return info
 
@@ -144,11 +144,6 @@ class Finalizer:
         # Written last: its presence means the dataset is complete.
         output_files.write_atomically(output_path(output, metadata.INFO_FILE), metadata.dumps(info))
         output_files.delete_temp_folder(output)  # what is left: the job's marker
-
-
-def _first_split(splits: list[str]) -> str:
-    """The split a model trains on: "train" when there is one, else the first."""
-    return "train" if "train" in splits else (splits[0] if splits else "train")
 
 
 def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:
