@@ -13,7 +13,9 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.core import books, images, keys, metadata, records, spill
 from beam_pipeline.engines import pipeline
+from beam_pipeline.stages import shards as shards_lib
 from beam_pipeline.stages.convert import RecordBatch, ShardEntry
+from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery, listing
 from beam_pipeline.storage import output as output_files
 from tests.image_factory import add_bad_files, make_class_folders
@@ -36,7 +38,7 @@ def folder(tmp_path_factory):
 
 def _config(root, output="/nonexistent", **kwargs):
     layout = discovery.discover(root)
-    return pipeline.JobConfig(layout=layout, output=output, splits=SPLITS, **kwargs)
+    return JobConfig(layout=layout, output=output, splits=SPLITS, **kwargs)
 
 
 def test_list_images_lists_every_visible_file_once_with_its_split(folder):
@@ -106,7 +108,7 @@ def _run_plan_and_write(tmp_path, batches, listed, rejections=(), **config_args)
     """Runs PlanShards + WriteShards; returns (config, plans, shard infos)."""
     layout = discovery.Layout(kind="classes", root="/in", classes=("a",))
     out_dir = tmp_path / "out"
-    config = pipeline.JobConfig(layout=layout, output=str(out_dir), splits=SPLITS, **config_args)
+    config = JobConfig(layout=layout, output=str(out_dir), splits=SPLITS, **config_args)
     kept = tmp_path / "kept"
     kept.mkdir()
 
@@ -139,10 +141,10 @@ def test_write_shards_cuts_exactly_the_planned_number_of_nonempty_shards(tmp_pat
     assert not [f for f in os.listdir(config.output) if f.endswith(".tfrecord")], (
         "final name before Finalize"
     )
-    kept, problems = pipeline.check_shards(plans, shards)
+    kept, problems = shards_lib.check_shards(plans, shards)
     assert problems == []
-    placed = pipeline.place_shards(kept, config.output)
-    assert pipeline.place_shards(kept, config.output) == placed  # a retried Finalize
+    placed = shards_lib.place_shards(kept, config.output)
+    assert shards_lib.place_shards(kept, config.output) == placed  # a retried Finalize
     out_dir = tmp_path / "out"
     assert sorted(s["file"] for s in placed) == [
         keys.shard_filename("train", i, 5) for i in range(5)
@@ -158,7 +160,7 @@ def test_min_shards_is_exact_and_capped_by_the_records(tmp_path):
     _, plans, shards = _run_plan_and_write(
         tmp_path, _batches("train", ids, 2), [_listed("train", ids)], min_shards=64
     )
-    kept, problems = pipeline.check_shards(plans, shards)
+    kept, problems = shards_lib.check_shards(plans, shards)
     assert problems == [] and plans["train"].shards == 5
     assert sorted(s.index for s in kept) == [0, 1, 2, 3, 4]
     assert all(s.num_examples == 1 for s in kept)
@@ -203,9 +205,9 @@ def test_a_retried_shard_write_is_kept_once(tmp_path):
         ],
     )
     (retry,) = writer.process(group, plans)  # a second attempt at shard 1
-    kept, problems = pipeline.check_shards(plans, shards + [retry])
+    kept, problems = shards_lib.check_shards(plans, shards + [retry])
     assert problems == [] and len(kept) == 3
-    placed = pipeline.place_shards(kept, config.output)
+    placed = shards_lib.place_shards(kept, config.output)
     output_files.delete_temp_files(config.output)
     out_dir = tmp_path / "out"
     assert sorted(os.listdir(out_dir)) == [metadata.TMP_DIR] + sorted(s["file"] for s in placed)
@@ -220,9 +222,9 @@ def test_a_shard_holding_other_records_than_planned_fails_the_books(tmp_path):
         tmp_path, _batches("train", ids), [_listed("train", ids)], min_shards=3
     )
     short = dataclasses.replace(shards[0], num_examples=shards[0].num_examples - 1)
-    _, problems = pipeline.check_shards(plans, [short] + shards[1:])
+    _, problems = shards_lib.check_shards(plans, [short] + shards[1:])
     assert problems and "not the 3 planned" in problems[0]
-    _, problems = pipeline.check_shards(plans, shards[1:])
+    _, problems = shards_lib.check_shards(plans, shards[1:])
     assert problems == [f"shard {shards[0].index} of train was not written"]
 
 
@@ -313,6 +315,6 @@ def test_job_config_checks_its_own_values(kwargs, message):
     layout = discovery.Layout(kind="classes", root="/in", classes=("a",))
     fields = {"layout": layout, "output": "/o", "splits": SPLITS, **kwargs}
     with pytest.raises(UsageError) as caught:
-        pipeline.JobConfig(**fields)
+        JobConfig(**fields)
     assert str(caught.value).startswith(message)
-    pipeline.JobConfig(layout=layout, output="/o", splits=SPLITS)  # the defaults are valid
+    JobConfig(layout=layout, output="/o", splits=SPLITS)  # the defaults are valid

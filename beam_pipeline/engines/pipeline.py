@@ -41,12 +41,7 @@ from beam_pipeline.stages.convert import (
 )
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
-from beam_pipeline.stages.shards import (  # noqa: F401  (ShardInfo, check_shards, place_shards: API)
-    ShardInfo,
-    by_shard,
-    check_shards,
-    place_shards,
-)
+from beam_pipeline.stages.shards import by_shard
 from beam_pipeline.stages.staging import write_staged_shard
 from beam_pipeline.storage import listing
 
