@@ -29,8 +29,13 @@ import time
 
 from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.cli import arguments, summary
-from beam_pipeline.core import errors, metadata
+from beam_pipeline.core import errors, metadata, settings, spill
 from beam_pipeline.core.errors import UsageError
+from beam_pipeline.engines import local_engine, local_pool, progress
+from beam_pipeline.stages import convert, resume, reuse
+from beam_pipeline.stages.job_config import JobConfig
+from beam_pipeline.storage import discovery, gcs, listing, paths
+from beam_pipeline.storage import lock as output_lock
 
 # Images converted while Beam loads (enough to cover its start-up on web-size
 # images), and a bound on the results held before the pipeline claims them.
@@ -48,15 +53,11 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
 
     An unfinished run of this job is resumed; :func:`resume.prepare` decides.
     """
-    from beam_pipeline.stages import resume
-    from beam_pipeline.storage import paths
 
     out = paths.normalize_root(output)
     if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
         raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
     if paths.is_gcs(out):
-        from beam_pipeline.storage import gcs
-
         gcs.check_output(out)
     elif paths.is_local(out):
         if os.path.exists(out) and not os.path.isdir(out):
@@ -67,8 +68,6 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
 def check_reuse(args, output: str, say) -> None:
     """--reuse: a finished dataset of the same image settings, not --output. Reads
     only its metadata (reuse.py)."""
-    from beam_pipeline.core import settings
-    from beam_pipeline.stages import reuse
 
     if args.reuse:
         old = reuse.open_old(args.reuse)
@@ -80,7 +79,6 @@ def check_reuse(args, output: str, say) -> None:
 
 def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
     """Says what the run does with an earlier run's files; returns the resumable records."""
-    from beam_pipeline.core import spill
 
     if found.others and found.kind != "empty":
         say(
@@ -110,8 +108,6 @@ def config_from_args(args, layout, conversion_processes: int):
     Raises:
         UsageError: a value the config refuses (JobConfig checks its own values).
     """
-    from beam_pipeline.stages.job_config import JobConfig
-    from beam_pipeline.storage import paths
 
     return JobConfig(
         layout=layout,
@@ -209,7 +205,6 @@ def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None =
     except (ImportError, ValueError, AttributeError) as error:  # a runner Beam cannot make
         raise UsageError(f"--runner {runner_name}: {error}") from None
     pipeline.build(p, config, pool)
-    from beam_pipeline.storage import gcs
 
     gcs.bound_retries()  # Beam's GCS client is loaded now
     with _collector_skips_the_graph():
@@ -235,7 +230,6 @@ def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None =
 
 def _all_local(layout, output: str) -> bool:
     """Every input image and the output are local (a manifest may name gs:// images)."""
-    from beam_pipeline.storage import paths
 
     if layout.kind == "manifest":
         return layout.manifest_all_local and paths.is_local(output)
@@ -265,7 +259,6 @@ def choose_engine(beam, layout, output: str) -> str:
 
 def _run_local_engine(args, layout, pool, say) -> dict[str, int]:
     """Runs the job on the local engine with the conversion processes ``pool``; its counters."""
-    from beam_pipeline.engines import local_engine, progress
 
     processes = pool.processes
     config = config_from_args(args, layout, processes)
@@ -280,7 +273,6 @@ def _run_local_engine(args, layout, pool, say) -> dict[str, int]:
 
 def _workers_log_path(output: str) -> str:
     """Where multi_processing's worker processes write their stderr (always local)."""
-    from beam_pipeline.core import spill
 
     if "://" not in output:
         return os.path.join(output, metadata.TMP_DIR, WORKERS_LOG)
@@ -295,7 +287,6 @@ def _point_to_workers_log(workers_log: str | None) -> None:
 
 def _convert_ahead(args, layout, pool, spill_dir: str | None, done: dict) -> None:
     """Has the conversion processes convert the first images while Beam loads."""
-    from beam_pipeline.storage import listing, paths
 
     # (Under --reuse most images need no conversion: none is begun ahead.)
     if layout.kind != "manifest" and paths.is_local(layout.root) and not args.reuse:
@@ -332,11 +323,6 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
     beam, processes = arguments.with_local_defaults(given_beam, args.local_processes)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-
-    from beam_pipeline.core import spill
-    from beam_pipeline.engines import local_pool
-    from beam_pipeline.stages import resume
-    from beam_pipeline.storage import discovery, gcs, paths
 
     # Every process of this run (forked or started) retries GCS this long at most.
     gcs.set_timeout(args.gcs_timeout_s)
@@ -413,7 +399,6 @@ def _owning(output: str, lock: bool):
         lock.OutputInUse: another live run holds it.
         lock.OutputTakenOver: another run took a gs:// lock this run could not renew.
     """
-    from beam_pipeline.storage import lock as output_lock
 
     held = output_lock.acquire(output) if lock else None
     try:
@@ -433,8 +418,6 @@ def _owning(output: str, lock: bool):
 
 def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:
     """Prints the summary of a finished run; its imagerecords.json, parsed."""
-    from beam_pipeline.stages import convert
-    from beam_pipeline.storage import paths
 
     seconds = time.monotonic() - started
     info = json.loads(convert.read_bytes(paths.join(output, metadata.INFO_FILE)))
