@@ -9,12 +9,12 @@ import setuptools
 INSTALL_REQUIRES = [
     "apache-beam[gcp]==2.77.0",  # deploy/Dockerfile pins the same version.
     "pillow>=10.0",
-    # libjpeg-turbo with stop-on-warning: sees corrupt JPEG data (beam_pipeline/jpeg.py).
+    # libjpeg-turbo with stop-on-warning: sees corrupt JPEG data (beam_pipeline/core/jpeg.py).
     "simplejpeg>=1.8",
     "google-cloud-storage>=2.10",
     "google-crc32c>=1.5",
     "protobuf>=4.21",
-    # Progress of a long local run: a live line on a terminal (beam_pipeline/progress.py).
+    # Progress of a long local run: a live line on a terminal (beam_pipeline/engines/progress.py).
     "tqdm>=4.66",
 ]
 
@@ -32,7 +32,7 @@ TEST_REQUIRES = [
     "psutil>=5.9",  # tests: no child process of the CLI outlives it
 ]
 
-# Beam's DaskRunner (beam_pipeline/dask_runner.py); Beam 2.77's own "dask" extra
+# Beam's DaskRunner (beam_pipeline/beam_internals/dask_runner.py); Beam 2.77's own "dask" extra
 # asks for the same lower bound. The client and every worker need it.
 DASK_REQUIRES = ["dask[distributed]>=2024.4.2"]
 

@@ -16,10 +16,11 @@ import threading
 import traceback
 
 try:
-    from beam_pipeline import errors, job
-    from beam_pipeline.arguments import build_parser, parse_args
-    from beam_pipeline.errors import BooksDoNotBalance, UsageError
-    from beam_pipeline.job import run
+    from beam_pipeline.cli import job
+    from beam_pipeline.cli.arguments import build_parser, parse_args
+    from beam_pipeline.cli.job import run
+    from beam_pipeline.core import errors
+    from beam_pipeline.core.errors import BooksDoNotBalance, UsageError
 except KeyboardInterrupt:
     # Ctrl-C while the modules load (the first few tenths of a second), before
     # main() can report it: the same one line and status, not a traceback.
@@ -58,7 +59,7 @@ def _gcs_lost_message(error: BaseException, parsed) -> str | None:
     roots = [p for p in paths if p and p.startswith("gs://")]
     if not roots:
         return None
-    from beam_pipeline import gcs
+    from beam_pipeline.storage import gcs
 
     stopped = gcs.unreachable_from(error, roots)
     return str(stopped) if stopped is not None else None
@@ -66,7 +67,7 @@ def _gcs_lost_message(error: BaseException, parsed) -> str | None:
 
 def _stopped_message(error: BaseException) -> str | None:
     """The message of a run that could not go on (errors.RunStopped), if ``error`` is one."""
-    from beam_pipeline.lock import OutputTakenOver
+    from beam_pipeline.storage.lock import OutputTakenOver
 
     return _wrapped_message(error, errors.StorageUnreachable, errors.CannotWrite, OutputTakenOver)
 
@@ -205,6 +206,6 @@ def _interrupted(verbose: bool) -> int:
 
 if __name__ == "__main__":
     # Every output is closed and renamed by now (beam_private: why, and when not).
-    from beam_pipeline import beam_private
+    from beam_pipeline.beam_internals import beam_private
 
     beam_private.fast_exit(main())

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from beam_pipeline.metadata import INFO_FILE
+from beam_pipeline.core.metadata import INFO_FILE
 from bench import (
     codecs,
     converters,

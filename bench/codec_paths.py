@@ -8,7 +8,7 @@ the resize filter and how much of the downscale happens inside the JPEG
 decoder (DCT-domain scaling by 1/2, 1/4 or 1/8):
 
 * ``pillow_bicubic``: the codec floor itself (draft to the target, bicubic,
-  ``reducing_gap=3``): what ``beam_pipeline.images`` does today.
+  ``reducing_gap=3``): what ``beam_pipeline.core.images`` does today.
 * ``pillow_bilinear``: the same with bilinear.
 * ``pillow_draft2x_bicubic`` / ``pillow_draft2x_bilinear``: draft only to twice
   the target, so the final filter sees twice the pixels (sharper, slower).

@@ -1,6 +1,6 @@
 """The codec floor's per-image work: Pillow decode -> resize -> JPEG encode.
 
-Written independently of ``beam_pipeline.images`` on purpose (the floor must
+Written independently of ``beam_pipeline.core.images`` on purpose (the floor must
 not inherit the converter's mistakes), but with the same best-known
 operations a careful engineer would use, so that "converter / floor"
 measures framework overhead and not a choice of algorithm:

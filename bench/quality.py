@@ -12,7 +12,7 @@ Where the stored JPEGs come from:
   (``bench.imageops.convert_to_jpeg``) are run again here on the sample;
 * the naive loop and imagerecords write TFRecords whose ``image/filename`` is
   the source's path relative to the input folder; they are read with
-  ``beam_pipeline.records`` (no TensorFlow).
+  ``beam_pipeline.core.records`` (no TensorFlow).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def stored_jpegs(out_dir: Path, names: set[str]) -> dict[str, bytes]:
     Raises:
         ValueError: a file under ``out_dir`` named like a TFRecord is not one.
     """
-    from beam_pipeline import records
+    from beam_pipeline.core import records
 
     found: dict[str, bytes] = {}
     for path in sorted(out_dir.glob("*.tfrecord*")):

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from beam_pipeline.metadata import INFO_FILE
+from beam_pipeline.core.metadata import INFO_FILE
 from bench.procstats import run_measured
 from bench.read_pipelines import VARIANTS
 from bench.settings import READ_IMAGE_SIZE, REPO_DIR

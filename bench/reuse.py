@@ -30,7 +30,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps
 
-from beam_pipeline import metadata
+from beam_pipeline.core import metadata
 from bench.data import ImageSet, list_images
 from bench.procstats import run_measured
 from bench.scale import scaled_set

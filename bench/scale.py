@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from beam_pipeline import spill
+from beam_pipeline.core import spill
 from bench.converters import _SUMMARY
 from bench.data import ImageSet, list_images
 from bench.procstats import run_measured

@@ -30,7 +30,7 @@ import re
 import types
 from pathlib import Path
 
-from beam_pipeline.metadata import INFO_FILE
+from beam_pipeline.core.metadata import INFO_FILE
 from bench.read_pipelines import Pipeline
 from bench.settings import REPO_DIR
 

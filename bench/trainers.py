@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from beam_pipeline.metadata import INFO_FILE
+from beam_pipeline.core.metadata import INFO_FILE
 from bench import converters, data, machine
 from bench.procstats import run_measured
 from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR, Sizes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from array import array
 
-from beam_pipeline.records import FRAME_OVERHEAD, _masked_crc
+from beam_pipeline.core.records import FRAME_OVERHEAD, _masked_crc
 from imagerecords import storage
 from imagerecords.info import Shard
 

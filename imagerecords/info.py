@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from beam_pipeline import metadata  # pure: the file names the converter writes
+from beam_pipeline.core import metadata  # pure: the file names the converter writes
 from imagerecords import storage
 
 # Newest name first (docs/format.md section 11).

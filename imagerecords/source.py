@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 
-from beam_pipeline.records import Example, is_intact
+from beam_pipeline.core.records import Example, is_intact
 from imagerecords import index as index_lib
 from imagerecords import info as info_lib
 from imagerecords import storage

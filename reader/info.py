@@ -24,7 +24,7 @@ INFO_FILENAME = "imagerecords.json"
 V1_INFO_FILENAME = "dataset_info.json"
 LABELS_FILENAME = "labels.txt"
 # The converter's marker of a run that has not finished (docs/format.md section
-# 5; beam_pipeline.output.MARKER, which the reader cannot import: a test checks
+# 5; beam_pipeline.storage.output.MARKER, which the reader cannot import: a test checks
 # that the two agree). A successful run deletes it last, after INFO_FILENAME.
 CONVERTER_MARKER = ".imagerecords-tmp/job.json"
 # docs/format.md section 11: a version this reader does not list is refused.

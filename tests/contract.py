@@ -8,7 +8,7 @@ import os
 
 import tensorflow as tf
 
-from beam_pipeline import metadata
+from beam_pipeline.core import metadata
 
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),

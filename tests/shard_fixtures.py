@@ -11,11 +11,11 @@ slow to start), so this module produces the same *files* in pure Python:
   ``[i*2^64/n, (i+1)*2^64/n)``, sorted inside the shard, empty shards dropped
   and the rest renumbered, so classes are interleaved inside every shard just
   as the real converter leaves them;
-* records built with ``beam_pipeline.records`` (the converter's own encoder);
+* records built with ``beam_pipeline.core.records`` (the converter's own encoder);
 * ``labels.txt``, ``rejects.jsonl`` and ``imagerecords.json`` written last.
 
 The hashing is re-implemented here (a few lines) rather than imported from
-``beam_pipeline.keys`` so the fixture does not move when the converter's
+``beam_pipeline.core.keys`` so the fixture does not move when the converter's
 internals do; it is the contract's algorithm either way.
 """
 
@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 import google_crc32c
 from PIL import Image, ImageDraw
 
-from beam_pipeline import metadata, records
+from beam_pipeline.core import metadata, records
 
 # Far apart in RGB, so a decoded image's mean colour names its class.
 CLASS_COLOURS = (

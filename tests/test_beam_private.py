@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from beam_pipeline import beam_private
 from beam_pipeline.__main__ import main
+from beam_pipeline.beam_internals import beam_private
 from tests import contract
 from tests.image_factory import make_class_folders
 
@@ -29,7 +29,7 @@ def test_installed_beam_is_the_one_the_tricks_were_written_against():
 
     assert apache_beam.__version__ == beam_private.BEAM_VERSION, (
         f"apache-beam {apache_beam.__version__} is installed: re-check "
-        f"beam_pipeline/beam_private.py against Beam {apache_beam.__version__} (every trick "
+        f"beam_pipeline/beam_internals/beam_private.py against Beam {apache_beam.__version__} (every trick "
         f"there was read against Beam {beam_private.BEAM_VERSION}), then move BEAM_VERSION"
     )
 
@@ -41,7 +41,7 @@ def test_setup_and_the_container_pin_the_same_beam():
         container = re.findall(r"ARG BEAM_VERSION=([\d.]+)", f.read())
     assert pins == container == [beam_private.BEAM_VERSION], (
         f"setup.py pins {pins}, deploy/Dockerfile {container}: re-check "
-        f"beam_pipeline/beam_private.py against that Beam (written against "
+        f"beam_pipeline/beam_internals/beam_private.py against that Beam (written against "
         f"{beam_private.BEAM_VERSION})"
     )
 
@@ -61,7 +61,7 @@ def _warnings(caplog, trick):
     lines = [
         r.getMessage()
         for r in caplog.records
-        if r.name == "beam_pipeline.beam_private" and r.levelno == logging.WARNING
+        if r.name == "beam_pipeline.beam_internals.beam_private" and r.levelno == logging.WARNING
     ]
     assert len(lines) == 1, lines
     assert f"beam_private.{trick} skipped" in lines[0]
@@ -176,7 +176,7 @@ def test_local_run_imports_beam_without_unused_extras(uses_gcs):
     """Beam loads without MongoDB/Pub/Sub/Arrow (and, all local, GCS), importable afterwards."""
     code = (
         "import sys\n"
-        "from beam_pipeline.beam_private import (\n"
+        "from beam_pipeline.beam_internals.beam_private import (\n"
         "    _CLOUD_ONLY_MODULES, _UNUSED_BEAM_EXTRAS, import_beam_for_local_run)\n"
         f"import_beam_for_local_run(uses_gcs={uses_gcs})\n"
         "import apache_beam as beam\n"
@@ -207,7 +207,7 @@ def test_another_beam_is_imported_with_all_its_packages(images, tmp_path, beam_c
     argv = ["--input", str(root), "--output", str(tmp_path / "o"), *FLAGS]
     code = (
         "import sys\n"
-        "from beam_pipeline import beam_private\n"
+        "from beam_pipeline.beam_internals import beam_private\n"
         f"beam_private.BEAM_VERSION = {'0.0.0' if beam_changed else beam_private.BEAM_VERSION!r}\n"
         "from beam_pipeline.__main__ import main\n"
         f"status = main({argv!r})\n"
@@ -230,7 +230,7 @@ def test_another_beam_is_imported_with_all_its_packages(images, tmp_path, beam_c
 _AS_MAIN = (
     "import atexit, runpy, sys\n"
     "atexit.register(print, 'interpreter teardown ran')\n"
-    "from beam_pipeline import beam_private\n"
+    "from beam_pipeline.beam_internals import beam_private\n"
     "{patch}"
     "sys.argv = ['beam_pipeline', *{argv!r}]\n"
     "runpy.run_module('beam_pipeline', run_name='__main__', alter_sys=True)\n"
@@ -312,5 +312,7 @@ def test_successful_multi_processing_run_writes_the_in_memory_bytes(
         line = _warnings(caplog, "direct_fn_api_runner")
         assert "multi_processing's workers print to this process's stderr" in line
     else:
-        assert not [r for r in caplog.records if r.name == "beam_pipeline.beam_private"]
+        assert not [
+            r for r in caplog.records if r.name == "beam_pipeline.beam_internals.beam_private"
+        ]
     assert contract.all_files(str(tmp_path / "o")) == normal  # no workers.log left either

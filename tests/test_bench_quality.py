@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_pipeline import records
+from beam_pipeline.core import records
 from bench import quality
 from bench.data import ImageSet
 from bench.imageops import convert_to_jpeg

@@ -74,7 +74,7 @@ def test_pipelines_yield_images_and_labels_in_process(records):
 
 def test_the_converted_folder_is_what_tfds_reads(records):
     """The converter writes TFDS's files beside the shards: the bench reads the folder itself."""
-    from beam_pipeline import tfds_metadata
+    from beam_pipeline.core import tfds_metadata
 
     tfds_info = json.loads((records / tfds_metadata.DATASET_INFO_FILE).read_text())
     assert tfds_info["fileFormat"] == "tfrecord"

@@ -1,9 +1,9 @@
-"""The books and the shard plan (beam_pipeline.books): pure, no Beam."""
+"""The books and the shard plan (beam_pipeline.core.books): pure, no Beam."""
 
 import numpy as np
 import pytest
 
-from beam_pipeline import books, keys
+from beam_pipeline.core import books, keys
 
 
 def _keys(*ids):

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from beam_pipeline import keys, records
 from beam_pipeline.__main__ import main
+from beam_pipeline.core import keys, records
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
@@ -144,8 +144,8 @@ def _crashing_decode(path, *args):
 @pytest.mark.parametrize("ahead", [0, 1024], ids=["in-pipeline", "converted-ahead"])
 def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monkeypatch, ahead):
     """A worker process that dies (as on a decoder segfault) rejects that image only."""
-    from beam_pipeline import convert as convert_module
-    from beam_pipeline import job
+    from beam_pipeline.cli import job
+    from beam_pipeline.stages import convert as convert_module
 
     monkeypatch.setattr(job, "CONVERT_AHEAD_LIMIT", ahead)
 
@@ -240,7 +240,7 @@ def test_too_many_rejections_fail_without_dataset_info(dataset, tmp_path, capsys
 
 def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypatch):
     """Simulates a runner that drops a record: the job must fail and name it."""
-    from beam_pipeline import pipeline
+    from beam_pipeline.engines import pipeline
 
     root, _, ids, _ = dataset
     victim = sorted(ids)[0]
@@ -259,8 +259,8 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
 
 def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
     """The pooled step sends spill references; a doubled one still fails the books."""
-    from beam_pipeline import pipeline
-    from beam_pipeline.convert import Converted, SpillLocation
+    from beam_pipeline.engines import pipeline
+    from beam_pipeline.stages.convert import Converted, SpillLocation
 
     root, _, ids, _ = dataset
     victim = sorted(ids)[0]
@@ -442,7 +442,7 @@ def test_index_files_locate_every_record(dataset, tmp_path):
 
 
 def test_local_default_skips_construction_type_checks_unless_asked():
-    from beam_pipeline.arguments import with_local_defaults
+    from beam_pipeline.cli.arguments import with_local_defaults
 
     args, _ = with_local_defaults([], None)
     assert "--no_pipeline_type_check" in args and IN_MEMORY in args

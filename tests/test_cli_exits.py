@@ -17,9 +17,12 @@ import time
 import psutil
 import pytest
 
-from beam_pipeline import beam_options, job, local_pool, metadata, spill
 from beam_pipeline.__main__ import main
-from beam_pipeline.errors import UsageError
+from beam_pipeline.beam_internals import beam_options
+from beam_pipeline.cli import job
+from beam_pipeline.core import metadata, spill
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.engines import local_pool
 from tests.image_factory import add_bad_files, make_class_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -257,7 +260,7 @@ def _run_script(tmp_path, text: str, *args: str, **kwargs) -> subprocess.Complet
 _CTRL_C_WHILE_WORKERS_START = """
 import os, signal, sys, threading, time
 import psutil
-from beam_pipeline import local_pool
+from beam_pipeline.engines import local_pool
 
 real_init = local_pool._init_worker
 
@@ -298,7 +301,7 @@ def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
 _CTRL_C_WHILE_FORKING = """
 import concurrent.futures, os, signal, sys, time
 import psutil
-from beam_pipeline import local_pool
+from beam_pipeline.engines import local_pool
 
 real_submit = concurrent.futures.ProcessPoolExecutor.submit
 
@@ -333,7 +336,7 @@ import runpy, sys
 
 class CtrlC:  # Ctrl-C lands while the CLI's modules are being imported
     def find_spec(self, name, path=None, target=None):
-        if name == "beam_pipeline.job":
+        if name == "beam_pipeline.cli.job":
             raise KeyboardInterrupt
 
 sys.meta_path.insert(0, CtrlC())
@@ -374,11 +377,11 @@ def test_class_folder_with_a_newline_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["a\tb", "x\x1by", " "])
 def test_class_names_with_control_characters_are_refused(name):
-    from beam_pipeline import listing
+    from beam_pipeline.storage import discovery
 
     with pytest.raises(UsageError, match="control character"):
-        listing.check_class_name(name, "class folder")
-    listing.check_class_name("caf\u00e9 au lait", "class folder")  # not a control character
+        discovery.check_class_name(name, "class folder")
+    discovery.check_class_name("caf\u00e9 au lait", "class folder")  # not a control character
 
 
 def test_manifest_label_with_a_newline_is_refused(images, tmp_path, capsys):
@@ -406,8 +409,8 @@ def test_jsonl_manifest_with_a_non_string_split(images, tmp_path, capsys, split)
 
 
 def test_the_beam_flag_table_matches_the_installed_beam():
-    """If this fails after a Beam upgrade: python -m beam_pipeline.beam_options; make format."""
-    from beam_pipeline import _beam_option_table
+    """If this fails after a Beam upgrade: python -m beam_pipeline.beam_internals.beam_options; make format."""
+    from beam_pipeline.beam_internals import _beam_option_table
 
     assert _beam_option_table.TABLE == beam_options.snapshot()
 

@@ -7,7 +7,7 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageCms
 
-from beam_pipeline import colour, images
+from beam_pipeline.core import colour, images
 from tests import icc_profiles as icc
 
 NONE = images.ImageSpec(resize="none")

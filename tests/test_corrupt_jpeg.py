@@ -8,7 +8,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from beam_pipeline import images, jpeg
+from beam_pipeline.core import images, jpeg
 from tests.image_factory import jpeg_bytes, photo
 
 # The default spec at a size these photos already have: clean ones pass through.

@@ -140,7 +140,7 @@ def test_dask_wait_false_is_refused_before_work(dask_cluster, images, tmp_path, 
 
 
 def test_runner_spreads_work_and_computes_side_inputs_once(dask_cluster, tmp_path):
-    """What beam_pipeline/dask_runner.py fixes, on a small graph of the same shape.
+    """What beam_pipeline/beam_internals/dask_runner.py fixes, on a small graph of the same shape.
 
     A Reshuffle of one Create partition feeds a step whose output is read three
     ways: through a multi-output ParDo's two tags and a count, all as side inputs.
@@ -149,7 +149,7 @@ def test_runner_spreads_work_and_computes_side_inputs_once(dask_cluster, tmp_pat
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.pvalue import AsList, AsSingleton
 
-    from beam_pipeline.dask_runner import DaskRunner
+    from beam_pipeline.beam_internals.dask_runner import DaskRunner
 
     calls, report = tmp_path / "calls", tmp_path / "report.json"
     calls.mkdir()

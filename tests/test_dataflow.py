@@ -124,18 +124,25 @@ def test_workers_install_setup_py_without_tensorflow(template):
     sdist = template["staged"] / "workflow.tar.gz"
     requires = worker_env.install_requires(sdist)
     assert [r for r in requires if "tensorflow" in r.lower()] == []
-    assert {r.split("[")[0].split(">")[0].split("=")[0] for r in requires} == {
-        "apache-beam",
-        "pillow",
-        "google-cloud-storage",
-        "google-crc32c",
-        "protobuf",
-        "simplejpeg",  # libjpeg-turbo's strict decode (beam_pipeline/jpeg.py)
-        "tqdm",  # the launcher's progress line (beam_pipeline/progress.py); small, pure Python
-    }
+    assert (
+        {r.split("[")[0].split(">")[0].split("=")[0] for r in requires}
+        == {
+            "apache-beam",
+            "pillow",
+            "google-cloud-storage",
+            "google-crc32c",
+            "protobuf",
+            "simplejpeg",  # libjpeg-turbo's strict decode (beam_pipeline/core/jpeg.py)
+            "tqdm",  # the launcher's progress line (beam_pipeline/engines/progress.py); small, pure Python
+        }
+    )
     with tarfile.open(sdist) as tar:
         names = {m.name.split("/", 1)[-1] for m in tar.getmembers()}
-    assert {"setup.py", "beam_pipeline/pipeline.py", "beam_pipeline/convert.py"} <= names
+    assert {
+        "setup.py",
+        "beam_pipeline/engines/pipeline.py",
+        "beam_pipeline/stages/convert.py",
+    } <= names
     # Nothing a worker would pull in through the closure is TensorFlow either.
     assert [n for n in worker_env.closure(requires) if "tensorflow" in n] == []
 
@@ -209,7 +216,7 @@ def test_every_pickled_step_loads_with_only_the_workers_packages(template, worke
     assert report["hidden"] == []  # the interpreter really lacks the test-only packages
     assert report["modules"] == []
     loaded = report["loaded"]
-    ours = "beam_pipeline.pipeline."
+    ours = "beam_pipeline.engines.pipeline."
     assert loaded["ConvertImages/Convert/ParDo(_ConvertFn)"] == ours + "_ConvertFn"
     assert loaded["WriteShards/WriteShard"] == ours + "_WriteShardFn"
     assert loaded["Finalize"] == ours + "_Finalize"

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from beam_pipeline import dryrun
 from beam_pipeline.__main__ import main, run
+from beam_pipeline.cli import dryrun
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 

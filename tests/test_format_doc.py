@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from beam_pipeline import metadata, records
+from beam_pipeline.core import metadata, records
 from reader import info as reader_info
 
 FORMAT_MD = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read_text()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import metadata, tfds_metadata
 from beam_pipeline.__main__ import main
+from beam_pipeline.core import metadata, tfds_metadata
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import metadata
+from beam_pipeline.core import metadata
 from tests import contract
 from tests.gcs_faults import MEDIA_DOWNLOAD, SHARD_UPLOAD, DroppingProxy
 from tests.image_factory import make_class_folders

@@ -1,4 +1,4 @@
-"""beam_pipeline.gcs against a real GCS API server (the emulator), plus the failure modes.
+"""beam_pipeline.storage.gcs against a real GCS API server (the emulator), plus the failure modes.
 
 The emulator does not enforce IAM, so permission errors come from the
 ``gcs_account`` server, which answers the way GCS does when an account lacks a
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from beam_pipeline import gcs
-from beam_pipeline.errors import UsageError
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.storage import gcs
 from tests import gcs_fixtures
 from tests.gcs_fixtures import REPO_ROOT
 

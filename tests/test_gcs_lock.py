@@ -1,4 +1,4 @@
-"""The gs:// lock of a live run (beam_pipeline/lock.py) against the GCS emulator.
+"""The gs:// lock of a live run (beam_pipeline/storage/lock.py) against the GCS emulator.
 
 The lock is an object created only if none exists, renewed by a heartbeat,
 taken over (under a generation precondition) only from a run that is gone:
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from beam_pipeline import lock
+from beam_pipeline.storage import lock
 from tests.image_factory import make_class_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from beam_pipeline import records
 from beam_pipeline.__main__ import main
+from beam_pipeline.core import records
 from tests.image_factory import make_class_folders
 from tests.shard_fixtures import write_dataset
 

@@ -5,7 +5,7 @@ import io
 import pytest
 from PIL import Image, ImageChops, ImageStat
 
-from beam_pipeline import images
+from beam_pipeline.core import images
 from tests.image_factory import jpeg_bytes, photo
 
 SPEC = images.ImageSpec()

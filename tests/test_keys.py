@@ -1,4 +1,4 @@
-"""Table tests of the pure helpers in beam_pipeline.keys (no Beam, no TF)."""
+"""Table tests of the pure helpers in beam_pipeline.core.keys (no Beam, no TF)."""
 
 import math
 import subprocess
@@ -7,14 +7,14 @@ from collections import Counter
 
 import pytest
 
-from beam_pipeline import keys
+from beam_pipeline.core import keys
 
 
 def test_keys_module_imports_neither_beam_nor_tensorflow():
     code = (
-        "import sys, beam_pipeline.keys, beam_pipeline.images, beam_pipeline.records, "
-        "beam_pipeline.spill, beam_pipeline.books, beam_pipeline.convert, "
-        "beam_pipeline.metadata\n"
+        "import sys, beam_pipeline.core.keys, beam_pipeline.core.images, beam_pipeline.core.records, "
+        "beam_pipeline.core.spill, beam_pipeline.core.books, beam_pipeline.stages.convert, "
+        "beam_pipeline.core.metadata\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'tensorflow')]\n"
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -31,7 +31,7 @@ def test_hash64_is_stable_and_64_bit(seed, purpose, image_id):
     assert value == keys.hash64(seed, purpose, image_id)
     assert 0 <= value < 2**64
     # Same value in a fresh interpreter (Python's hash() would differ per process).
-    code = f"from beam_pipeline import keys; print(keys.hash64({seed}, {purpose!r}, {image_id!r}))"
+    code = f"from beam_pipeline.core import keys; print(keys.hash64({seed}, {purpose!r}, {image_id!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == value
 

@@ -14,8 +14,10 @@ import sys
 import pytest
 from PIL import Image
 
-from beam_pipeline import job, listing, local_engine, pooled
 from beam_pipeline.__main__ import main
+from beam_pipeline.cli import job
+from beam_pipeline.engines import local_engine, pooled
+from beam_pipeline.storage import discovery, listing
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
 
@@ -117,7 +119,7 @@ def test_a_plain_run_does_not_import_beam(messy, tmp_path):
 
 def test_which_engine_runs(messy, tmp_path):
     root, _ = messy
-    layout = listing.discover(root)
+    layout = discovery.discover(root)
     out = str(tmp_path / "o")
     assert job.choose_engine([], layout, out) == job.LOCAL_ENGINE
     for beam_flags in (["--runner", "DirectRunner"], ["--direct_running_mode=in_memory"]):
@@ -125,11 +127,11 @@ def test_which_engine_runs(messy, tmp_path):
     assert job.choose_engine([], layout, "gs://bucket/out") == job.BEAM
     manifest = tmp_path / "m.csv"
     manifest.write_text("path,label\ncat/cat_0000.jpg,cat\n")
-    local_manifest = listing.discover(root, str(manifest))
+    local_manifest = discovery.discover(root, str(manifest))
     assert job.choose_engine([], local_manifest, out) == job.LOCAL_ENGINE
     assert job.choose_engine([], local_manifest, "gs://bucket/out") == job.BEAM
     manifest.write_text("path,label\ncat/cat_0000.jpg,cat\ngs://bucket/dog/1.jpg,dog\n")
-    assert job.choose_engine([], listing.discover(root, str(manifest)), out) == job.BEAM
+    assert job.choose_engine([], discovery.discover(root, str(manifest)), out) == job.BEAM
 
 
 def test_a_manifest_of_local_files_runs_locally_and_writes_what_beam_writes(messy, tmp_path):
@@ -146,7 +148,7 @@ def test_a_manifest_of_local_files_runs_locally_and_writes_what_beam_writes(mess
         '{"path": "cat/batch1/cat_0003.jpg", "label": "cat", "split": "val"}',
     ]
     manifest.write_text("\n".join(rows) + "\n")
-    assert job.choose_engine([], listing.discover(root, str(manifest)), "out") == job.LOCAL_ENGINE
+    assert job.choose_engine([], discovery.discover(root, str(manifest)), "out") == job.LOCAL_ENGINE
     local, beam = _run_both(root, tmp_path, "--manifest", str(manifest), "--seed", "5")
     written = contract.all_files(local)
     assert written == contract.all_files(beam)
@@ -223,7 +225,7 @@ def test_an_interrupted_local_run_resumes_on_beam_with_the_same_bytes(
     messy, tmp_path, capsys, monkeypatch
 ):
     """Spill files are one format: what a local run converted, a Beam run resumes from."""
-    from beam_pipeline import finalize
+    from beam_pipeline.stages import finalize
 
     root, _ = messy
     common = ["--input", root, "--max_reject_fraction", "0.5"]

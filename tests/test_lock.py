@@ -1,4 +1,4 @@
-"""A live run owns its --output (beam_pipeline/lock.py), on a local folder.
+"""A live run owns its --output (beam_pipeline/storage/lock.py), on a local folder.
 
 The CLI runs as a real subprocess in its own process group, so that a test
 can run two at once into one folder, or SIGKILL one (no clean-up at all, as
@@ -19,9 +19,10 @@ import time
 
 import pytest
 
-from beam_pipeline import lock, metadata, spill
 from beam_pipeline.__main__ import main
-from beam_pipeline.errors import UsageError
+from beam_pipeline.core import metadata, spill
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.storage import lock
 from tests.image_factory import make_class_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,7 +140,7 @@ def test_the_lock_names_its_owner_and_goes_with_its_folders(tmp_path):
 
 def test_a_runs_own_clean_ups_leave_its_lock(tmp_path):
     """resume.prepare and Finalize clear the temp folder; the lock outlives them."""
-    from beam_pipeline import output as output_files
+    from beam_pipeline.storage import output as output_files
 
     out = str(tmp_path / "o")
     os.makedirs(out)

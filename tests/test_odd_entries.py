@@ -21,9 +21,10 @@ import sys
 
 import pytest
 
-from beam_pipeline import keys, listing
 from beam_pipeline.__main__ import main
-from beam_pipeline.errors import UsageError
+from beam_pipeline.core import keys
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.storage import discovery, listing, paths
 from tests import contract
 from tests.image_factory import jpeg_bytes, make_class_folders, photo
 
@@ -202,7 +203,7 @@ def test_the_dry_run_counts_the_odd_entries_and_does_not_hang(odd, tmp_path):
 def test_the_files_converted_ahead_are_only_regular_files(odd):
     """The conversion processes open these while Beam loads, before the pipeline lists."""
     root, ids, _ = odd
-    layout = listing.discover(root, skip_unreadable_folders=True)
+    layout = discovery.discover(root, skip_unreadable_folders=True)
     refs = listing.local_refs(layout, 1000, 1 << 30, 42, keys.parse_splits(keys.DEFAULT_SPLITS))
     found = {ref.image_id for ref in refs}
     # (this process, unlike the CLI runs above, may read the locked folders: root can)
@@ -404,15 +405,15 @@ def test_a_fifo_named_in_a_manifest_is_skipped_not_opened(tmp_path):
 )
 def test_class_names_that_labels_txt_cannot_hold_are_refused(name):
     with pytest.raises(UsageError) as refused:
-        listing.check_class_name(name, "--input: class folder")
+        discovery.check_class_name(name, "--input: class folder")
     message = str(refused.value)
-    assert message.startswith(f"--input: class folder {listing.shown(name)} ")
+    assert message.startswith(f"--input: class folder {paths.shown(name)} ")
     assert message.isprintable()  # one line, whatever the name holds
 
 
 @pytest.mark.parametrize("name", ["café au lait", "n° 1", "犬", "👩\u200d👩\u200d👧", "a  b"])
 def test_class_names_that_round_trip_are_accepted(name):
-    listing.check_class_name(name, "--input: class folder")
+    discovery.check_class_name(name, "--input: class folder")
     assert (name + "\n").splitlines() == [name] and name.strip() == name
 
 

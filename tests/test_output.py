@@ -1,4 +1,4 @@
-"""beam_pipeline.output: atomic placement and deleting only the job's files.
+"""beam_pipeline.storage.output: atomic placement and deleting only the job's files.
 
 Each behaviour runs on a local folder and on gs:// (Beam's FileSystems
 against the GCS emulator), the two kinds of --output the converter writes.
@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from beam_pipeline import errors, listing, metadata
-from beam_pipeline import output as output_files
+from beam_pipeline.core import errors, metadata
+from beam_pipeline.storage import output as output_files
+from beam_pipeline.storage import paths
 
 TMP = metadata.TMP_DIR
 
@@ -96,7 +97,7 @@ def test_is_ours_recognises_only_the_names_a_run_writes(name, ours):
 
 def test_write_atomically_replaces_the_file_and_leaves_no_temp(where):
     where.put("notes.txt", b"the user's")
-    path = listing.join(where.base, "labels.txt")
+    path = paths.join(where.base, "labels.txt")
     output_files.write_atomically(path, b"old\n")
     output_files.write_atomically(path, b"cat\ndog\n")
     assert where.get("labels.txt") == b"cat\ndog\n"
@@ -112,18 +113,18 @@ def test_write_atomically_makes_a_local_files_folders(tmp_path):
 
 def test_create_writes_bytes_as_given(where):
     data = bytes(range(256)) * 1000  # no compression, no newline translation
-    with output_files.create(listing.join(where.base, f"{TMP}/a.bin")) as stream:
+    with output_files.create(paths.join(where.base, f"{TMP}/a.bin")) as stream:
         stream.write(data)
     assert where.get(f"{TMP}/a.bin") == data
 
 
 def test_move_into_place_is_idempotent_across_a_retry(where):
-    temp = listing.join(where.base, TMP)
+    temp = paths.join(where.base, TMP)
     moves = []
     for i in range(3):
         where.put(f"{TMP}/s{i}.tmp", f"shard {i}".encode())
         moves.append(
-            (f"{temp}/s{i}.tmp", listing.join(where.base, f"train-{i:05d}-of-00003.tfrecord"))
+            (f"{temp}/s{i}.tmp", paths.join(where.base, f"train-{i:05d}-of-00003.tfrecord"))
         )
     output_files.move_into_place(moves[:1], temp)  # a first try that stopped after one
     output_files.move_into_place(moves, temp)  # the retry completes the rest

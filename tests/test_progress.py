@@ -12,7 +12,8 @@ import termios
 
 import pytest
 
-from beam_pipeline import listing, progress
+from beam_pipeline.engines import progress
+from beam_pipeline.storage import discovery, listing
 from tests.image_factory import make_class_folders
 
 PER_CLASS = 40
@@ -77,7 +78,7 @@ def test_a_silent_reporter_writes_nothing():
 
 
 def test_the_estimate_counts_what_listing_lists(folder):
-    layout = listing.discover(str(folder))
+    layout = discovery.discover(str(folder))
     listed = [
         row
         for source in layout.sources

@@ -15,7 +15,9 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 import reader
-from beam_pipeline import metadata, output, resume
+from beam_pipeline.core import metadata
+from beam_pipeline.stages import resume
+from beam_pipeline.storage import output
 from reader import info as info_lib
 from reader import inspect as inspect_tool
 from tests.image_factory import add_bad_files, make_class_folders

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from beam_pipeline import __main__ as cli
-from beam_pipeline import images
+from beam_pipeline.core import images
 
 
 def _photo() -> bytes:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from beam_pipeline import duplicates, keys, metadata, spill, tfds_metadata
 from beam_pipeline.__main__ import main
+from beam_pipeline.core import duplicates, keys, metadata, spill, tfds_metadata
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 

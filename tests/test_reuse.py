@@ -27,8 +27,9 @@ import apache_beam.io.gcp.gcsfilesystem  # noqa: F401
 import pytest
 from PIL import Image
 
-from beam_pipeline import convert, images, metadata, records, reuse, settings, tfds_metadata
 from beam_pipeline.__main__ import main
+from beam_pipeline.core import images, metadata, records, settings, tfds_metadata
+from beam_pipeline.stages import convert, reuse
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
 
@@ -118,7 +119,7 @@ def test_a_reuse_run_writes_what_a_full_conversion_writes(history, tmp_path, cap
 def test_an_interrupted_reuse_run_resumes_to_the_same_bytes(history, tmp_path, capsys, monkeypatch):
     """What an interrupted --reuse run spilled (its relabelled records) is resumed;
     the records it left in OLD's shards are checked again."""
-    from beam_pipeline import finalize
+    from beam_pipeline.stages import finalize
 
     def crash(self, *args):
         raise KeyboardInterrupt  # every image done, nothing published

@@ -2,7 +2,7 @@
 
 The resume key, imagerecords.json's settings, the dry run's and the
 summary's description of them are derived from the declarations on
-ImageSpec and JobConfig (beam_pipeline/settings.py); these tests fail when a
+ImageSpec and JobConfig (beam_pipeline/core/settings.py); these tests fail when a
 field is added without a declaration, or when a reader of the settings
 misses one.
 """
@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import arguments, images, listing, metadata, resume, settings, spill
 from beam_pipeline.__main__ import main
-from beam_pipeline.job_config import JobConfig
+from beam_pipeline.cli import arguments
+from beam_pipeline.core import images, metadata, settings, spill
+from beam_pipeline.stages import resume
+from beam_pipeline.stages.job_config import JobConfig
+from beam_pipeline.storage import discovery
 from tests import contract
 from tests.image_factory import make_class_folders
 
@@ -39,7 +42,7 @@ def test_every_field_says_whether_it_decides_the_records(config_type):
         assert declared, (
             f"{config_type.__name__}.{field.name} does not say whether it decides a record's "
             "bytes, split or label: declare it with settings.decides / does_not_decide / "
-            "nested (beam_pipeline/settings.py)"
+            "nested (beam_pipeline/core/settings.py)"
         )
         for setting in declared:
             if setting.nested:
@@ -68,7 +71,7 @@ def test_each_image_setting_is_the_flag_of_its_name():
 
 def _config(tmp_path, **image) -> JobConfig:
     make_class_folders(str(tmp_path / "in"), classes=("a", "b"), per_class=1, nested=False)
-    layout = listing.discover(str(tmp_path / "in"))
+    layout = discovery.discover(str(tmp_path / "in"))
     return JobConfig(
         layout=layout,
         output=str(tmp_path / "out"),

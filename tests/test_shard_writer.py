@@ -11,10 +11,10 @@ import tracemalloc
 
 import pytest
 
-from beam_pipeline import books
-from beam_pipeline.convert import RecordBatch, ShardEntry, SpillLocation
-from beam_pipeline.shards import sort_entries, write_shard
-from beam_pipeline.staging import write_staged_shard
+from beam_pipeline.core import books
+from beam_pipeline.stages.convert import RecordBatch, ShardEntry, SpillLocation
+from beam_pipeline.stages.shards import sort_entries, write_shard
+from beam_pipeline.stages.staging import write_staged_shard
 
 SPLIT = "train"
 
@@ -184,7 +184,7 @@ class BigShard:
 
 
 def test_writing_a_300_mb_shard_holds_its_keys_not_its_bytes(tmp_path, monkeypatch):
-    from beam_pipeline.pipeline import _WriteShardFn
+    from beam_pipeline.engines.pipeline import _WriteShardFn
 
     staging = tmp_path / "staging"
     staging.mkdir()

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from beam_pipeline import listing
 from beam_pipeline.__main__ import main
+from beam_pipeline.storage import listing
 from tests import contract
 from tests.image_factory import jpeg_bytes, make_class_folders, photo
 

@@ -1,4 +1,4 @@
-"""Spill files and the resume index (beam_pipeline.spill): pure, no Beam."""
+"""Spill files and the resume index (beam_pipeline.core.spill): pure, no Beam."""
 
 import concurrent.futures
 import hashlib
@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from beam_pipeline import convert, images, keys, listing, metadata, records, spill
+from beam_pipeline.core import images, keys, metadata, records, spill
+from beam_pipeline.stages import convert
+from beam_pipeline.storage import discovery, listing
 from tests.image_factory import add_bad_files, make_class_folders
 
 
@@ -112,7 +114,7 @@ def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
     root = tmp_path / "images"
     ids = make_class_folders(str(root), per_class=4, nested=False)
     bad = add_bad_files(str(root))
-    layout = listing.discover(str(root))
+    layout = discovery.discover(str(root))
     refs = listing.local_refs(layout, 100, 10**9, 42, {"train": 0.5, "val": 0.5})
     spill_dir = str(tmp_path / "spill")
     spec = images.ImageSpec(size=32)

@@ -1,4 +1,4 @@
-"""beam_pipeline.tfds_metadata: TFDS's own metadata files make the shards a TFDS dataset.
+"""beam_pipeline.core.tfds_metadata: TFDS's own metadata files make the shards a TFDS dataset.
 
 The files are written next to a dataset the real CLI converted, and the real
 ``tensorflow_datasets`` reads it with ``builder_from_directory``: split
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import keys, metadata, tfds_metadata
+from beam_pipeline.core import keys, metadata, tfds_metadata
 from imagerecords import RecordSource
 from tests.image_factory import make_class_folders
 
@@ -164,7 +164,7 @@ def test_empty_split_left_out_and_bad_names_refused(dataset):
 def test_module_imports_neither_tensorflow_tfds_nor_beam():
     code = (
         "import sys\n"
-        "import beam_pipeline.tfds_metadata\n"
+        "import beam_pipeline.core.tfds_metadata\n"
         "print(sorted(m for m in ('tensorflow', 'tensorflow_datasets', 'apache_beam')"
         " if m in sys.modules))\n"
     )

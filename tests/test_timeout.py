@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from beam_pipeline import deadline, images
 from beam_pipeline.__main__ import main
+from beam_pipeline.core import deadline, images
 from tests import contract
 from tests.image_factory import make_class_folders
 

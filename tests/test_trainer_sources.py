@@ -124,7 +124,7 @@ def test_every_record_once_with_tensorflows_values(converted, variant):
 
 
 def test_every_record_key_has_a_field_name():
-    from beam_pipeline.records import FEATURE_TYPES
+    from beam_pipeline.core.records import FEATURE_TYPES
     from imagerecords.source import FIELD_NAMES
 
     assert set(FIELD_NAMES) == set(FEATURE_TYPES)

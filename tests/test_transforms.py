@@ -11,9 +11,11 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline import books, images, keys, listing, metadata, pipeline, records, spill
-from beam_pipeline import output as output_files
-from beam_pipeline.convert import RecordBatch, ShardEntry
+from beam_pipeline.core import books, images, keys, metadata, records, spill
+from beam_pipeline.engines import pipeline
+from beam_pipeline.stages.convert import RecordBatch, ShardEntry
+from beam_pipeline.storage import discovery, listing
+from beam_pipeline.storage import output as output_files
 from tests.image_factory import add_bad_files, make_class_folders
 
 SPLITS = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -33,7 +35,7 @@ def folder(tmp_path_factory):
 
 
 def _config(root, output="/nonexistent", **kwargs):
-    layout = listing.discover(root)
+    layout = discovery.discover(root)
     return pipeline.JobConfig(layout=layout, output=output, splits=SPLITS, **kwargs)
 
 
@@ -102,7 +104,7 @@ def _listed(split, ids):
 
 def _run_plan_and_write(tmp_path, batches, listed, rejections=(), **config_args):
     """Runs PlanShards + WriteShards; returns (config, plans, shard infos)."""
-    layout = listing.Layout(kind="classes", root="/in", classes=("a",))
+    layout = discovery.Layout(kind="classes", root="/in", classes=("a",))
     out_dir = tmp_path / "out"
     config = pipeline.JobConfig(layout=layout, output=str(out_dir), splits=SPLITS, **config_args)
     kept = tmp_path / "kept"
@@ -278,7 +280,7 @@ def test_config_image_spec_decides_the_stored_size(folder):
 
 def test_local_refs_for_converting_ahead_respect_both_bounds(folder):
     root, ids, bad = folder
-    layout = listing.discover(root)
+    layout = discovery.discover(root)
 
     def paths(limit, max_bytes):
         return [ref.path for ref in listing.local_refs(layout, limit, max_bytes, 42, {"t": 1.0})]
@@ -306,9 +308,9 @@ def test_local_refs_for_converting_ahead_respect_both_bounds(folder):
 )
 def test_job_config_checks_its_own_values(kwargs, message):
     """Code that builds a JobConfig directly gets the CLI's errors."""
-    from beam_pipeline.errors import UsageError
+    from beam_pipeline.core.errors import UsageError
 
-    layout = listing.Layout(kind="classes", root="/in", classes=("a",))
+    layout = discovery.Layout(kind="classes", root="/in", classes=("a",))
     fields = {"layout": layout, "output": "/o", "splits": SPLITS, **kwargs}
     with pytest.raises(UsageError) as caught:
         pipeline.JobConfig(**fields)

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from beam_pipeline import errors, metadata
+from beam_pipeline.core import errors, metadata
 from tests.image_factory import make_class_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,8 +100,9 @@ def test_a_staged_shard_past_the_file_size_limit_is_named(images, tmp_path):
 
 _WRITE_SHARD = """
 import sys
-from beam_pipeline import errors, shards
-from beam_pipeline.convert import ShardEntry
+from beam_pipeline.core import errors
+from beam_pipeline.stages import shards
+from beam_pipeline.stages.convert import ShardEntry
 records = [ShardEntry(key, str(key), 0, 50_000, b"x" * 50_000) for key in range(4)]
 try:
     shards.write_shard(sys.argv[1], "train", 0, 1, records)
@@ -112,7 +113,8 @@ except errors.CannotWrite as error:
 
 _WRITE_METADATA = """
 import sys
-from beam_pipeline import errors, output
+from beam_pipeline.core import errors
+from beam_pipeline.storage import output
 try:
     output.write_atomically(sys.argv[1], b"{}" * 100_000)
 except errors.CannotWrite as error:

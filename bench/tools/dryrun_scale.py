@@ -22,8 +22,9 @@ import time
 
 from PIL import Image
 
-from beam_pipeline import dryrun
 from beam_pipeline.__main__ import run
+from beam_pipeline.cli import dryrun
+from beam_pipeline.storage import discovery
 
 
 def make_folder(root: str, images: int, classes: int = 100) -> float:
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
         best = None
         for _ in range(args.repeats):
             # The listing alone, then the whole dry run (listing + sample + report).
-            layout = dryrun.listing.discover(root)
+            layout = discovery.discover(root)
             wall, cpu = time.perf_counter(), time.process_time()
             found = dryrun.census(layout, 42, {"train": 0.8, "val": 0.1, "test": 0.1})
             listing_s = time.perf_counter() - wall

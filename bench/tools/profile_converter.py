@@ -92,7 +92,7 @@ def categorize(frames: list[str]) -> str:
 
 def stage_costs(files: list[Path]) -> dict[str, float]:
     """Milliseconds per image of each step, measured one step at a time."""
-    from beam_pipeline import images, keys, records
+    from beam_pipeline.core import images, keys, records
 
     totals: collections.Counter[str] = collections.Counter()
     spec = images.ImageSpec()
@@ -154,7 +154,7 @@ def stage_costs(files: list[Path]) -> dict[str, float]:
             ("make_example (protobuf)", t8 - t7),
             ("frame_record (CRC32C)", t9 - t8),
             ("order_key (blake2b)", t10 - t9),
-            ("= beam_pipeline.images.convert, whole", t11 - t10),
+            ("= beam_pipeline.core.images.convert, whole", t11 - t10),
             ("= codec floor convert_bytes, whole", t12 - t11),
         ):
             totals[name] += dt

@@ -1,0 +1,300 @@
+"""Local-speed tricks that reach into Apache Beam's private modules, fenced in one place.
+
+Written against **apache-beam 2.77.0** (:data:`BEAM_VERSION`; ``setup.py`` and
+``deploy/Dockerfile`` pin the same version). Each trick only makes a local
+DirectRunner run start or end sooner, or keeps its stderr to the CLI's
+one-line errors; none changes what the job writes. Each
+is guarded: when a Beam upgrade breaks one (a module, attribute or signature
+gone or changed), the job takes Beam's plain public path instead and logs
+one warning line naming the trick and both Beam versions; it never crashes
+and never writes different output. ``tests/test_beam_private.py`` fails
+while the installed Beam differs from :data:`BEAM_VERSION`: re-read each
+trick against the new Beam's source, then move the version.
+
+The tricks, and why each exists:
+
+* :func:`import_beam_for_local_run` hides optional packages (MongoDB, Arrow,
+  Pub/Sub, BigQuery, the Dataflow client; on an all-local run also the GCS
+  stack) in ``sys.modules`` while ``apache_beam`` is imported. Beam imports
+  each of them whenever it is installed, guarded by ``except ImportError``;
+  a local conversion uses none of them, and loading them takes CPU from the
+  conversion processes. A failed import cannot be undone in-process, so it
+  is used only with the Beam it was checked against. Fallback: the plain
+  ``import apache_beam``.
+* :func:`shorten_state_sampling` rewrites the default of
+  ``statesampler.StateSampler.__init__``'s ``sampling_period_ms``. Beam's
+  state sampler thread sleeps that long between samples, and every bundle's
+  end waits for it to wake; with Beam's 200 ms the end of the one long
+  conversion bundle idled on the critical path of a short local run.
+  Fallback: Beam's sampling period.
+* :func:`direct_fn_api_runner` builds the ``fn_runner.FnApiRunner`` exactly
+  as ``DirectRunner.run_pipeline`` builds it for a batch pipeline
+  (``ExtendedProvisionInfo`` of ``JobServiceHandle.encode_pipeline_options``),
+  skipping DirectRunner's first attempt to download and start the Prism
+  runner (a binary from GitHub). Prism ignores ``--direct_running_mode``,
+  and the local conversion pool needs the graph in this process; going
+  straight to the FnApiRunner makes the engine the same offline and online.
+  Fallback: Beam's DirectRunner, chosen by the options as usual.
+* :func:`direct_fn_api_runner` with a ``workers_log`` also appends
+  ``2>>LOG`` to the command line of ``multi_processing``'s SDK worker
+  processes (Beam's ``SubprocessSDKEnvironment``, run with ``shell=True``).
+  Beam's worker prints the full traceback of every failed bundle to its
+  stderr, which it shares with the CLI; the CLI's rule is one ``error:``
+  line, a traceback only with ``--verbose``. Fallback: the workers write to
+  the CLI's stderr, as in plain Beam.
+* :func:`fast_exit` ends ``python -m beam_pipeline`` with ``os._exit`` once
+  every output is closed and renamed, skipping the interpreter's teardown of
+  Beam's runner state (threads, gRPC channels, caches), which lengthened a
+  local run's wall time. What it skips cannot fail loudly, so it is used only
+  with the Beam it was checked against. Fallback: the normal interpreter exit.
+
+docs/performance.md ("Measurements behind code choices") has the numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+
+# The Beam these tricks were read against. Move it only after re-reading each
+# trick against the new Beam's source (tests/test_beam_private.py).
+BEAM_VERSION = "2.77.0"
+
+_log = logging.getLogger(__name__)
+
+
+@functools.cache
+def installed_beam_version() -> str | None:
+    """The installed apache-beam's version, read without importing Beam."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("apache-beam")
+    except metadata.PackageNotFoundError:  # pragma: no cover - Beam is a dependency
+        return None
+
+
+def _fell_back(trick: str, problem: BaseException | str, fallback: str) -> None:
+    """The one warning line of a trick that no longer fits the installed Beam."""
+    if isinstance(problem, BaseException):
+        text = str(problem).strip().splitlines()
+        problem = f"{type(problem).__name__}: {text[0] if text else ''}".rstrip(": ")
+    _log.warning(
+        "beam_private.%s skipped (%s); %s. It was written against apache-beam %s, "
+        "installed is %s: re-check beam_pipeline/beam_internals/beam_private.py",
+        trick,
+        problem,
+        fallback,
+        BEAM_VERSION,
+        installed_beam_version(),
+    )
+
+
+# ------------------------------------------------------------ import Apache Beam
+
+# Optional packages that ``import apache_beam`` loads whenever they are installed
+# (Beam guards each import with ``except ImportError``): MongoDB IO, Pub/Sub IO,
+# Arrow type conversion, BigQuery IO and the Dataflow API client.
+_UNUSED_BEAM_EXTRAS = (
+    "pymongo",
+    "bson",
+    "pyarrow",
+    "google.cloud.pubsub",
+    "google.cloud.pubsub_v1",
+    "google.cloud.bigquery",
+    "google.cloud.bigquery_storage_v1",
+    "google.cloud.dataflow",
+    "google.cloud.dataflow_v1beta3",
+)
+# What only a run touching Google Cloud needs: Beam's GCS filesystem and GCP
+# auth helpers (the Cloud Storage client and the API client library under them,
+# with their HTTP and crypto stack), and Beam's BigQuery IO module, which
+# apache_beam.io imports even without the BigQuery client (google.auth,
+# requests, regex). Hidden only when the input and the output are both local,
+# so Beam registers no gs:// filesystem in that process.
+_CLOUD_ONLY_MODULES = ("google.cloud.storage", "apitools", "apache_beam.io.gcp.bigquery")
+
+
+def import_beam_for_local_run(uses_gcs: bool = True) -> None:
+    """Imports Apache Beam without the optional packages a local run never uses.
+
+    The packages are hidden only during the import and importable again after
+    it; Beam's modules that wanted them stay in their "not installed" state.
+    Only with :data:`BEAM_VERSION`, whose imports were checked: if a Beam
+    imported a hidden package unguarded, the failed import could not be
+    undone in this process (Beam's compiled modules do not load twice), so
+    any other Beam is imported plainly.
+
+    Args:
+        uses_gcs: Some path is on gs://: keep Beam's GCS filesystem.
+    """
+    if "apache_beam" in sys.modules:
+        return
+    installed = installed_beam_version()
+    if installed != BEAM_VERSION:
+        _fell_back(
+            "import_beam_for_local_run",
+            f"its hidden packages were checked on Beam {BEAM_VERSION} only",
+            "importing Beam with all its packages",
+        )
+        import apache_beam  # noqa: F401
+
+        return
+    unused = _UNUSED_BEAM_EXTRAS if uses_gcs else _UNUSED_BEAM_EXTRAS + _CLOUD_ONLY_MODULES
+    hidden = [name for name in unused if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # makes `import name` raise ImportError
+    mongo_log = logging.getLogger("apache_beam.io.mongodbio")
+    level = mongo_log.level
+    mongo_log.setLevel(logging.ERROR)  # "Could not find a compatible bson package."
+    try:
+        import apache_beam  # noqa: F401
+    finally:
+        mongo_log.setLevel(level)
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+# ------------------------------------------------------------- state sampling
+
+# The state sampler's period for bundles run in this process, instead of
+# Beam's DEFAULT_SAMPLING_PERIOD_MS (200).
+LOCAL_STATE_SAMPLING_MS = 20
+
+
+def shorten_state_sampling() -> bool:
+    """Lowers the state sampler's period for bundles run in this process.
+
+    The sampler thread runs without the GIL, so sampling more often costs
+    nothing measurable. Applied only while Beam's default is in place (or
+    already lowered here).
+
+    Returns:
+        Whether the shorter period is in force.
+    """
+    try:
+        from apache_beam.runners.worker import statesampler
+
+        init = statesampler.StateSampler.__init__
+        names = init.__code__.co_varnames[: init.__code__.co_argcount]
+        if init.__defaults__ == (LOCAL_STATE_SAMPLING_MS,):
+            return True
+        if names[-1:] != ("sampling_period_ms",) or init.__defaults__ != (
+            statesampler.DEFAULT_SAMPLING_PERIOD_MS,
+        ):
+            raise TypeError(
+                f"StateSampler.__init__{names} has defaults {init.__defaults__}, "
+                "not sampling_period_ms=DEFAULT_SAMPLING_PERIOD_MS"
+            )
+        init.__defaults__ = (LOCAL_STATE_SAMPLING_MS,)
+        return True
+    except Exception as error:
+        _fell_back("shorten_state_sampling", error, "keeping Beam's sampling period")
+        return False
+
+
+# ------------------------------------------------------ DirectRunner, no Prism
+
+
+# The command line FnApiRunner.run_pipeline gives multi_processing's workers
+# (with sys.executable); the only one whose stderr is redirected.
+_SDK_WORKER_COMMAND = "{python} -m apache_beam.runners.worker.sdk_worker_main"
+
+
+def direct_fn_api_runner(all_options: dict, workers_log: str | None = None):
+    """The runner DirectRunner uses for a batch pipeline, without its Prism attempt.
+
+    Args:
+        all_options: ``PipelineOptions.get_all_options()`` of the job.
+        workers_log: A local file that multi_processing's worker processes
+            append their stderr to, instead of the CLI's stderr; None: leave it.
+
+    Returns:
+        The FnApiRunner, configured as DirectRunner configures it; None when
+        that no longer works with the installed Beam: the caller then lets
+        Beam pick its DirectRunner from the options.
+    """
+    try:
+        from apache_beam.portability.api import beam_provision_api_pb2
+        from apache_beam.runners.portability.fn_api_runner import fn_runner
+        from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+        info = beam_provision_api_pb2.ProvisionInfo(
+            pipeline_options=JobServiceHandle.encode_pipeline_options(all_options)
+        )
+        provision = fn_runner.ExtendedProvisionInfo(info)
+        if workers_log is None or all_options.get("direct_running_mode") != "multi_processing":
+            return fn_runner.FnApiRunner(provision_info=provision)
+    except Exception as error:
+        _fell_back("direct_fn_api_runner", error, "using Beam's DirectRunner")
+        return None
+    return _runner_with_workers_log(fn_runner.FnApiRunner, workers_log)(provision_info=provision)
+
+
+def _runner_with_workers_log(base, workers_log: str):
+    """A FnApiRunner class whose multi_processing workers append stderr to ``workers_log``.
+
+    The worker command is rewritten in the pipeline proto, where
+    ``run_pipeline`` put it, just before ``run_via_runner_api`` starts the
+    workers; nothing outside this runner changes.
+    """
+    import shlex
+
+    class FnApiRunnerWithWorkersLog(base):
+        def run_via_runner_api(self, pipeline_proto, options):
+            try:
+                from apache_beam.portability import python_urns
+
+                command = _SDK_WORKER_COMMAND.format(python=sys.executable).encode("utf-8")
+                found = [
+                    env
+                    for env in pipeline_proto.components.environments.values()
+                    if env.urn == python_urns.SUBPROCESS_SDK and env.payload == command
+                ]
+                if not found:
+                    raise LookupError(f"no worker environment runs {command.decode()!r}")
+                for env in found:
+                    env.payload = command + f" 2>>{shlex.quote(workers_log)}".encode()
+            except Exception as error:
+                _fell_back(
+                    "direct_fn_api_runner",
+                    error,
+                    "multi_processing's workers print to this process's stderr",
+                )
+            return super().run_via_runner_api(pipeline_proto, options)
+
+    return FnApiRunnerWithWorkersLog
+
+
+# ------------------------------------------------------------------ fast exit
+
+
+def fast_exit(status: int) -> None:
+    """Ends the process now, without the interpreter's teardown. Does not return.
+
+    For ``python -m beam_pipeline`` only, after every output is closed and
+    renamed. ``os._exit`` also skips multiprocessing's clean-up, so that part
+    is done here. With any Beam but :data:`BEAM_VERSION` (whose exit-time
+    work was not checked) and if the clean-up fails, the interpreter exits
+    normally instead.
+    """
+    try:
+        # Without Beam in the process (the local engine) there is no Beam exit-time
+        # work to skip, and no need to read its version (~0.05 s of CPU).
+        installed = BEAM_VERSION if "apache_beam" not in sys.modules else installed_beam_version()
+        if installed != BEAM_VERSION:
+            raise RuntimeError(f"its exit-time work was checked on Beam {BEAM_VERSION} only")
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            child.terminate()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception as error:
+        _fell_back("fast_exit", error, "exiting normally")
+        sys.exit(status)
+    os._exit(status)

@@ -1,0 +1,579 @@
+"""``--dry_run``: what a conversion would do, from a listing and a sample; writes nothing.
+
+The whole input is *listed* (counts per class and split, files that will be
+skipped, extensions), a few hundred images drawn with the job's seed are
+*converted in memory* with the job's own code (``convert.decode_data`` and
+``convert.finish``), and from those the output bytes, shard counts, likely
+rejects, conversion speed, local wall time and Dataflow cost are extrapolated.
+
+Nothing is created, not even the output folder: the only calls that touch
+``--output`` are the read-only checks a real run makes before it starts.
+Beam is imported only for inputs that are not on the local disk.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import os
+import posixpath
+import random
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from beam_pipeline.core import images, keys, settings
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.stages import convert, reuse
+from beam_pipeline.storage import discovery, listing, paths
+
+SAMPLE_SIZE = 300
+# Stop converting the sample after this much CPU (with SAMPLE_MIN images at
+# least): a sample of large photos must not make the dry run slow.
+SAMPLE_CPU_BUDGET_S = 8.0
+SAMPLE_MIN = 30
+_REMOTE_READERS = 16  # threads reading sampled images from GCS
+
+# How the estimates turn this machine's per-image CPU time into job times.
+# Local: the local engine's speed per core as a fraction of the bare codec's,
+# plus a fixed start-up; the same for the pooled DirectRunner (--runner
+# DirectRunner). All from the benchmark (docs/performance.md, "Local engine"),
+# so they are only as right as its machine is like this one.
+LOCAL_EFFICIENCY = 0.95
+LOCAL_FIXED_S = 0.3
+BEAM_LOCAL_EFFICIENCY = 0.83
+BEAM_LOCAL_FIXED_S = 1.5
+# Dataflow: the planning factor of docs/scale.md's cost section (an
+# assumption, not a measurement): twice the local CPU per image, for GCS reads
+# over HTTPS, Runner v2's data plane and shuffle serialization.
+DATAFLOW_FACTOR = 2.0
+DEFAULT_MACHINE_TYPE = "n2-standard-4"
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+    """Dataflow batch list prices in USD, as in docs/scale.md (no discounts, no free tier)."""
+
+    region: str = "us-central1"
+    as_of: str = "2024, not re-checked"
+    source: str = "cloud.google.com/dataflow/pricing"
+    vcpu_hour: float = 0.056
+    gb_hour: float = 0.003557
+    shuffle_gb: float = 0.011  # Dataflow Shuffle, per GB processed (batch)
+    pd_gb_hour: float = 0.000054  # standard persistent disk
+    disk_gb: int = 25  # boot disk per worker when Dataflow Shuffle is on (the default)
+    gcs_read_1000: float = 0.0004  # Cloud Storage class B operations (one read per image)
+
+
+PRICES = Prices()
+
+# GB of memory per vCPU by machine series and shape (Compute Engine machine types).
+_MEMORY_PER_VCPU = {
+    ("n1", "standard"): 3.75,
+    ("n1", "highmem"): 6.5,
+    ("n1", "highcpu"): 0.9,
+    ("n2", "standard"): 4.0,
+    ("n2", "highmem"): 8.0,
+    ("n2", "highcpu"): 1.0,
+    ("n2d", "standard"): 4.0,
+    ("n2d", "highmem"): 8.0,
+    ("n2d", "highcpu"): 1.0,
+    ("e2", "standard"): 4.0,
+    ("e2", "highmem"): 8.0,
+    ("e2", "highcpu"): 1.0,
+    ("c2", "standard"): 4.0,
+    ("c2d", "standard"): 4.0,
+    ("c2d", "highmem"): 8.0,
+    ("c2d", "highcpu"): 2.0,
+    ("c3", "standard"): 4.0,
+    ("c3", "highmem"): 8.0,
+    ("c3", "highcpu"): 2.0,
+    ("c3d", "standard"): 4.0,
+    ("c3d", "highmem"): 8.0,
+    ("c3d", "highcpu"): 2.0,
+    ("c4", "standard"): 3.75,
+    ("c4", "highmem"): 7.75,
+    ("c4", "highcpu"): 2.0,
+    ("n4", "standard"): 4.0,
+    ("n4", "highmem"): 8.0,
+    ("n4", "highcpu"): 2.0,
+}
+
+
+# ------------------------------------------------------------ pure estimates
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineType:
+    name: str
+    vcpus: int
+    memory_gb: float
+
+
+def machine_type(name: str) -> MachineType:
+    """vCPUs and memory of a Compute Engine machine type name.
+
+    ``custom-8-16384`` (and ``n2-custom-8-16384``) give memory in MB.
+
+    Raises:
+        ValueError: a name that is not ``SERIES-SHAPE-VCPUS`` or a custom type.
+    """
+    custom = re.fullmatch(r"(?:[a-z0-9]+-)?custom-(\d+)-(\d+)(?:-ext)?", name)
+    if custom:
+        vcpus, memory_mb = int(custom.group(1)), int(custom.group(2))
+        return MachineType(name, vcpus, memory_mb / 1024)
+    match = re.fullmatch(r"([a-z][a-z0-9]*)-(standard|highmem|highcpu)-(\d+)", name)
+    if not match or (match.group(1), match.group(2)) not in _MEMORY_PER_VCPU:
+        raise ValueError(
+            f"unknown machine type {name!r}: expected e.g. n2-standard-4, c3-highcpu-8 "
+            "or custom-8-16384"
+        )
+    vcpus = int(match.group(3))
+    return MachineType(name, vcpus, vcpus * _MEMORY_PER_VCPU[match.group(1), match.group(2)])
+
+
+@dataclasses.dataclass(frozen=True)
+class DataflowCost:
+    vcpu_hours: float
+    worker_hours: float
+    shuffle_gb: float
+    usd: float
+
+
+def dataflow_cost(
+    images: int, cpu_s_per_image: float, output_bytes: float, machine: MachineType, prices=PRICES
+) -> DataflowCost:
+    """Worker time and list-price cost of converting ``images`` on Dataflow.
+
+    Workers are billed per vCPU-hour and GB-hour; every record passes once
+    through Dataflow Shuffle (the GroupByKey into shards), billed here as
+    written plus read (an upper bound, as in docs/scale.md); each image is one
+    Cloud Storage read. Start-up and shut-down of the workers (a few minutes
+    per job) are not included.
+    """
+    vcpu_hours = images * cpu_s_per_image * DATAFLOW_FACTOR / 3600
+    worker_hours = vcpu_hours / machine.vcpus
+    shuffle_gb = 2 * output_bytes / 1e9
+    usd = (
+        vcpu_hours * prices.vcpu_hour
+        + worker_hours * machine.memory_gb * prices.gb_hour
+        + worker_hours * prices.disk_gb * prices.pd_gb_hour
+        + shuffle_gb * prices.shuffle_gb
+        + images / 1000 * prices.gcs_read_1000
+    )
+    return DataflowCost(vcpu_hours, worker_hours, shuffle_gb, usd)
+
+
+def local_wall_s(
+    images: int, cpu_s_per_image: float, processes: int, on_beam: bool = False
+) -> float:
+    """Wall time of a local run with ``processes`` conversion processes
+    (the local engine, or Beam's DirectRunner when ``on_beam``)."""
+    fixed, efficiency = (
+        (BEAM_LOCAL_FIXED_S, BEAM_LOCAL_EFFICIENCY)
+        if on_beam
+        else (LOCAL_FIXED_S, LOCAL_EFFICIENCY)
+    )
+    return fixed + images * cpu_s_per_image / (max(1, processes) * efficiency)
+
+
+def expected_shards(records: float, target_bytes: int, total_bytes: float, min_shards: int) -> int:
+    """Shards a split of ``records`` records and ``total_bytes`` bytes is written in:
+    exactly ``keys.num_shards``, capped by the records (docs/format.md section 3)."""
+    if records <= 0:
+        return 0
+    count = max(1, round(records))
+    return keys.num_shards(int(total_bytes), target_bytes, min_shards, records=count)
+
+
+def reason_kind(reason: str) -> str:
+    """The stable head of a rejection reason: ``corrupt image``, ``not an image``, ..."""
+    return reason.split(":", 1)[0].strip()
+
+
+# ------------------------------------------------------------------ listing
+
+
+@dataclasses.dataclass
+class Census:
+    """What listing the whole input found."""
+
+    refs: list[tuple[str, str, int, str]]  # (image_id, path, label, split), as the job lists
+    counts: dict[tuple[str, int], int]  # (split, label) -> images
+    skipped: dict[str, list[str]]  # why -> the relative paths skipped for it
+    extensions: collections.Counter
+    input_bytes: int | None  # total size of the listed files, when the listing says
+
+
+def _split_of(seed: int, fractions: Mapping[str, float], image_id: str, fixed: str | None) -> str:
+    return fixed or keys.assign_split(seed, image_id, fractions)
+
+
+def _census_folders(layout: discovery.Layout, seed: int, fractions) -> Census:
+    """Lists every class folder as the job does (``listing.sized_folder_rows``: the
+    same rows, plus sizes and hidden entries), in parallel threads; gs:// through
+    Beam's FileSystems."""
+    root = layout.root
+    refs, skipped = [], collections.defaultdict(list)
+    for path in layout.loose_files:
+        skipped[listing.NOT_IN_CLASS_FOLDER].append(paths.relative_id(root, path))
+
+    def rows(folder):
+        return list(listing.sized_folder_rows(folder, root, sizes=True, hidden=True))
+
+    total = 0
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for found in pool.map(rows, layout.folders):
+            for row in found:
+                if isinstance(row, listing.Skipped):
+                    skipped[row.reason].append(paths.relative_id(root, row.path))
+                    continue
+                *ref, size = row
+                total += size or 0
+                refs.append(tuple(ref))
+    return _finish_census(refs, skipped, total, seed, fractions)
+
+
+def _census_manifest(layout: discovery.Layout, seed: int, fractions) -> Census:
+    refs, skipped = [], collections.defaultdict(list)
+    for row in layout.rows(layout.manifest):  # (image_id, path, label, split) or Skipped
+        if isinstance(row, listing.Skipped):
+            skipped[row.reason].append(row.path)
+        else:
+            refs.append(row)
+    return _finish_census(refs, skipped, None, seed, fractions)
+
+
+def _finish_census(refs, skipped, total, seed, fractions) -> Census:
+    # Sorted, so that the sample drawn with the seed does not depend on the listing order.
+    refs = sorted(
+        (i, p, label, _split_of(seed, fractions, i, split)) for i, p, label, split in refs
+    )
+    skipped = {why: sorted(paths) for why, paths in skipped.items()}
+    counts = collections.Counter((split, label) for _, _, label, split in refs)
+    extensions = collections.Counter(posixpath.splitext(i)[1].lower() or "(none)" for i, *_ in refs)
+    return Census(refs, dict(counts), dict(skipped), extensions, total)
+
+
+def census(layout: discovery.Layout, seed: int, fractions: Mapping[str, float]) -> Census:
+    """Lists the whole input as the job would, without converting anything."""
+    if layout.kind == "manifest":
+        return _census_manifest(layout, seed, fractions)
+    return _census_folders(layout, seed, fractions)
+
+
+# ------------------------------------------------------------------ sample
+
+
+@dataclasses.dataclass
+class Sample:
+    """The converted sample: sizes, rejections and the CPU it took."""
+
+    converted: int  # images converted (records + rejections)
+    record_bytes: list[int]  # framed size of each record, as written to a shard
+    by_split: dict[str, list[int]]
+    rejections: list[tuple[str, str]]  # (image_id, reason)
+    cpu_s: float  # conversion CPU time in this process
+    wall_s: float
+    read_remote: bool  # sampled images were read from a remote store before timing
+
+
+def _read_all(paths: Sequence[str]) -> list[bytes | Exception]:
+    def read(path):
+        try:
+            return convert.read_bytes(path)
+        except Exception as error:  # unreadable: the job rejects it the same way
+            return error
+
+    with concurrent.futures.ThreadPoolExecutor(_REMOTE_READERS) as pool:
+        return list(pool.map(read, paths))
+
+
+def convert_sample(
+    refs: Sequence[tuple[str, str, int, str]],
+    spec: images.ImageSpec,
+    seed: int,
+    classes: Sequence[str],
+    size: int = SAMPLE_SIZE,
+    cpu_budget_s: float = SAMPLE_CPU_BUDGET_S,
+) -> Sample:
+    """Converts up to ``size`` images drawn with ``seed``, in memory, one at a time."""
+    chosen = random.Random(seed).sample(list(refs), min(size, len(refs)))
+    remote = [ref for ref in chosen if not paths.is_local(ref[1])]
+    prefetched = dict(zip((r[1] for r in remote), _read_all([r[1] for r in remote]), strict=True))
+    sample = Sample(0, [], collections.defaultdict(list), [], 0.0, 0.0, bool(remote))
+    classes = tuple(classes)
+    wall_start = time.perf_counter()
+    for ref in chosen:
+        if sample.converted >= SAMPLE_MIN and sample.cpu_s > cpu_budget_s:
+            break
+        started = time.process_time()
+        if ref[1] in prefetched:
+            data = prefetched[ref[1]]
+            if isinstance(data, Exception):
+                reason = f"{convert.CANNOT_READ}{type(data).__name__}: {data}"
+                decoded = convert.Decoded(0, "", None, reason)
+            else:
+                decoded = convert.decode_data(data, spec)
+        else:
+            decoded = convert.decode_path(ref[1], spec)
+        outcome = convert.finish(ref, decoded, seed, classes)
+        sample.cpu_s += time.process_time() - started
+        sample.converted += 1
+        result = outcome.result
+        if isinstance(result, convert.Rejection):
+            sample.rejections.append((result.image_id, result.reason))
+        else:
+            size_framed = result.entry.size  # the framed record, as the shard holds it
+            sample.record_bytes.append(size_framed)
+            sample.by_split[result.split].append(size_framed)
+    sample.wall_s = time.perf_counter() - wall_start
+    sample.by_split = dict(sample.by_split)
+    return sample
+
+
+# ------------------------------------------------------------------ report
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitEstimate:
+    name: str
+    images: int
+    records: float
+    rejects: float
+    bytes: float
+    shards: int
+
+
+def estimate_splits(
+    census: Census,
+    sample: Sample,
+    split_names: Sequence[str],
+    target_bytes: int,
+    min_shards: int,
+) -> list[SplitEstimate]:
+    """Records, bytes and shards per split, extrapolated from the sample."""
+    reject_rate = len(sample.rejections) / sample.converted if sample.converted else 0.0
+    mean_all = sum(sample.record_bytes) / len(sample.record_bytes) if sample.record_bytes else 0.0
+    per_split = collections.Counter()
+    for (split, _), count in census.counts.items():
+        per_split[split] += count
+    out = []
+    for name in split_names:
+        n = per_split.get(name, 0)
+        records_ = n * (1 - reject_rate)
+        total = records_ * mean_all
+        out.append(
+            SplitEstimate(
+                name,
+                n,
+                records_,
+                n * reject_rate,
+                total,
+                expected_shards(records_, target_bytes, total, min_shards),
+            )
+        )
+    return out
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _files(n: int) -> str:
+    return f"{n:,} file" if n == 1 else f"{n:,} files"
+
+
+def _fmt_hours(hours: float) -> str:
+    return f"{hours:,.1f}" if hours >= 10 else f"{hours:.3g}"
+
+
+def _fmt_usd(usd: float) -> str:
+    return f"~${usd:,.2f}" if usd >= 0.01 else "under $0.01"
+
+
+def _machine_from_args(beam_args: Sequence[str]) -> str:
+    joined = " ".join(beam_args)
+    found = re.search(r"--(?:worker_)?machine_type[= ](\S+)", joined)
+    return found.group(1) if found else DEFAULT_MACHINE_TYPE
+
+
+def report(
+    args, beam_args, layout, output_problem: str | None, out=None, old: reuse.OldDataset = None
+) -> dict:
+    """Lists, samples, estimates and prints; returns the numbers (for tests and tools).
+
+    ``old``: --reuse's dataset: what the run would reuse, convert and drop is
+    counted (reuse.forecast) and the time estimates are for that run.
+    """
+    started = time.perf_counter()
+    out = out or sys.stdout
+    say = lambda text="": print(text, file=out)  # noqa: E731
+    try:
+        machine = machine_type(_machine_from_args(beam_args))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    fractions = args.split_fractions
+    found = census(layout, args.seed, fractions)
+    listed_s = time.perf_counter() - started
+    if not found.refs:
+        raise UsageError(f"--input: no image files found under {layout.root}")
+    # The job's split order: the layout's own splits, else --splits, then any
+    # others a manifest names.
+    configured = list(layout.split_names or fractions)
+    present = {split for split, _ in found.counts}
+    split_names = configured + sorted(present - set(configured))
+    sample = convert_sample(
+        found.refs, args.image_spec, args.seed, layout.classes, SAMPLE_SIZE, SAMPLE_CPU_BUDGET_S
+    )
+    target = int(args.target_shard_mb * 2**20)
+    splits = estimate_splits(found, sample, split_names, target, args.min_shards)
+    total_images = len(found.refs)
+    cpu_per_image = sample.cpu_s / max(1, sample.converted)
+    ahead = None
+    if old is not None:
+        index = reuse.build_index(old)
+        budget = reuse.FORECAST_BUDGET_S
+        ahead = reuse.forecast(found.refs, index, layout.classes, args.seed, budget)
+    run_cpu_per_image = ahead.cpu_per_image(cpu_per_image) if ahead else cpu_per_image
+    processes = args.local_processes or os.cpu_count() or 1
+    total_bytes = sum(s.bytes for s in splits)
+    cost = dataflow_cost(total_images, run_cpu_per_image, total_bytes, machine)
+
+    say(f"dry run: nothing was written. Input {layout.root} ({layout.kind} layout)")
+    if output_problem:
+        say(f"warning: the real run would stop before starting: {output_problem}")
+    size_note = f", {_fmt_bytes(found.input_bytes)}" if found.input_bytes else ""
+    say(
+        f"listed {total_images:,} images{size_note} in {len(layout.classes)} classes "
+        f"in {listed_s:.1f} s"
+    )
+    say()
+    width = max([5, *(len(c) for c in layout.classes)])
+    say(f"{'class':<{width}}" + "".join(f"{s:>10}" for s in split_names) + f"{'total':>10}")
+    for label, name in enumerate(layout.classes):
+        row = [found.counts.get((s, label), 0) for s in split_names]
+        say(f"{name:<{width}}" + "".join(f"{n:>10,}" for n in row) + f"{sum(row):>10,}")
+    say(
+        f"{'total':<{width}}" + "".join(f"{e.images:>10,}" for e in splits) + f"{total_images:>10,}"
+    )
+    empty = [
+        name
+        for label, name in enumerate(layout.classes)
+        if not any(found.counts.get((s, label)) for s in split_names)
+    ]
+    if empty:
+        say(f"warning: {len(empty)} classes have no images: {', '.join(empty[:10])}")
+    for why, files in found.skipped.items():
+        say(f"skipped ({why}): {_files(len(files))}, e.g. {', '.join(files[:3])}")
+    odd = {ext: n for ext, n in found.extensions.items() if ext not in IMAGE_EXTENSIONS}
+    if odd:
+        shown = ", ".join(f"{ext} {n:,}" for ext, n in sorted(odd.items(), key=lambda x: -x[1]))
+        say(f"other extensions (converted if the content is an image): {shown}")
+    if ahead:
+        say(ahead.describe(old))
+    say()
+    say(
+        f"sample: {sample.converted} images converted in memory "
+        f"({settings.describe(settings.image_settings(args.image_spec))})"
+    )
+    say(
+        f"{'split':<12}{'images':>10}{'records':>10}{'rejects':>9}{'output':>11}{'shards':>8}"
+        f"{'per shard':>11}"
+    )
+    for e in splits:
+        per_shard = _fmt_bytes(e.bytes / e.shards) if e.shards else "-"
+        say(
+            f"{e.name:<12}{e.images:>10,}{e.records:>10,.0f}{e.rejects:>9,.0f}"
+            f"{_fmt_bytes(e.bytes):>11}{e.shards:>8}{per_shard:>11}"
+        )
+    reject_rate = len(sample.rejections) / max(1, sample.converted)
+    if sample.rejections:
+        kinds = collections.Counter(reason_kind(r) for _, r in sample.rejections)
+        say(f"likely rejects: ~{reject_rate:.1%} ({len(sample.rejections)} of the sample)")
+        for kind, n in kinds.most_common(5):
+            example = next(i for i, r in sample.rejections if reason_kind(r) == kind)
+            say(f"  ~{n / sample.converted * total_images:,.0f} {kind} (e.g. {example})")
+        if reject_rate > args.max_reject_fraction:
+            say(
+                f"warning: ~{reject_rate:.1%} rejected is above --max_reject_fraction "
+                f"{args.max_reject_fraction:g}: the job would likely fail"
+            )
+    else:
+        say(f"likely rejects: none in the sample of {sample.converted}")
+    say()
+    per_s = 1 / cpu_per_image if cpu_per_image else float("inf")
+    read_note = " (reading from storage not timed)" if sample.read_remote else ""
+    say(
+        f"speed on this machine: {per_s:,.0f} images/s per core, "
+        f"{cpu_per_image * 1000:.1f} ms CPU per image{read_note}"
+    )
+    on_beam = bool(beam_args)  # any Beam flag: the job runs on Beam (job.choose_engine)
+    wall = local_wall_s(total_images, run_cpu_per_image, processes, on_beam)
+    engine = "Beam DirectRunner" if on_beam else "local engine"
+    say(f"local run ({engine}, {processes} conversion processes): about {_fmt_duration(wall)}")
+    say(
+        f"Dataflow on {machine.name} ({machine.vcpus} vCPU, {machine.memory_gb:g} GB): "
+        f"~{_fmt_hours(cost.vcpu_hours)} vCPU-hours, ~{_fmt_bytes(cost.shuffle_gb * 1e9)} shuffled, "
+        f"{_fmt_usd(cost.usd)} plus a few minutes of worker start-up"
+    )
+    say(
+        f"  (at {PRICES.region} list prices, {PRICES.source}, {PRICES.as_of}: "
+        f"${PRICES.vcpu_hour}/vCPU-h, ${PRICES.gb_hour}/GB-h, ${PRICES.shuffle_gb}/GB "
+        f"shuffled, ${PRICES.gcs_read_1000} per 1,000 image reads; {DATAFLOW_FACTOR:g}x this "
+        "machine's CPU per image: see docs/scale.md)"
+    )
+    say(f"dry run took {time.perf_counter() - started:.1f} s")
+    return {
+        "images": total_images,
+        "splits": {
+            e.name: {"images": e.images, "records": e.records, "bytes": e.bytes, "shards": e.shards}
+            for e in splits
+        },
+        "sampled": sample.converted,
+        "reject_rate": reject_rate,
+        "cpu_s_per_image": cpu_per_image,
+        "local_wall_s": wall,
+        "dataflow": dataclasses.asdict(cost),
+        "skipped": {why: len(paths) for why, paths in found.skipped.items()},
+        **({"reuse": dataclasses.asdict(ahead)} if ahead else {}),
+    }
+
+
+def run(args, beam_args, check_output) -> dict:
+    """The ``--dry_run`` entry point of the CLI: the same input checks as a real run.
+
+    Args:
+        check_output: the CLI's read-only output check; what it refuses is
+            reported as a warning instead of stopping the dry run.
+    """
+    layout = discovery.discover(args.input, args.manifest, args.skip_unreadable_folders)
+    output = paths.normalize_root(args.output)
+    problem = None
+    try:
+        check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    except UsageError as error:
+        problem = str(error)
+    old = None
+    if args.reuse:
+        try:
+            old = reuse.open_old(args.reuse)
+            reuse.check(old, output, settings.image_settings(args.image_spec))
+        except UsageError as error:
+            problem, old = problem or str(error), None
+    return report(args, beam_args, layout, problem, old=old)

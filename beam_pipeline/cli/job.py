@@ -1,0 +1,441 @@
+"""One conversion job, shaped like Beam's wordcount: arguments -> config -> build -> run -> summary.
+
+:func:`run` parses the arguments (``arguments.py``), finds the input's
+layout, checks ``--output`` and an earlier run's leftovers (``resume.py``),
+starts the local conversion processes, turns the arguments into a
+:class:`~beam_pipeline.engines.pipeline.JobConfig` (:func:`config_from_args`),
+builds and runs the pipeline (:func:`build_and_run`) and prints the summary
+(``summary.py``). The tricks that make a local run fast by reaching into
+Beam's private modules live in ``beam_private.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The local conversion pool forks; gRPC (loaded by Beam) then logs that it
+# skips its fork handlers. The children never use gRPC, so turn the handlers off
+# before gRPC is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import contextlib  # noqa: E402
+import gc
+import json
+import sys
+import time
+
+from beam_pipeline.beam_internals import beam_options, beam_private
+from beam_pipeline.cli import arguments, summary
+from beam_pipeline.core import errors, metadata
+from beam_pipeline.core.errors import UsageError
+
+# Images converted while Beam loads (enough to cover its start-up on web-size
+# images), and a bound on the results held before the pipeline claims them.
+CONVERT_AHEAD_LIMIT = 1024
+CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
+
+_DIRECT = (None, "DirectRunner", "direct")
+# The stderr of DirectRunner's multi_processing worker processes (not with --verbose):
+# Beam's worker prints a traceback per failed bundle there.
+WORKERS_LOG = "workers.log"
+
+
+def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
+    """Refuses an output inside the input, one we cannot write to, or one holding
+    a finished dataset or others' files (unless --overwrite). Reads only.
+
+    An unfinished run of this job is resumed; :func:`resume.prepare` decides.
+    """
+    from beam_pipeline.stages import resume
+    from beam_pipeline.storage import paths
+
+    out = paths.normalize_root(output)
+    if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
+        raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
+    if paths.is_gcs(out):
+        from beam_pipeline.storage import gcs
+
+        gcs.check_output(out)
+    elif paths.is_local(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise UsageError(f"--output {output} is a file, not a folder")
+    resume.check(out, overwrite)
+
+
+def check_reuse(args, output: str, say) -> None:
+    """--reuse: a finished dataset of the same image settings, not --output. Reads
+    only its metadata (reuse.py)."""
+    from beam_pipeline.core import settings
+    from beam_pipeline.stages import reuse
+
+    if args.reuse:
+        old = reuse.open_old(args.reuse)
+        reuse.check(old, output, settings.image_settings(args.image_spec))
+        note = reuse.version_note(old)
+        if note:
+            say(note)
+
+
+def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
+    """Says what the run does with an earlier run's files; returns the resumable records."""
+    from beam_pipeline.core import spill
+
+    if found.others and found.kind != "empty":
+        say(
+            f"imagerecords: left {len(found.others)} unrelated files in --output, "
+            f"e.g. {found.others[0]}"
+        )
+    done = spill.load_index(spill_dir) if spill_dir else {}
+    if found.kind == "unfinished":
+        if done:
+            say(
+                f"imagerecords: resuming the unfinished run in {output}: "
+                f"{len(done)} images already converted"
+            )
+        else:
+            say(f"imagerecords: starting over the unfinished run in {output}")
+    return done
+
+
+def config_from_args(args, layout, conversion_processes: int):
+    """The pipeline's JobConfig from the parsed arguments and the input's layout.
+
+    Args:
+        args: What :func:`arguments.parse_args` returned (our flags).
+        layout: The input, as :func:`discovery.discover` found it.
+        conversion_processes: Local conversion processes (1: convert in the step).
+
+    Raises:
+        UsageError: a value the config refuses (JobConfig checks its own values).
+    """
+    from beam_pipeline.stages.job_config import JobConfig
+    from beam_pipeline.storage import paths
+
+    return JobConfig(
+        layout=layout,
+        output=paths.normalize_root(args.output),
+        splits=args.split_fractions,
+        seed=args.seed,
+        image=args.image_spec,
+        target_shard_bytes=int(args.target_shard_mb * 2**20),
+        min_shards=args.min_shards,
+        max_reject_fraction=args.max_reject_fraction,
+        index_files=args.index_files,
+        conversion_processes=conversion_processes,
+        dedupe=args.dedupe,
+        tfds_name=args.tfds_name,
+        tfds_version=args.tfds_version,
+        reuse=paths.normalize_root(args.reuse) if args.reuse else None,
+    )
+
+
+def _describe_input(layout, say) -> None:
+    if layout.kind == "manifest":
+        say(
+            f"imagerecords: {layout.num_manifest_rows} images in manifest, {len(layout.classes)} classes"
+        )
+    else:
+        say(
+            f"imagerecords: {len(layout.classes)} classes in {len(layout.folders)} folders "
+            f"({layout.kind} layout) under {layout.root}"
+        )
+
+
+@contextlib.contextmanager
+def _collector_skips_the_graph():
+    """Python's cycle collector leaves alone what exists now, until the block ends.
+
+    Beam's modules and the pipeline graph (about 100,000 objects) live for the
+    whole run, yet every full collection walks them again, and a local run
+    does all its work inside ``p.run()`` in this process. Nothing is leaked:
+    whatever was frozen goes back to the collector afterwards.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def build_and_run(config, beam_args: list[str], wait: bool, say, workers_log: str | None = None):
+    """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
+    or None when not waiting (``wait`` false, or a Dataflow template was written).
+
+    ``workers_log``: a local file for the stderr of DirectRunner's
+    multi_processing worker processes (None: they share this process's stderr).
+    """
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipeline.engines import pipeline
+
+    if arguments.runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+        import beam_pipeline.beam_internals.dask_runner  # noqa: F401  registers Beam's --dask_* options
+
+    options = PipelineOptions(beam_args)
+    chosen = options.get_all_options()
+    runner_name = chosen.get("runner") or "DirectRunner"
+    runner = None
+    if runner_name in ("DirectRunner", "direct"):
+        beam_private.shorten_state_sampling()
+        mode = chosen.get("direct_running_mode")
+        if mode != "multi_processing":
+            workers_log = None
+        elif workers_log:
+            os.makedirs(os.path.dirname(workers_log), exist_ok=True)
+            open(workers_log, "w").close()  # a resumed run's log starts empty
+        runner = beam_private.direct_fn_api_runner(chosen, workers_log)
+        workers = (
+            config.conversion_processes if mode == "in_memory" else chosen.get("direct_num_workers")
+        )
+        runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
+    elif runner_name in beam_options.DASK_RUNNER_NAMES:
+        # Beam knows the Dask runner by its dotted path only; all these names
+        # get the fixed one (beam_pipeline/beam_internals/dask_runner.py).
+        from beam_pipeline.beam_internals.dask_runner import DaskOptions, DaskRunner
+
+        runner = DaskRunner()
+        address = options.view_as(DaskOptions).address or "a new local Dask cluster"
+        runner_name = f"DaskRunner ({address})"
+    say(f"imagerecords: running on {runner_name}")
+    try:
+        p = beam.Pipeline(runner=runner, options=options)
+    except (ImportError, ValueError, AttributeError) as error:  # a runner Beam cannot make
+        raise UsageError(f"--runner {runner_name}: {error}") from None
+    pipeline.build(p, config)
+    from beam_pipeline.storage import gcs
+
+    gcs.bound_retries()  # Beam's GCS client is loaded now
+    with _collector_skips_the_graph():
+        result = p.run()
+    template = chosen.get("template_location")
+    if template:
+        # DataflowRunner wrote the job description and staged the job; nothing
+        # runs until someone launches the template.
+        print(f"imagerecords: wrote the Dataflow template {template}; no job was started")
+        return None
+    if not wait:
+        job = getattr(result, "job_id", lambda: None)()
+        print(f"imagerecords: submitted{f' job {job}' if job else ''}; not waiting (--wait=false)")
+        return None
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)  # DaskRunner's connection to the scheduler
+        if client is not None:
+            client.close()
+    return result
+
+
+def _all_local(layout, output: str) -> bool:
+    """Every input image and the output are local (a manifest may name gs:// images)."""
+    from beam_pipeline.storage import paths
+
+    if layout.kind == "manifest":
+        return layout.manifest_all_local and paths.is_local(output)
+    return paths.is_local(layout.root) and paths.is_local(output)
+
+
+LOCAL_ENGINE = "local"
+BEAM = "beam"
+
+
+def choose_engine(beam_args: list[str], layout, output: str) -> str:
+    """:data:`LOCAL_ENGINE` for a job that names no Beam option and whose input
+    images (a folder, or every path of a manifest) and output are local;
+    :data:`BEAM` for every other job.
+
+    The local engine runs the same stages with the same code as the Beam
+    graph, without Beam (local_engine.py): the same bytes, ~2.5 s of CPU
+    sooner. Any Beam flag (``--runner DirectRunner`` is the simplest) runs the
+    job on Beam instead.
+    """
+    if beam_args:
+        return BEAM
+    return LOCAL_ENGINE if _all_local(layout, output) else BEAM
+
+
+def _run_local_engine(args, layout, processes: int, say) -> dict[str, int]:
+    """Runs the job on the local engine; its counters."""
+    from beam_pipeline.engines import local_engine, local_pool, progress
+
+    # Fork first, while this process has no other thread (see local_pool).
+    local_pool.start(processes)
+    config = config_from_args(args, layout, processes)
+    _describe_input(layout, say)
+    say(
+        f"imagerecords: running on the local engine ({processes} conversion processes; "
+        "--runner DirectRunner runs the same job on Beam)"
+    )
+    with _collector_skips_the_graph():
+        return local_engine.run(config, progress.Reporter(enabled=not args.quiet))
+
+
+def _workers_log_path(output: str) -> str:
+    """Where multi_processing's worker processes write their stderr (always local)."""
+    from beam_pipeline.core import spill
+
+    if "://" not in output:
+        return os.path.join(output, metadata.TMP_DIR, WORKERS_LOG)
+    return os.path.join(spill.default_dir(output), WORKERS_LOG)
+
+
+def _point_to_workers_log(workers_log: str | None) -> None:
+    """One plain line before the ``error:`` line: where the workers' tracebacks went."""
+    if workers_log and os.path.isfile(workers_log) and os.path.getsize(workers_log):
+        print(f"imagerecords: the worker processes' messages are in {workers_log}", file=sys.stderr)
+
+
+def _start_local_pool(args, layout, processes: int, spill_dir: str | None, done: dict) -> None:
+    """Forks the conversion processes and has them convert the first images while Beam loads."""
+    from beam_pipeline.engines import local_pool
+    from beam_pipeline.storage import listing, paths
+
+    # Fork before Beam's runner and gRPC start threads (see local_pool).
+    local_pool.start(processes)
+    # (Under --reuse most images need no conversion: none is begun ahead.)
+    if layout.kind != "manifest" and paths.is_local(layout.root) and not args.reuse:
+        refs = listing.local_refs(
+            layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES, args.seed, args.split_fractions
+        )
+        local_pool.convert_ahead(
+            [ref for ref in refs if ref.image_id not in done],
+            (args.image_spec, args.seed, layout.classes, spill_dir),
+            processes,
+        )
+
+
+def run(argv: list[str] | None = None, parsed=None) -> dict:
+    """Validates arguments, builds and runs the pipeline; returns imagerecords.json, parsed.
+
+    Args:
+        argv: The command line (default ``sys.argv[1:]``).
+        parsed: What :func:`arguments.parse_args` returned for it, when already parsed.
+
+    Raises:
+        UsageError: bad arguments or input, before any work starts.
+        lock.OutputInUse: another live run writes --output (a UsageError).
+        BooksDoNotBalance: the job lost, doubled or rejected too many images.
+        errors.RunStopped: GCS out of reach for --gcs_timeout_s, a file that
+            could not be written (the error names it).
+    """
+    args, beam_args = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.dry_run:
+        from beam_pipeline.cli import dryrun
+
+        return dryrun.run(args, beam_args, check_output)
+    started, cpu_started = time.monotonic(), summary.cpu_seconds()
+    if not args.wait and arguments.runner_name(beam_args) in beam_options.DASK_RUNNER_NAMES:
+        raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
+    given_beam_args = beam_args
+    beam_args, processes = arguments.with_local_defaults(beam_args, args.local_processes)
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+
+    from beam_pipeline.core import spill
+    from beam_pipeline.engines import local_pool
+    from beam_pipeline.stages import resume
+    from beam_pipeline.storage import discovery, gcs, paths
+
+    # Every process of this run (forked or started) retries GCS this long at most.
+    gcs.set_timeout(args.gcs_timeout_s)
+    # Local input and output are checked without Beam, so that the conversion
+    # processes can start (and start converting) while Beam loads.
+    layout = discovery.discover(args.input, args.manifest, args.skip_unreadable_folders)
+    output = paths.normalize_root(args.output)
+    check_reuse(args, output, say)  # first: an --output that is OLD is refused as such
+    check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    # (with_local_defaults gave the local engine its processes: one per core by default)
+    engine = choose_engine(given_beam_args, layout, output)
+    spill_dir = spill.default_dir(output) if processes > 1 or engine == LOCAL_ENGINE else None
+    workers_log = None if args.verbose or engine == LOCAL_ENGINE else _workers_log_path(output)
+    template = any(arg.startswith("--template_location") for arg in beam_args)
+    # A template build writes nothing to --output: it neither locks nor prepares it.
+    with _owning(output, lock=not template) as held:
+        if template:
+            found = resume.Leftovers("empty")
+        else:
+            found = resume.prepare(
+                output, resume.key(config_from_args(args, layout, 1)), args.overwrite, spill_dir
+            )
+        try:
+            try:
+                if engine == LOCAL_ENGINE or processes > 1:
+                    # Fork the conversion processes before the resume index is read:
+                    # children that inherit it would each map (and count) its pages.
+                    local_pool.start(processes)
+                done = _report_leftovers(found, output, spill_dir, say)
+                if engine == LOCAL_ENGINE:
+                    counted = _run_local_engine(args, layout, processes, say)
+                    return _finish(output, started, cpu_started, counted, True)
+                if processes > 1:
+                    _start_local_pool(args, layout, processes, spill_dir, done)
+                    uses_gcs = not _all_local(layout, output) or paths.is_gcs(args.reuse or "")
+                    beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
+                if held is not None:
+                    held.start_heartbeat()  # a thread: only once the pool has forked
+                # pipeline.py imports Beam: the config is made after the pool started.
+                config = config_from_args(args, layout, processes)
+                _describe_input(layout, say)
+                try:
+                    result = build_and_run(config, beam_args, args.wait, say, workers_log)
+                except BaseException:
+                    _point_to_workers_log(workers_log)
+                    raise
+            finally:
+                # On every way out (an error, Ctrl-C): no conversion process outlives the run.
+                local_pool.shutdown_all()
+                spill.forget_indexes()
+        except UsageError:
+            if found.kind == "empty":  # nothing of value was there: leave nothing behind
+                resume.discard(output, spill_dir)
+            raise
+        if workers_log and os.path.exists(workers_log):
+            # (a local output's temp folder goes with the lock; a gs:// one's spill stays)
+            os.remove(workers_log)
+        if result is None:
+            return {}  # --wait=false: submitted; the lock covered the launch only
+        counted = summary.counters(result)
+        return _finish(
+            output, started, cpu_started, counted, arguments.runner_name(beam_args) in _DIRECT
+        )
+
+
+@contextlib.contextmanager
+def _owning(output: str, lock: bool):
+    """Holds --output's lock (lock.py) for the block: taken before the output is
+    prepared, given back on every way out, after the metadata file and the summary.
+
+    Yields the lock (None when ``lock`` is false).
+
+    Raises:
+        lock.OutputInUse: another live run holds it.
+        lock.OutputTakenOver: another run took a gs:// lock this run could not renew.
+    """
+    from beam_pipeline.storage import lock as output_lock
+
+    held = output_lock.acquire(output) if lock else None
+    try:
+        yield held
+    except BaseException as error:
+        if held is not None and held.lost:
+            raise output_lock.OutputTakenOver(
+                f"another run took over --output {output} while this run could not renew its "
+                f"lock for {output_lock.STALE_AFTER} heartbeats (GCS out of reach?); this run "
+                f"stopped: let the other run finish, or stop it and {errors.RESUME_HINT}"
+            ) from error
+        raise
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _finish(output: str, started: float, cpu_started: float, counted, local: bool) -> dict:
+    """Prints the summary of a finished run; its imagerecords.json, parsed."""
+    from beam_pipeline.stages import convert
+    from beam_pipeline.storage import paths
+
+    seconds = time.monotonic() - started
+    info = json.loads(convert.read_bytes(paths.join(output, metadata.INFO_FILE)))
+    cpu = summary.cpu_seconds() - cpu_started if local else None
+    print(summary.format_summary(info, seconds, counted, cpu), flush=True)
+    return info

@@ -1,0 +1,97 @@
+"""The end-of-run summary: the table of splits, the rate, CPU time and counters.
+
+Formatting only, apart from :func:`counters`, which asks a finished Beam
+result for its metrics.
+"""
+
+from __future__ import annotations
+
+import resource
+
+from beam_pipeline.core import duplicates, images, settings
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of the children it has waited for.
+
+    The children are the local conversion pool and DirectRunner's worker
+    processes, all reaped before the summary; a remote runner's workers are not
+    among them.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: float | None) -> str:
+    """The table printed at the end of a run: per split, the total, the rate, the counters.
+
+    Args:
+        info: The run's imagerecords.json, parsed.
+        seconds: Wall time of the run.
+        counted: The ``imagerecords`` counters (:func:`counters`).
+        cpu: CPU seconds of this process tree, or None when the work ran elsewhere.
+    """
+    lines = [f"{'split':<12}{'records':>10}{'rejected':>10}{'shards':>8}{'MB':>10}"]
+    rejected = info["rejected"].get("by_split", {})
+    for name, split in info["splits"].items():
+        lines.append(
+            f"{name:<12}{split['num_examples']:>10}{rejected.get(name, 0):>10}"
+            f"{len(split['shards']):>8}{split['num_bytes'] / 1e6:>10.1f}"
+        )
+    written = sum(s["num_examples"] for s in info["splits"].values())
+    total = written + info["rejected"]["count"]
+    lines.append(
+        f"{'total':<12}{written:>10}{info['rejected']['count']:>10}"
+        f"{sum(len(s['shards']) for s in info['splits'].values()):>8}"
+        f"{sum(s['num_bytes'] for s in info['splits'].values()) / 1e6:>10.1f}"
+    )
+    rate = f"{total} images read in {seconds:.1f} s wall time: {total / max(seconds, 1e-9):.1f} images/s"
+    if cpu is None:
+        lines.append(f"{rate} (CPU time not measured: the work ran on the runner's workers)")
+    else:
+        # What a small local run tells about the cost of a big one (docs/scale.md).
+        lines.append(
+            f"{rate}, {cpu / max(total, 1):.4f} CPU-s/image "
+            f"({cpu:.1f} CPU-s in this process and its local worker processes)"
+        )
+    stored = settings.image_settings_from_info(info, images.ImageSpec)
+    if stored:
+        lines.append(f"images stored with {settings.describe(stored)}")
+    reused = info.get("reuse")
+    if reused:
+        lines.append(
+            f"reused {reused['images_reused']} records of {reused['dataset']} "
+            "(their sources unchanged); the others were converted"
+        )
+    skipped = info.get("skipped", {})
+    if skipped.get("count"):
+        reasons = ", ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
+        lines.append(
+            f"skipped {skipped['count']} files that are not images to convert ({reasons}): "
+            f"listed in {skipped['file']} in the output folder"
+        )
+    splits = list(info["splits"])
+    first = "train" if "train" in splits else (splits[0] if splits else "train")
+    deduped = bool(info.get("config", {}).get("dedupe"))
+    lines += duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
+    if counted:
+        lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(counted.items())))
+    return "\n".join(lines)
+
+
+def counters(result) -> dict[str, int]:
+    """The ``imagerecords`` counters of a finished Beam result, summed by name."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from beam_pipeline.engines.pipeline import NAMESPACE
+
+    try:
+        queried = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
+    except Exception:  # some runners do not report metrics
+        return {}
+    out = {}
+    for counter in queried["counters"]:
+        value = counter.committed if counter.committed is not None else counter.attempted
+        out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + (value or 0)
+    return out

@@ -1,0 +1,591 @@
+"""The Beam graph: one composite PTransform per stage (docs/format.md sections 2-7).
+
+ListImages      PBegin -> ImageRef ("refs") + (split, KeyTally) of listed keys ("listed")
+                + Skipped ("skipped")
+ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected"); with --reuse
+                OLD, each ImageRef first meets OLD's record of its ID (MatchOld), and
+                a count of the records taken over goes to "reused"
+FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; with
+                --dedupe also the batches without the copies + a Rejection per copy
+PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
+WriteShards     RecordBatch + plans -> ShardInfo of a temp file
+Finalize        side inputs -> rejects.jsonl, labels.txt, imagerecords.json (last)
+
+Two paths share this graph (docs/scale.md). With the local pool
+(``conversion_processes > 1``) records go to spill files on local disk and a
+RecordBatch carries only references; otherwise (Dataflow, multi_processing)
+a RecordBatch carries up to a few MB of record bytes through the shuffle.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
+from apache_beam.transforms.window import GlobalWindows
+
+from beam_pipeline.core import books, duplicates, keys
+from beam_pipeline.engines import pooled
+from beam_pipeline.stages import reuse
+from beam_pipeline.stages.convert import (
+    Converted,
+    Outcome,
+    RecordBatch,
+    Rejection,
+    ShardEntry,
+    convert_ref,
+)
+from beam_pipeline.stages.finalize import Finalizer
+from beam_pipeline.stages.job_config import JobConfig
+from beam_pipeline.stages.shards import (  # noqa: F401  (ShardInfo, check_shards, place_shards: API)
+    ShardInfo,
+    by_shard,
+    check_shards,
+    place_shards,
+)
+from beam_pipeline.stages.staging import write_staged_shard
+from beam_pipeline.storage import listing
+
+NAMESPACE = "imagerecords"
+REJECTED = "rejected"
+REUSED = "reused"
+LISTED = "listed"
+SKIPPED = "skipped"
+_LOG_EVERY_S = 15.0  # progress line per converting worker
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------- listing
+
+
+class _ListFn(beam.DoFn):
+    """ClassFolder or manifest path -> ImageRef; (split, KeyTally) of listed keys on
+    ``listed``; Skipped (a file that is clearly not an image) on ``skipped``.
+
+    The listed keys go out per folder (at most ``BATCH`` per element), not per
+    image: they are the books' independent count of what must come out.
+    """
+
+    BATCH = 1 << 16
+
+    def __init__(self, config: JobConfig):
+        self._layout, self._seed, self._splits = config.layout, config.seed, config.splits
+        self._listed = Metrics.counter(NAMESPACE, "images_listed")
+
+    def process(self, source):
+        seed, splits = self._seed, self._splits
+        pending: dict[str, list[int]] = {}
+        for row in self._layout.rows(source):
+            if isinstance(row, listing.Skipped):
+                yield TaggedOutput(SKIPPED, row)
+                continue
+            image_id, path, label, split = row
+            split = split or keys.assign_split(seed, image_id, splits)
+            self._listed.inc()
+            yield listing.ImageRef(image_id, path, label, split)
+            listed = pending.setdefault(split, [])
+            listed.append(keys.order_key(seed, image_id))
+            if len(listed) >= self.BATCH:
+                yield TaggedOutput(LISTED, (split, books.KeyTally(listed=tuple(listed))))
+                listed.clear()
+        for split, listed in pending.items():
+            if listed:
+                yield TaggedOutput(LISTED, (split, books.KeyTally(listed=tuple(listed))))
+
+
+class ListImages(beam.PTransform):
+    """PBegin -> {"refs": ImageRef with its split, "listed": (split, KeyTally), "skipped"}."""
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, pbegin):
+        layout = self._config.layout
+        pooled = self._config.conversion_processes > 1
+        if layout.kind == "manifest":
+            # one worker streams the file; conversion fans out below
+            sources = pbegin | "ManifestPath" >> beam.Create([layout.manifest], reshuffle=False)
+        else:
+            # Create's own Reshuffle would cost a shuffle stage; SpreadFolders
+            # below redistributes where there is more than one worker.
+            sources = pbegin | "ClassFolders" >> beam.Create(list(layout.folders), reshuffle=False)
+            if not pooled:
+                # ClassFolder, one per worker: folders are listed in parallel
+                sources = sources | "SpreadFolders" >> beam.Reshuffle()
+        listed = sources | "ListFolder" >> beam.ParDo(_ListFn(self._config)).with_outputs(
+            LISTED, SKIPPED, main="refs"
+        )
+        refs = listed.refs
+        if not pooled:
+            # ImageRef, redistributed so that conversion is not fused to the listing worker;
+            # (one local runner process: the conversion pool fans out instead)
+            refs = refs | "SpreadImages" >> beam.Reshuffle()
+        return {"refs": refs, LISTED: listed[LISTED], SKIPPED: listed[SKIPPED]}
+
+
+# ------------------------------------------------------------------ conversion
+
+
+class _Batcher:
+    """Collects converted records per split into RecordBatches of bounded size."""
+
+    MAX_ENTRIES = 2048  # spill references: ~100 KB of element
+    MAX_BYTES = 4 * 2**20  # record bytes that travel with the element
+
+    def __init__(self):
+        self._open: dict[str, tuple[list[ShardEntry], int]] = {}
+
+    def add(self, converted: Converted) -> RecordBatch | None:
+        split, entry = converted
+        entries, size = self._open.get(split) or ([], 0)
+        entries.append(entry)
+        if isinstance(entry.data, bytes):
+            size += entry.size
+        if len(entries) >= self.MAX_ENTRIES or size >= self.MAX_BYTES:
+            self._open.pop(split, None)
+            return RecordBatch(split, tuple(entries))
+        self._open[split] = (entries, size)
+        return None
+
+    def flush(self) -> list[RecordBatch]:
+        batches = [RecordBatch(split, tuple(entries)) for split, (entries, _) in self._open.items()]
+        self._open = {}
+        return batches
+
+
+def _candidate(element) -> tuple[tuple, reuse.OldRecord | None]:
+    """(ref, OLD's record or None) of a conversion step's element: an ImageRef, or a
+    reuse.Candidate under --reuse."""
+    if isinstance(element, reuse.Candidate):
+        return tuple(element.ref), element.old
+    return tuple(element), None
+
+
+class _ConvertFn(beam.DoFn):
+    """ImageRef -> RecordBatch, or Rejection on the ``rejected`` output; converts inline.
+
+    Under --reuse the elements are reuse.Candidates, and each bundle sends the
+    number of records it took from OLD to the ``reused`` output (exact, unlike
+    a metric: a retried bundle's outputs are dropped with it).
+    """
+
+    def __init__(self, config: JobConfig):
+        self._args = (config.image, config.seed, config.layout.classes)
+        self._counters = {
+            name: Metrics.counter(NAMESPACE, name)
+            for name in (
+                "images_converted",
+                "images_rejected",
+                "images_passed_through",
+                "images_repaired",
+                "images_bad_profile",
+                "bytes_read",
+                "record_bytes",
+                pooled.REUSED_COUNTER,
+            )
+        }
+
+    def setup(self):
+        self._count = 0
+        self._started = self._last_log = time.monotonic()
+
+    def start_bundle(self):
+        self._batcher = _Batcher()
+        self._reused = 0
+
+    def process(self, element):
+        ref, old = _candidate(element)
+        yield from self._emit(convert_ref(ref, *self._args, old))
+
+    def _emit(self, outcome: Outcome, converted_now: bool = True):
+        """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
+        for name, count in pooled.outcome_counts(outcome, converted_now).items():
+            self._counters[name].inc(count)
+        result = outcome.result
+        if isinstance(result, Rejection):
+            yield TaggedOutput(REJECTED, result)
+            return
+        self._reused += outcome.reused
+        if converted_now:
+            self._count += 1
+            now = time.monotonic()
+            if now - self._last_log >= _LOG_EVERY_S:
+                rate = self._count / (now - self._started)
+                log.info("converted %d images so far (%.1f images/s)", self._count, rate)
+                self._last_log = now
+        batch = self._batcher.add(result)
+        if batch is not None:
+            yield batch
+
+    def finish_bundle(self):
+        for batch in self._batcher.flush():
+            yield GlobalWindows.windowed_value(batch)
+        if self._reused:
+            yield TaggedOutput(REUSED, GlobalWindows.windowed_value(self._reused))
+
+
+class _PooledConvertFn(_ConvertFn):
+    """Like _ConvertFn, but spreads the images over local worker processes that spill.
+
+    For runners that execute a bundle in one process (DirectRunner in_memory),
+    this is what uses every core: the Beam graph stays in one process with no
+    gRPC hops, and only the codec work moves to the pool
+    (:class:`pooled.PoolConverter`, which the local engine uses too).
+    """
+
+    def __init__(self, config: JobConfig, processes: int):
+        super().__init__(config)
+        self._processes = processes
+        self._spill_dir = config.spill_directory
+        self._how = {
+            how: Metrics.counter(NAMESPACE, name) for how, name in pooled.HOW_COUNTERS.items()
+        }
+
+    def setup(self):
+        super().setup()
+        image, seed, classes = self._args
+        self._converter = pooled.PoolConverter(
+            image, seed, classes, self._spill_dir, self._processes
+        )
+
+    def _emit(self, outcome: Outcome, converted_now: bool = True):
+        result = outcome.result
+        if isinstance(result, Converted):
+            # One string object per spill file: a pickled batch then names each file once.
+            where = result.entry.data
+            where = where._replace(path=sys.intern(where.path))
+            outcome = outcome._replace(
+                result=result._replace(entry=result.entry._replace(data=where))
+            )
+        return super()._emit(outcome, converted_now)
+
+    def _emit_all(self, outcomes):
+        for outcome, how in outcomes:
+            if how in self._how:
+                self._how[how].inc()
+            yield from self._emit(outcome, how != pooled.RESUMED)
+
+    def start_bundle(self):
+        super().start_bundle()
+        self._converter.start()
+
+    def process(self, element):
+        yield from self._emit_all(self._converter.add(*_candidate(element)))
+
+    def finish_bundle(self):
+        for output in self._emit_all(self._converter.finish()):
+            if isinstance(output, TaggedOutput):
+                yield TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+            else:
+                yield GlobalWindows.windowed_value(output)
+        yield from super().finish_bundle()
+
+    def teardown(self):
+        converter = getattr(self, "_converter", None)
+        if converter is not None:
+            converter.close()
+
+
+def _pair_with_old(element):
+    """(image ID, {"ref": [ImageRef], "old": [OldRecord]}) -> reuse.Candidate per ref."""
+    _, found = element
+    olds = list(found["old"])
+    for ref in found["ref"]:
+        yield reuse.Candidate(ref, olds[0] if olds else None)
+
+
+class MatchOld(beam.PTransform):
+    """ImageRef -> reuse.Candidate: each image with --reuse's record of its ID, if any.
+
+    OLD's shards are scanned on the workers, one element per shard (nothing of
+    OLD passes through the launching machine), and joined to the listed
+    images by ID: ~150 bytes an image through the shuffle, not the records,
+    which the conversion step reads from OLD only for the images unchanged.
+    """
+
+    def __init__(self, old: reuse.OldDataset):
+        super().__init__()
+        self._old = old
+
+    def expand(self, refs):
+        old = (
+            refs.pipeline
+            | "OldShards" >> beam.Create(list(self._old.shards), reshuffle=False)
+            | "SpreadShards" >> beam.Reshuffle()
+            # (shard, bytes) -> (image ID, OldRecord) per record
+            | "ScanShard" >> beam.FlatMapTuple(reuse.iter_shard)
+        )
+        by_id = refs | "ById" >> beam.Map(lambda ref: (ref.image_id, ref))
+        return (
+            {"ref": by_id, "old": old}
+            | "JoinById" >> beam.CoGroupByKey()
+            | "PairWithOld" >> beam.FlatMap(_pair_with_old)
+        )
+
+
+class ConvertImages(beam.PTransform):
+    """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output (and, under
+    --reuse, per bundle the number of records taken from OLD on ``reused``)."""
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, refs):
+        processes = self._config.conversion_processes
+        fn = (
+            _PooledConvertFn(self._config, processes) if processes > 1 else _ConvertFn(self._config)
+        )
+        if self._config.reuse:
+            refs = refs | "MatchOld" >> MatchOld(reuse.open_old(self._config.reuse))
+        return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, REUSED, main="batches")
+
+
+# ------------------------------------------------------------------ duplicates
+
+
+def _members(batch: RecordBatch):
+    """RecordBatch -> (sha256, Member) per record: ~150 bytes per image, not the image."""
+    for e in batch.entries:
+        if e.sha256:  # every converted record has one; hand-made test entries may not
+            yield e.sha256, duplicates.Member(e.image_id, batch.split, e.label)
+
+
+class _DropDuplicates(beam.DoFn):
+    """RecordBatch -> RecordBatch without the copies --dedupe drops + a Rejection per copy."""
+
+    def __init__(self):
+        self._dropped = Metrics.counter(NAMESPACE, "images_dropped_as_duplicates")
+
+    def process(self, batch: RecordBatch, drops: dict[str, str]):
+        kept, copies = duplicates.drop_copies(batch.entries, drops)
+        for entry, reason in copies:
+            self._dropped.inc()
+            yield TaggedOutput(REJECTED, Rejection(entry.image_id, entry.path, batch.split, reason))
+        if kept:
+            yield RecordBatch(batch.split, tuple(kept))
+
+
+class FindDuplicates(beam.PTransform):
+    """RecordBatch -> groups of identical sources (``groups``); with dedupe, the records kept.
+
+    Outputs ``groups``: (sha256, [Member]) for every hash held by two or more
+    images; ``batches``: the records to plan and write (all of them without
+    dedupe); ``rejected``: the dropped copies (empty without dedupe).
+    """
+
+    def __init__(self, dedupe: bool):
+        super().__init__()
+        self._dedupe = dedupe
+
+    def expand(self, batches):
+        groups = (
+            batches
+            # RecordBatch -> (sha256, Member)
+            | "HashAndMember" >> beam.FlatMap(_members)
+            | "MembersPerHash" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
+            # (sha256, [Member]) with at least two members
+            | "OnlyDuplicates" >> beam.Filter(lambda group: len(group[1]) > 1)
+        )
+        if not self._dedupe:
+            empty = batches.pipeline | "NoDrops" >> beam.Create([], reshuffle=False)
+            return {"groups": groups, "batches": batches, "rejected": empty}
+        drops = groups | "CopiesToDrop" >> beam.FlatMap(
+            lambda group: [(m.image_id, reason) for m, reason in duplicates.dropped(group[1])]
+        )
+        kept = batches | "DropCopies" >> beam.ParDo(
+            _DropDuplicates(), drops=AsDict(drops)
+        ).with_outputs(REJECTED, main="batches")
+        return {"groups": groups, "batches": kept.batches, "rejected": kept[REJECTED]}
+
+
+# ------------------------------------------------------------------ shard plan
+
+
+class _TallyFn(beam.CombineFn):
+    """KeyTally of one split -> (listed, written, rejected keys, record bytes), all of the split."""
+
+    def create_accumulator(self):
+        return [], [], [], 0
+
+    def add_input(self, accumulator, tally: books.KeyTally):
+        listed, written, rejected, size = accumulator
+        for into, values in ((listed, tally.listed), (written, tally.written)):
+            if values:
+                into.append(books.as_keys(values))
+        if tally.rejected:
+            rejected.append(books.as_keys(tally.rejected))
+        return listed, written, rejected, size + tally.record_bytes
+
+    def merge_accumulators(self, accumulators):
+        listed, written, rejected, size = [], [], [], 0
+        for more in accumulators:
+            listed += more[0]
+            written += more[1]
+            rejected += more[2]
+            size += more[3]
+        return self.compact((listed, written, rejected, size))
+
+    def compact(self, accumulator):
+        # One array per kind: 8 bytes per key, however many batches came in.
+        *parts, size = accumulator
+        return (*([np.concatenate(p)] if len(p) > 1 else p for p in parts), size)
+
+    def extract_output(self, accumulator):
+        *parts, size = accumulator
+        empty = np.zeros(0, dtype=np.uint64)
+        return (*(np.concatenate(p) if p else empty for p in parts), size)
+
+
+class PlanShards(beam.PTransform):
+    """{batches, listed, rejected} -> (split, SplitPlan): the books and shard plan per split.
+
+    Only order keys (8 bytes per image) and sizes come here, batched; the plan
+    cuts each split into exactly ``max(min_shards, ceil(bytes/target))``
+    non-empty shards by rank of the keys (docs/format.md section 3).
+    """
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, pcolls):
+        seed = self._config.seed
+        target, minimum = self._config.target_shard_bytes, self._config.min_shards
+
+        def written(batch: RecordBatch):
+            entries = batch.entries
+            tally = books.KeyTally(
+                written=tuple(e.key for e in entries), record_bytes=sum(e.size for e in entries)
+            )
+            return batch.split, tally
+
+        def rejected(rejection: Rejection):
+            return rejection.split, books.KeyTally(
+                rejected=(keys.order_key(seed, rejection.image_id),)
+            )
+
+        def plan(split, tallied):
+            return split, books.plan_split(split, *tallied, target, minimum)
+
+        return (
+            (
+                pcolls["listed"],
+                pcolls["batches"] | "WrittenKeys" >> beam.Map(written),
+                pcolls["rejected"] | "RejectedKeys" >> beam.Map(rejected),
+            )
+            | "AllKeys" >> beam.Flatten()
+            # (split, KeyTally) -> (split, (listed, written, rejected keys, bytes))
+            | "TallyPerSplit" >> beam.CombinePerKey(_TallyFn())
+            # -> (split, SplitPlan)
+            | "PlanSplit" >> beam.MapTuple(plan)
+        )
+
+
+# --------------------------------------------------------------------- shards
+
+
+class _WriteShardFn(beam.DoFn):
+    """((split, shard), [RecordBatch]) -> ShardInfo of a temp file.
+
+    Consumes the grouped batches once, staging their records on the worker's
+    own disk (staging.py): memory holds each record's key and position, not
+    its bytes, however large the shard.
+    """
+
+    def __init__(self, output: str, index_files: bool = False):
+        self._output = output
+        self._index_files = index_files
+        self._shards = Metrics.counter(NAMESPACE, "shards_written")
+        self._bytes = Metrics.counter(NAMESPACE, "shard_bytes_written")
+
+    def process(self, element, plans):
+        (split, shard), batches = element
+        entries = (entry for batch in batches for entry in batch.entries)
+        info = write_staged_shard(
+            self._output, split, shard, plans[split].shards, entries, self._index_files
+        )
+        self._shards.inc()
+        self._bytes.inc(info.num_bytes)
+        yield info
+
+
+class WriteShards(beam.PTransform):
+    """{batches, plans} -> ShardInfo, one per shard of the plans."""
+
+    def __init__(self, config: JobConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, pcolls):
+        plans = AsDict(pcolls["plans"])
+        writer = _WriteShardFn(self._config.output, self._config.index_files)
+        return (
+            pcolls["batches"]
+            # RecordBatch -> ((split, shard), RecordBatch of that shard's records)
+            | "AssignShards" >> beam.FlatMap(by_shard, plans=plans)
+            | "GroupByShard" >> beam.GroupByKey()
+            # -> ShardInfo
+            | "WriteShard" >> beam.ParDo(writer, plans=plans)
+        )
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+class _Finalize(beam.DoFn):
+    """None + side inputs -> a JSON line of records per split; publishes the dataset
+    (finalize.Finalizer: idempotent, so a retried Finalize completes what the first try began)."""
+
+    def __init__(self, config: JobConfig):
+        self._config = config
+
+    def process(self, _, shards, rejects, plans, skipped, groups, reused=0):
+        yield Finalizer(self._config).run(shards, rejects, plans, skipped, groups, reused)
+
+
+# ----------------------------------------------------------------------- graph
+
+
+def build(pipeline: beam.Pipeline, config: JobConfig):
+    """Adds the whole conversion to ``pipeline``; returns the final summary PCollection."""
+    listed = pipeline | "ListImages" >> ListImages(config)
+    converted = listed["refs"] | "ConvertImages" >> ConvertImages(config)
+    found = converted.batches | "FindDuplicates" >> FindDuplicates(config.dedupe)
+    batches = found["batches"]
+    # Rejection: bad images, then the copies --dedupe dropped
+    rejects = (converted[REJECTED], found["rejected"]) | "AllRejections" >> beam.Flatten()
+    plans = {
+        "batches": batches,
+        "listed": listed["listed"],
+        "rejected": rejects,
+    } | "PlanShards" >> PlanShards(config)
+    shards = {"batches": batches, "plans": plans} | "WriteShards" >> WriteShards(config)
+    reused = {}
+    if config.reuse:
+        total = converted[REUSED] | "ReusedTotal" >> beam.CombineGlobally(sum)
+        reused["reused"] = AsSingleton(total)
+    return (
+        pipeline
+        | "Start" >> beam.Create([None], reshuffle=False)
+        | "Finalize"
+        >> beam.ParDo(
+            _Finalize(config),
+            shards=AsList(shards),
+            rejects=AsList(rejects),
+            plans=AsList(plans),
+            skipped=AsList(listed[SKIPPED]),
+            groups=AsList(found["groups"]),
+            **reused,
+        )
+    )

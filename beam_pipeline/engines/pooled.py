@@ -1,0 +1,198 @@
+"""Converting on the local pool: ImageRefs in, Outcomes out, records spilled. Pure of Beam.
+
+The conversion step of both local engines: ``pipeline._PooledConvertFn``
+(Beam's DirectRunner, in-memory) and ``local_engine`` (no Beam). Each pool
+process appends its records to its own spill file and sends back a
+reference, so record bytes never pass through this process (docs/scale.md).
+Images an earlier, interrupted run already spilled are taken from its spill
+files instead of being converted again; with ``--reuse``, each image comes
+with OLD's record of its ID, which the pool process takes over when the
+source is unchanged (``convert.reuse_or_convert``). Results may come back in any order;
+shard contents are sorted later, so output bytes do not change. A worker
+that dies (a decoder crash) costs the one image that killed it, which
+becomes a rejection; the others are converted again.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import time
+from collections.abc import Iterator
+
+from beam_pipeline.core import images, spill
+from beam_pipeline.engines import local_pool
+from beam_pipeline.stages.convert import Outcome, Rejection, from_spill, spill_chunk, timeout_reason
+
+# How an outcome came about (the counters differ).
+CONVERTED = "converted"
+AHEAD = "ahead"  # converted while the job was starting (local_pool.convert_ahead)
+RESUMED = "resumed"  # converted, or rejected, by an interrupted run
+
+
+# The counter each way of coming about adds one to (the converted ones: outcome_counts).
+HOW_COUNTERS = {AHEAD: "images_converted_ahead", RESUMED: "images_resumed"}
+# A record taken from --reuse's dataset instead of being converted (outcome_counts).
+REUSED_COUNTER = "images_reused"
+
+
+def outcome_counts(outcome: Outcome, converted_now: bool = True) -> dict[str, int]:
+    """The conversion counters one outcome adds to (those above zero), by name.
+
+    One definition for both engines: Beam's conversion steps increment
+    Metrics counters of these names, the local engine a Counter. An outcome
+    taken from an interrupted run (``converted_now`` false) counts only its
+    record's bytes, or its rejection; one taken from ``--reuse``'s dataset
+    counts the source bytes read to check it, and :data:`REUSED_COUNTER`.
+    """
+    result = outcome.result
+    if isinstance(result, Rejection):
+        return {"images_rejected": 1}
+    counts = {"record_bytes": result.entry.size}
+    if outcome.reused:
+        counts.update({"bytes_read": outcome.bytes_read, REUSED_COUNTER: 1})
+    elif converted_now:
+        counts.update(
+            bytes_read=outcome.bytes_read,
+            images_converted=1,
+            images_passed_through=int(outcome.passed_through),
+            images_repaired=int(outcome.repaired),
+            images_bad_profile=int(outcome.bad_profile),
+        )
+    return {name: n for name, n in counts.items() if n}
+
+
+class _Picked:
+    """Future-like: one image's outcome out of a chunk converted ahead of the job."""
+
+    def __init__(self, future, index):
+        self._future, self._index = future, index
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> list[Outcome]:
+        return [self._future.result()[self._index]]
+
+
+class PoolConverter:
+    """Feeds ImageRefs to the local pool in chunks; yields ``(Outcome, how)`` as they finish.
+
+    ``how`` is :data:`CONVERTED`, :data:`AHEAD` or :data:`RESUMED`. Call
+    :meth:`start` before a batch of :meth:`add` calls, :meth:`finish` to drain,
+    :meth:`close` at the end.
+    """
+
+    CHUNK = 8
+    REUSE_CHUNK = 64
+
+    def __init__(
+        self,
+        spec: images.ImageSpec,
+        seed: int,
+        classes: tuple[str, ...],
+        spill_dir: str,
+        processes: int,
+    ):
+        self._spec = spec
+        self._processes = processes
+        self._task_args = (spec, seed, classes, spill_dir)
+        self._done = spill.load_index(spill_dir)
+        self._executor = local_pool.take(processes)
+        self.start()
+
+    def start(self) -> None:
+        """Forgets what is in flight (a runner discards a failed bundle's outputs)."""
+        self._chunk: list[tuple] = []
+        # (chunk of (ref, old) pairs, future, how)
+        self._pending: collections.deque = collections.deque()
+
+    def add(self, ref, old=None) -> Iterator[tuple[Outcome, str]]:
+        """Queues one ``(image_id, path, label, split)``; yields whatever has finished.
+
+        ``old``: ``--reuse``'s record of the image's ID (``reuse.OldRecord``), if any.
+        """
+        ref = tuple(ref)
+        image_id, path, label, split = ref
+        earlier = self._done.get(image_id)
+        if earlier is not None and earlier.split == split and earlier.label in (label, -1):
+            yield Outcome(from_spill(earlier, path), 0, False), RESUMED
+            return
+        ahead = local_pool.claim(path)
+        if ahead is not None and ahead[2] == ref:  # converted while the job was starting
+            self._pending.append(([(ref, None)], _Picked(*ahead[:2]), AHEAD))
+        else:
+            self._chunk.append((ref, old))
+            # Reuse checks are ~50x cheaper than conversions: bigger chunks
+            # keep the IPC per image small.
+            if len(self._chunk) >= (self.CHUNK if old is None else self.REUSE_CHUNK):
+                self._submit()
+        # Keep every process busy, but bound what is in flight (memory).
+        while self._pending and (
+            self._pending[0][1].done() or len(self._pending) > 3 * self._processes
+        ):
+            yield from self._next_outcomes()
+
+    def finish(self) -> Iterator[tuple[Outcome, str]]:
+        """Submits the last chunk and yields every outcome still in flight."""
+        self._submit()
+        while self._pending:
+            yield from self._next_outcomes()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    def run_aside(self, fn, *args) -> concurrent.futures.Future:
+        """Runs ``fn(*args)`` on a pool process beside the conversions (a quick count, say)."""
+        return self._executor.submit(fn, *args)
+
+    def _task(self, executor, chunk):
+        """Submits a chunk of (ref, old) pairs to ``executor``."""
+        refs = [ref for ref, _ in chunk]
+        olds = [old for _, old in chunk]
+        if any(old is not None for old in olds):
+            return executor.submit(spill_chunk, refs, *self._task_args, olds)
+        return executor.submit(spill_chunk, refs, *self._task_args)
+
+    def _submit(self) -> None:
+        if self._chunk:
+            future = self._task(self._executor, self._chunk)
+            self._pending.append((self._chunk, future, CONVERTED))
+            self._chunk = []
+
+    def _next_outcomes(self) -> Iterator[tuple[Outcome, str]]:
+        how = self._pending[0][2]
+        try:
+            outcomes = self._pending[0][1].result()
+        except concurrent.futures.process.BrokenProcessPool:
+            outcomes = self._recover()
+        self._pending.popleft()
+        for outcome in outcomes:
+            yield outcome, how
+
+    def _recover(self) -> list[Outcome]:
+        """A worker died: convert every in-flight image again, one per task."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        local_pool.drop_ahead()  # those futures died with the pool
+        executor = None
+        for index, (chunk, _, how) in enumerate(self._pending):
+            outcomes = []
+            for ref, old in chunk:
+                executor = executor or local_pool.new(self._processes)
+                started = time.monotonic()
+                try:
+                    outcomes += self._task(executor, [(ref, old)]).result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    image_id, path, _, split = ref
+                    reason = "crashed the image decoder (its worker process died)"
+                    limit = self._spec.timeout_s
+                    if limit and time.monotonic() - started >= limit:
+                        reason = timeout_reason(limit)  # the worker ended itself: deadline.py
+                    outcomes.append(Outcome(Rejection(image_id, path, split, reason), 0, False))
+                    executor.shutdown(wait=False)
+                    executor = None
+            finished = concurrent.futures.Future()
+            finished.set_result(outcomes)
+            self._pending[index] = (chunk, finished, how)
+        self._executor = executor or local_pool.new(self._processes)
+        return self._pending[0][1].result()

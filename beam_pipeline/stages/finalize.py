@@ -1,0 +1,173 @@
+"""The job's last step: the lists, the books, the shards renamed, imagerecords.json.
+
+Pure of Beam: the local engine calls :class:`Finalizer` directly; the Beam
+graph runs it inside ``pipeline.Finalize`` with everything else as side inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from beam_pipeline.core import books, duplicates, errors, keys, metadata, settings, tfds_metadata
+from beam_pipeline.core.errors import BooksDoNotBalance
+from beam_pipeline.stages.job_config import JobConfig, output_path
+from beam_pipeline.stages.shards import ShardInfo, check_shards, place_shards
+from beam_pipeline.storage import listing
+from beam_pipeline.storage import output as output_files
+
+
+class Finalizer:
+    """Publishes the dataset once every shard is written: lists, books, renames, imagerecords.json.
+
+    Idempotent, so a retried Finalize completes what the first try began.
+    """
+
+    def __init__(self, config: JobConfig):
+        self._config = config
+
+    def run(self, shards, rejects, plans, skipped, groups, reused: int = 0) -> str:
+        """Everything the job produced -> a JSON line of records per split.
+
+        ``reused``: records taken from --reuse's dataset (its ``reuse`` block).
+
+        Raises:
+            BooksDoNotBalance: see :meth:`_check_books`.
+        """
+        plans = dict(plans)
+        skipped = list(skipped) + [
+            listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER)
+            for path in self._config.layout.loose_files
+        ]
+        # The lists first: a run that fails its books still leaves them to read.
+        self._write_lists(rejects, skipped, groups)
+        kept = self._check_books(plans, list(shards), rejects)
+        placed = place_shards(kept, self._config.output)
+        info = self._info(placed, rejects, skipped, groups)
+        if self._config.reuse:
+            # Describes the run, not the data: all else is what a full conversion writes.
+            info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
+        self._publish(info)
+        return json.dumps({s: split["num_examples"] for s, split in info["splits"].items()})
+
+    def _write_lists(self, rejects, skipped, groups) -> None:
+        """rejects.jsonl, labels.txt, duplicates.jsonl and skipped.jsonl."""
+        config = self._config
+        output_files.write_atomically(
+            output_path(config.output, metadata.REJECTS_FILE),
+            metadata.rejects_jsonl(
+                {"path": r.path, "id": r.image_id, "split": r.split, "reason": r.reason}
+                for r in rejects
+            ),
+        )
+        output_files.write_atomically(
+            output_path(config.output, metadata.LABELS_FILE),
+            metadata.labels_text(config.layout.classes),
+        )
+        output_files.write_atomically(
+            output_path(config.output, duplicates.DUPLICATES_FILE),
+            duplicates.jsonl(groups, config.layout.classes),
+        )
+        output_files.write_atomically(
+            output_path(config.output, metadata.SKIPPED_FILE),
+            metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
+        )
+
+    def _check_books(self, plans, shards, rejects) -> list[ShardInfo]:
+        """The shards to keep, one per planned shard.
+
+        Raises:
+            BooksDoNotBalance: A record is lost or doubled, a shard is not as
+                planned, or more images are bad than --max_reject_fraction allows.
+        """
+        config = self._config
+        kept, shard_problems = check_shards(plans, shards)
+        failure = books.check_books(
+            list(plans.values()),
+            written=sum(s.num_examples for s in kept),
+            rejected=len(rejects),
+            shard_problems=shard_problems,
+            names_of=lambda wanted: _names_of(config, wanted),
+        )
+        if failure:
+            raise BooksDoNotBalance(failure)
+        total_listed = sum(plan.listed for plan in plans.values())
+        # Copies dropped by --dedupe were asked for: they are not bad images.
+        bad = [r.reason for r in rejects if not r.reason.startswith(duplicates.DUPLICATE_PREFIX)]
+        if len(bad) / total_listed > config.max_reject_fraction:
+            raise errors.too_many_rejects(
+                bad,
+                total_listed,
+                config.max_reject_fraction,
+                output_path(config.output, metadata.REJECTS_FILE),
+            )
+        return kept
+
+    def _info(self, placed, rejects, skipped, groups) -> dict:
+        """The imagerecords.json object (docs/format.md section 7).
+
+        The settings in it are those the config declares (settings.info_values).
+        """
+        config = self._config
+        rejected_by_split = Counter(r.split for r in rejects)
+        splits = metadata.split_order(
+            config.split_names, [row["split"] for row in placed] + list(rejected_by_split)
+        )
+        declared = settings.info_values(config)
+        info = metadata.build_info(
+            source=declared["source"],
+            seed=declared["seed"],
+            classes=declared["classes"],
+            image={**declared["image"], **metadata.IMAGE_FACTS},
+            splits=splits,
+            shards=placed,
+            rejected_by_split=rejected_by_split,
+            skipped_reasons=[s.reason for s in skipped],
+            config=declared["config"],
+        )
+        info["duplicates"] = duplicates.info_block(
+            [members for _, members in groups], _first_split(splits)
+        )
+        return info
+
+    def _publish(self, info: dict) -> None:
+        """Deletes the temporary files, writes TFDS's files and imagerecords.json, then
+        drops the marker."""
+        config = self._config
+        output = config.output
+        output_files.delete_local_folder(config.spill_directory)
+        output_files.delete_temp_files(output, keep=[output_files.MARKER])
+        # TFDS's metadata (tfds.builder_from_directory reads the same shards).
+        tfds = tfds_metadata.tfds_files(info, name=config.tfds_name, version=config.tfds_version)
+        for name, data in tfds.items():
+            output_files.write_atomically(output_path(output, name), data)
+        # Written last: its presence means the dataset is complete.
+        output_files.write_atomically(output_path(output, metadata.INFO_FILE), metadata.dumps(info))
+        output_files.delete_temp_folder(output)  # what is left: the job's marker
+
+
+def _first_split(splits: list[str]) -> str:
+    """The split a model trains on: "train" when there is one, else the first."""
+    return "train" if "train" in splits else (splits[0] if splits else "train")
+
+
+def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:
+    """Order key -> image ID for the keys in ``wanted``, by listing the input again.
+
+    Runs only when the books do not balance, to name the images in the message.
+    """
+    if not wanted:
+        return {}
+    layout = config.layout
+    ids = (
+        row[0]
+        for source in layout.sources
+        for row in layout.rows(source)
+        if not isinstance(row, listing.Skipped)
+    )
+    found = {}
+    for image_id in ids:
+        key = keys.order_key(config.seed, image_id)
+        if key in wanted:
+            found[key] = image_id
+    return found

@@ -1,0 +1,170 @@
+"""What a conversion job needs to know: :class:`JobConfig`. Pure: no Beam.
+
+Both engines take it: the Beam graph (``pipeline.build``) and the local
+engine (``local_engine.run``), so that one config gives the same dataset
+on either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from beam_pipeline.core import images, keys, settings, spill, tfds_metadata
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.storage import discovery, paths
+
+_field = dataclasses.field
+
+
+def _splits(config: JobConfig):
+    """--splits, or None where the layout's own folders are the splits."""
+    return None if config.layout.kind == "presplit" else config.splits
+
+
+_RECORDS_ALREADY_MADE = "it acts on the records once they are made"
+_TFDS_ONLY = "it names the dataset in TFDS's metadata files, not in any record"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """Everything the graph needs; built and validated by the CLI.
+
+    Each field declares whether it decides a record's bytes, split or label
+    and where imagerecords.json records it (``settings.py``): the resume key
+    and imagerecords.json's settings are derived from these declarations.
+    """
+
+    layout: discovery.Layout = _field(
+        metadata=settings.parts(
+            settings.decides(
+                "input", info="source", value=lambda c: c.layout.manifest or c.layout.root
+            ),
+            settings.decides("layout", info="config.layout", value=lambda c: c.layout.kind),
+            settings.decides("classes", info="classes", value=lambda c: list(c.layout.classes)),
+        )
+    )
+    output: str = _field(
+        metadata=settings.does_not_decide("where the dataset goes: the run it resumes is there")
+    )
+    splits: dict[str, float] = _field(
+        metadata=settings.decides("splits", info="config.splits", value=_splits)
+    )
+    seed: int = _field(default=42, metadata=settings.decides("seed", info="seed"))
+    image: images.ImageSpec = _field(
+        default=images.ImageSpec(), metadata=settings.nested(images.ImageSpec)
+    )
+    target_shard_bytes: int = _field(
+        default=200 * 2**20,
+        metadata=settings.does_not_decide(
+            "it only decides how the same records are cut into shards",
+            name="target_shard_mb",
+            info="config.target_shard_mb",
+            value=lambda c: c.target_shard_bytes / 2**20,
+        ),
+    )
+    min_shards: int = _field(
+        default=1,
+        metadata=settings.does_not_decide(
+            "it only decides how the same records are cut into shards",
+            name="min_shards",
+            info="config.min_shards",
+        ),
+    )
+    max_reject_fraction: float = _field(
+        default=0.01,
+        metadata=settings.does_not_decide(
+            "it only decides whether the books are accepted",
+            name="max_reject_fraction",
+            info="config.max_reject_fraction",
+        ),
+    )
+    # Also write <shard>.idx: "offset length" per record (NVIDIA DALI's format).
+    index_files: bool = _field(
+        default=False,
+        metadata=settings.does_not_decide(_RECORDS_ALREADY_MADE, name="index_files"),
+    )
+    # >1: convert in that many local processes, which spill the records to
+    # local disk (one machine: in-process or multi_processing DirectRunner).
+    conversion_processes: int = _field(
+        default=1,
+        metadata=settings.does_not_decide(
+            "the same records come out of any number of processes", name="local_processes"
+        ),
+    )
+    # Where the local processes spill; default spill.default_dir(output).
+    spill_dir: str | None = _field(
+        default=None, metadata=settings.does_not_decide("where records wait, not what they are")
+    )
+    # Keep one image of each group of identical source files (--dedupe).
+    dedupe: bool = _field(
+        default=False,
+        metadata=settings.does_not_decide(
+            _RECORDS_ALREADY_MADE + ": the copies are dropped after conversion",
+            name="dedupe",
+            info="config.dedupe",
+        ),
+    )
+
+    # The dataset's name and version in TFDS's metadata files (tfds_metadata.py).
+    # Not the output folder's name by default: the same input and settings give
+    # the same bytes wherever they are written.
+    tfds_name: str = _field(
+        default=tfds_metadata.DEFAULT_NAME,
+        metadata=settings.does_not_decide(_TFDS_ONLY, name="tfds_name", info="config.tfds_name"),
+    )
+    tfds_version: str = _field(
+        default=tfds_metadata.DEFAULT_VERSION,
+        metadata=settings.does_not_decide(
+            _TFDS_ONLY, name="tfds_version", info="config.tfds_version"
+        ),
+    )
+    # --reuse: a finished dataset whose records of unchanged images are copied
+    # (reuse.py); the output is the same bytes a full conversion writes.
+    reuse: str | None = _field(
+        default=None,
+        metadata=settings.does_not_decide(
+            "a reused record is the bytes a conversion would write: it decides how "
+            "records are made, not what they are",
+            name="reuse",
+        ),
+    )
+
+    def __post_init__(self):
+        """The CLI's value checks, so that code building a JobConfig gets the same errors."""
+        if not self.output:
+            raise UsageError("--output is required")
+        fractions = list(self.splits.values())
+        if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
+            raise UsageError(f"--splits: fractions must be in [0, 1], got {self.splits}")
+        if abs(sum(fractions) - 1.0) > keys.FRACTION_TOLERANCE:
+            raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
+        if not self.target_shard_bytes > 0:
+            raise UsageError("--target_shard_mb must be positive")
+        if self.min_shards < 1:
+            raise UsageError(f"--min_shards must be at least 1, got {self.min_shards}")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise UsageError(
+                f"--max_reject_fraction must be in [0, 1], got {self.max_reject_fraction:g}"
+            )
+        if self.conversion_processes < 1:
+            raise UsageError(
+                f"--local_processes must be at least 1, got {self.conversion_processes}"
+            )
+        try:
+            tfds_metadata.check_name_and_version(self.tfds_name, self.tfds_version)
+        except ValueError as error:
+            raise UsageError(f"--tfds_name/--tfds_version: {error}") from None
+
+    @property
+    def split_names(self) -> list[str]:
+        """Splits in imagerecords.json order: the layout's own, else --splits."""
+        return list(self.layout.split_names or self.splits)
+
+    @property
+    def spill_directory(self) -> str:
+        return self.spill_dir or spill.default_dir(self.output)
+
+
+def output_path(output: str, name: str) -> str:
+    """``name`` (which may hold a "/") inside the output folder, on any filesystem."""
+    return paths.join(output, name)

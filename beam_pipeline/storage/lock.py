@@ -1,0 +1,375 @@
+"""A live run owns its --output: a lock in the job's temporary folder.
+
+Two runs writing one output at once would delete each other's temporary
+shards, resume from each other's spill files and leave a finished dataset
+with orphans. So the CLI takes this lock before it touches --output
+(``job.run``, before ``resume.prepare``) and gives it back on every way out,
+after the summary; a second run into the same output is refused at once,
+with the owner named (:class:`OutputInUse`, exit status 2).
+
+The lock is ``OUTPUT/.imagerecords-tmp/lock`` (:data:`output.LOCK`), one of
+the job's own files. It names its owner (host, process, start time). The
+job's clean-ups leave it alone (``output.delete_temp_folder``); releasing it
+is the last thing a run does to --output, and takes the temporary folder
+with it when nothing else is left there.
+
+* **Local output**: the file is held with ``flock(2)``. The kernel releases
+  it when the process ends in any way (SIGKILL, a crash), so a killed run's
+  lock is taken over by the next run at once; NFS emulates flock with
+  byte-range locks, which also hold across machines.
+* **gs:// output**: an object created only if none exists
+  (``if_generation_match=0``). A thread rewrites it every
+  :data:`HEARTBEAT_S` seconds, each time on the condition that it is still the
+  generation this run wrote last. A lock whose heartbeat is older than
+  :data:`STALE_AFTER` periods (the owner's own period, recorded in the lock),
+  or whose owner process is gone from this very machine, belongs to a killed
+  run: it is taken over on the condition of the generation read, so of two
+  runs taking over one lock only one wins. A run that finds its lock taken
+  over (it could not renew it for that long) stops at once.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import datetime
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from beam_pipeline.core.errors import RunStopped, UsageError
+from beam_pipeline.storage import output as output_files
+from beam_pipeline.storage import paths
+
+LOCK = output_files.LOCK
+# How often a gs:// lock's heartbeat is renewed, and how many periods without
+# one make it a killed run's. Only gs:// needs them (flock dies with its process).
+HEARTBEAT_S = 30.0
+STALE_AFTER = 4
+# Tests shorten the period (the stale rule reads each owner's own period).
+HEARTBEAT_ENV = "IMAGERECORDS_LOCK_HEARTBEAT_S"
+
+log = logging.getLogger(__name__)
+
+
+class OutputInUse(UsageError):
+    """Another live run holds --output's lock."""
+
+
+class OutputTakenOver(RunStopped):
+    """This run's gs:// lock was taken over by another run while it ran."""
+
+
+def _machine() -> dict:
+    """What tells this machine and its process namespace apart from others (Linux)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id") as stream:
+            found["boot_id"] = stream.read().strip()
+    with contextlib.suppress(OSError):
+        found["pid_ns"] = os.readlink("/proc/self/ns/pid")
+    return found
+
+
+def _owner() -> dict:
+    now = time.time()
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
+        "token": uuid.uuid4().hex,
+        "heartbeat": now,
+        "heartbeat_s": float(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_S),
+        **_machine(),
+    }
+
+
+def _describe(owner: dict | None) -> str:
+    if not owner:
+        return "another run"
+    return (
+        f"another run (pid {owner.get('pid', '?')} on {owner.get('host', '?')}, "
+        f"started {owner.get('started', '?')})"
+    )
+
+
+def _in_use(output: str, owner: dict | None, extra: str = "") -> OutputInUse:
+    return OutputInUse(
+        f"--output {output} is in use by {_describe(owner)}{extra}; two runs must not write "
+        "one output: wait for that run to end (or stop it), then run this command again"
+    )
+
+
+def acquire(output: str):
+    """Takes ``output``'s lock for this process; a :class:`LocalLock` or :class:`GcsLock`.
+
+    Raises:
+        OutputInUse: a live run holds it.
+        UsageError: the lock cannot be written (no permission, no such bucket).
+    """
+    if paths.is_local(output):
+        return LocalLock.acquire(output)
+    return GcsLock.acquire(output)
+
+
+# ------------------------------------------------------------------ local
+
+
+class LocalLock:
+    """``OUTPUT/.imagerecords-tmp/lock`` held with flock(2) for the life of this process."""
+
+    def __init__(self, output: str, path: str, fd: int, made: list[str]):
+        self.output, self.path, self._fd, self._made = output, path, fd, made
+        self.lost = False  # a local lock cannot be taken over while this process lives
+
+    @classmethod
+    def acquire(cls, output: str) -> LocalLock:
+        path = os.path.join(output, LOCK)
+        folder = os.path.dirname(path)
+        # The folders this run creates go again with the lock when they are empty.
+        made = [p for p in (folder, output) if not os.path.isdir(p)]
+        try:
+            os.makedirs(folder, exist_ok=True)
+            while True:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    owner = _parse(os.pread(fd, 1 << 16, 0))
+                    os.close(fd)
+                    raise _in_use(output, owner) from None
+                # The owner removes the file while it holds it: a lock on a
+                # file no longer there guards nothing, so try again.
+                try:
+                    current = os.stat(path).st_ino
+                except FileNotFoundError:
+                    current = None
+                if current == os.fstat(fd).st_ino:
+                    break
+                os.close(fd)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_owner(), sort_keys=True).encode() + b"\n", 0)
+        except OutputInUse:
+            raise
+        except OSError as error:
+            raise UsageError(
+                f"--output {output}: cannot create {path}: {error.strerror or error}"
+            ) from None
+        return cls(output, path, fd, made)
+
+    def start_heartbeat(self) -> None:
+        """Nothing to renew: the kernel holds a local lock until this process ends."""
+
+    def release(self) -> None:
+        """Removes the lock file (while still holding it), then the empty folders it made."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+        os.close(self._fd)
+        self._fd = None
+        for folder in (os.path.dirname(self.path), *self._made):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only when empty: a failed run's files stay
+
+
+def _parse(data: bytes | None) -> dict | None:
+    try:
+        found = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+# ------------------------------------------------------------------ gs://
+
+
+def _stale(owner: dict | None, updated: float | None, now: float) -> bool:
+    """Whether a lock found on GCS belongs to a run that is gone."""
+    if owner is None:  # not written by a run we know: judge by the object's own time
+        return updated is not None and now - updated > STALE_AFTER * HEARTBEAT_S
+    mine = _machine()
+    if (
+        mine
+        and all(owner.get(k) == v for k, v in mine.items())
+        and isinstance(owner.get("pid"), int)
+    ):
+        try:
+            os.kill(owner["pid"], 0)
+        except ProcessLookupError:
+            return True  # this machine, this process namespace, and no such process
+        except PermissionError:
+            pass  # alive (someone else's)
+    period = owner.get("heartbeat_s") or HEARTBEAT_S
+    beat = owner.get("heartbeat")
+    if not isinstance(beat, (int, float)) or not isinstance(period, (int, float)):
+        return updated is not None and now - updated > STALE_AFTER * HEARTBEAT_S
+    return now - beat > STALE_AFTER * period
+
+
+class GcsLock:
+    """A lock object on GCS, renewed by a heartbeat thread; see the module docstring."""
+
+    def __init__(self, output: str, url: str, blob, owner: dict, generation: int):
+        self.output, self.url, self._blob, self._owner = output, url, blob, owner
+        self.generation = generation
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def acquire(cls, output: str) -> GcsLock:
+        from google.api_core import exceptions as api
+
+        from beam_pipeline.storage import gcs
+
+        url = paths.join(output, LOCK)
+        bucket, name = gcs.split_url(url)
+        owner = _owner()
+        try:
+            blob = gcs.client().bucket(bucket).blob(name)
+            for _ in range(5):  # each turn: another run changed the lock meanwhile
+                try:
+                    _write(blob, owner, if_generation_match=0)
+                    return cls(output, url, blob, owner, blob.generation)
+                except api.PreconditionFailed:
+                    pass
+                found = _read(blob)
+                if found is None:
+                    continue  # released meanwhile
+                held, generation, updated = found
+                if held and held.get("token") == owner["token"]:
+                    # Our create went through but its answer was lost; a retry saw it.
+                    return cls(output, url, blob, owner, generation)
+                if not _stale(held, updated, time.time()):
+                    raise _in_use(output, held, _heartbeat_age(held))
+                try:
+                    _write(blob, owner, if_generation_match=generation)
+                except api.PreconditionFailed:
+                    continue  # another run took it over first, or its owner renewed it
+                log.warning(
+                    "took over the lock of --output from %s, which ended without giving it back",
+                    _describe(held),
+                )
+                return cls(output, url, blob, owner, blob.generation)
+        except OutputInUse:
+            raise
+        except Exception as error:
+            translated = gcs.usage_error(error, url, "write to")
+            if translated is None:
+                raise
+            raise translated from error
+        raise _in_use(output, None, " (its lock keeps changing hands)")
+
+    def start_heartbeat(self) -> None:
+        """Starts renewing the lock (after the local pool forked: no thread before that)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._beat, name="imagerecords-lock", daemon=True
+            )
+            self._thread.start()
+
+    def _beat(self) -> None:
+        from google.api_core import exceptions as api
+
+        period = self._owner["heartbeat_s"]
+        while not self._stop.wait(period):
+            self._owner["heartbeat"] = time.time()
+            try:
+                # One attempt per beat, at most one period long: the next beat
+                # is the retry, and release() need not wait for a long one.
+                _write(
+                    self._blob,
+                    self._owner,
+                    if_generation_match=self.generation,
+                    retry=None,
+                    timeout=_attempt_s(period),
+                )
+                self.generation = self._blob.generation
+            except api.PreconditionFailed:
+                found = _read(self._blob)
+                if found and found[0] and found[0].get("token") == self._owner["token"]:
+                    self.generation = found[1]  # our renewal went through; its answer did not
+                    continue
+                self.lost = True
+                if not self._stop.is_set():
+                    _thread.interrupt_main()  # job.run reports OutputTakenOver
+                return
+            except Exception:  # noqa: BLE001 - GCS unreachable: the run's own requests say so
+                continue
+
+    def release(self) -> None:
+        """Stops the heartbeat and deletes the lock, if it is still this run's.
+
+        Bounded even when GCS is out of reach (the run may be ending for that
+        reason): a lock left behind then is a stale one, which the next run
+        takes over.
+        """
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        self._stop.set()
+        period = self._owner["heartbeat_s"]
+        if self._thread is not None:
+            self._thread.join(_attempt_s(period) + 5)
+        if self.lost:
+            return
+        with contextlib.suppress(Exception):
+            self._blob.delete(
+                if_generation_match=self.generation,
+                retry=DEFAULT_RETRY.with_timeout(_RELEASE_S),
+                timeout=_RELEASE_S,
+            )
+
+
+def _heartbeat_age(owner: dict | None) -> str:
+    if not owner or not isinstance(owner.get("heartbeat"), (int, float)):
+        return ""
+    age = max(0.0, time.time() - owner["heartbeat"])
+    limit = STALE_AFTER * (owner.get("heartbeat_s") or HEARTBEAT_S)
+    return (
+        f", its last heartbeat {age:.0f} s ago; a killed run's lock is taken over "
+        f"{limit:.0f} s after its last heartbeat"
+    )
+
+
+# How long giving a gs:// lock back may take when GCS does not answer.
+_RELEASE_S = 10.0
+
+
+def _attempt_s(period: float) -> float:
+    """The time limit of one heartbeat request."""
+    return max(1.0, min(period, 30.0))
+
+
+def _write(blob, owner: dict, if_generation_match: int, **request) -> None:
+    """Writes the lock object if its generation is ``if_generation_match`` (0: none yet)."""
+    data = json.dumps(owner, sort_keys=True).encode()
+    blob.upload_from_string(
+        data,
+        content_type="application/json",
+        if_generation_match=if_generation_match,
+        **request,
+    )
+
+
+def _read(blob) -> tuple[dict | None, int, float | None] | None:
+    """(owner, generation, updated time) of the lock object; None when there is none."""
+    from google.api_core import exceptions as api
+
+    try:
+        found = blob.bucket.get_blob(blob.name)
+        if found is None:
+            return None
+        # Before the download: it sets them again from its response's headers.
+        generation, updated = found.generation, found.updated
+        data = found.download_as_bytes(if_generation_match=generation)
+    except (api.NotFound, api.PreconditionFailed):
+        return None  # gone, or changed while read: look again
+    return _parse(data), generation, updated.timestamp() if updated else None

@@ -1,0 +1,82 @@
+"""Paths and names: local paths and URLs alike, and file names that are not text.
+
+Every module that handles an input or output location goes through these, so
+a local path and a ``gs://`` URL are joined, compared and shown the same way.
+Pure string work, but for :func:`filesystems` (Beam's, imported on first use).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+
+def filesystems():
+    """Beam's FileSystems, imported on first use: local discovery needs no Beam,
+    so the CLI can validate a local input and start converting before Beam loads."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
+def is_gcs(path: str) -> bool:
+    return path.startswith("gs://")
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def join(base: str, *parts: str) -> str:
+    if is_local(base):
+        return os.path.join(base, *parts)
+    return posixpath.join(base, *parts)
+
+
+def normalize_root(path: str) -> str:
+    """Absolute local path or URL, without a trailing separator."""
+    if is_local(path):
+        return os.path.abspath(os.path.expanduser(path))
+    return path.rstrip("/")
+
+
+def relative_id(root: str, path: str) -> str:
+    """The image ID: ``path`` relative to ``root`` with POSIX separators."""
+    rel = path[len(root) :].lstrip("/\\")
+    return rel.replace(os.sep, "/") if is_local(root) else rel
+
+
+def is_hidden(relative_path: str) -> bool:
+    return any(part.startswith(".") for part in relative_path.replace("\\", "/").split("/"))
+
+
+def is_text(name: str) -> bool:
+    """False for a name that is not valid UTF-8: Python gives such bytes of a file
+    name as lone surrogates, which no UTF-8 file (labels.txt, JSON lines) can hold."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_text(name: str) -> str:
+    """``name`` with each byte that is not UTF-8 written as ``\\xNN`` (valid names unchanged)."""
+    if is_text(name):
+        return name
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that came from text, not from a file name
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def shown(name: str) -> str:
+    """``name`` quoted for a one-line message: bad bytes as ``\\xNN``, unprintable
+    characters (line breaks, controls, invisible format characters) escaped."""
+    text = "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in as_text(name)
+    )
+    return f"'{text}'"
