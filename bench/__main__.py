@@ -6,7 +6,10 @@ Examples::
     python -m bench --quick            # tiny smoke run, results under bench/results/raw/quick
     python -m bench --only converter   # re-measure one half, keep the other half's numbers
     python -m bench --only reader
-    python -m bench --only scale       # memory and speed at 1x, 8x, 64x the web set
+    python -m bench --only scale       # memory and speed at 1x, 8x, 64x the web set, and
+                                       # 20k and 1M small files: full, killed, resumed
+    python -m bench --only scale --scale-factors none   # the small files alone (keeps
+                                       # the factor rows of the last scale.json)
     python -m bench --only reuse       # --reuse OLD of a grown folder vs a full conversion
     python -m bench --only trainers    # the shards through tf.data, TFDS and Grain loaders
     python -m bench --only codecs      # the codec study: Pillow vs libvips vs simplejpeg
@@ -65,7 +68,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scale-factors",
         help="sizes of the scale part, as multiples of the web set "
         f"(default: {','.join(map(str, scale.FULL_FACTORS))}; quick: "
-        f"{','.join(map(str, scale.QUICK_FACTORS))})",
+        f"{','.join(map(str, scale.QUICK_FACTORS))}); 'none' keeps the last scale.json's rows",
+    )
+    parser.add_argument(
+        "--scale-many",
+        help="the scale part's many-small-files point(s): images, comma-separated "
+        f"(default: {','.join(map(str, scale.MANY_SIZES))}; quick: "
+        f"{','.join(map(str, scale.QUICK_MANY_SIZES))}); 0 keeps the last "
+        "scale.json's",
     )
     parser.add_argument(
         "--sets",
@@ -214,36 +224,79 @@ def _reader_half(
     }
 
 
+def _sizes_arg(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    if text is None:
+        return default
+    if text.strip().lower() in ("none", "0", ""):
+        return ()
+    return tuple(int(f.replace("_", "")) for f in text.split(","))
+
+
 def _scale_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
-    """The scale benchmark: writes scale.md and scale.json next to results.md."""
-    factors = scale.QUICK_FACTORS if sizes is QUICK else scale.FULL_FACTORS
-    if args.scale_factors:
-        factors = tuple(int(f) for f in args.scale_factors.split(","))
-    web = data.ensure_image_set("web", sizes.web_images, cache_dir, sizes.name)
-    loadavg = [round(x, 2) for x in os.getloadavg()]
-    rows = scale.run_scale(
-        web,
-        factors,
-        cache_dir,
-        cache_dir / "out" / sizes.name,
-        cache_dir / "logs" / sizes.name,
-        timeout_s=sizes.timeout_s * max(factors),
+    """The scale benchmark: writes scale.md and scale.json next to results.md.
+
+    A part that is not run (``--scale-factors none``, ``--scale-many 0``)
+    keeps its rows from the last scale.json of the same size, with their own
+    date and commit.
+    """
+    factors = _sizes_arg(
+        args.scale_factors, scale.QUICK_FACTORS if sizes is QUICK else scale.FULL_FACTORS
     )
-    result = {
-        "sizes": sizes.name,
-        "measured_at": _now(),
-        "code": machine.git_state(),
-        "loadavg": loadavg,
-        "base_images": web.num_images,
-        "rows": [dataclasses.asdict(r) for r in rows],
-        "summary": scale.summarize(rows),
-    }
+    many = _sizes_arg(
+        args.scale_many, scale.QUICK_MANY_SIZES if sizes is QUICK else scale.MANY_SIZES
+    )
+    previous_path = results_dir / "scale.json"
+    previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}
+    if previous.get("sizes") != sizes.name:
+        previous = {}
+    out_root, log_dir = cache_dir / "out" / sizes.name, cache_dir / "logs" / sizes.name
+    result: dict = {"sizes": sizes.name}
+    ok = True
+    if factors:
+        web = data.ensure_image_set("web", sizes.web_images, cache_dir, sizes.name)
+        loadavg = [round(x, 2) for x in os.getloadavg()]
+        rows = scale.run_scale(
+            web, factors, cache_dir, out_root, log_dir, timeout_s=sizes.timeout_s * max(factors)
+        )
+        ok = all(r.ok for r in rows)
+        result.update(
+            measured_at=_now(),
+            code=machine.git_state(),
+            loadavg=loadavg,
+            base_images=web.num_images,
+            rows=[dataclasses.asdict(r) for r in rows],
+            summary=scale.summarize(rows),
+        )
+    else:
+        for key in ("measured_at", "code", "loadavg", "base_images", "rows", "summary"):
+            if key in previous:
+                result[key] = previous[key]
+    if many:
+        loadavg = [round(x, 2) for x in os.getloadavg()]
+        rows, identical = [], {}
+        for images in many:
+            got, identical[images] = scale.run_many(
+                images, cache_dir, out_root, log_dir,
+                timeout_s=sizes.timeout_s * max(1, images // 10_000),
+            )  # fmt: skip
+            rows += got
+        ok = ok and all(r.ok for r in rows) and all(identical.values())
+        result["many"] = {
+            "measured_at": _now(),
+            "code": machine.git_state(),
+            "loadavg": loadavg,
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "summary": scale.summarize_many(rows, identical),
+        }
+    elif "many" in previous:
+        result["many"] = previous["many"]
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "scale.json").write_text(json.dumps(result, indent=1) + "\n")
     text = scale.markdown(result)
     (results_dir / "scale.md").write_text(text)
     print(text)
-    return 0 if all(r.ok for r in rows) else 1
+    return 0 if ok else 1
 
 
 def _trainers_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:

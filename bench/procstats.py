@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -140,6 +141,7 @@ def run_measured(
     env: dict[str, str] | None = None,
     timeout_s: float = 900,
     log_path: Path | None = None,
+    kill_when: Callable[[], bool] | None = None,
 ) -> ProcResult:
     """Runs ``cmd`` to completion, measuring wall clock, CPU and memory.
 
@@ -150,6 +152,9 @@ def run_measured(
         timeout_s: kill the whole process group after this many seconds.
         log_path: if given, stdout and stderr are also written there (for
             looking into a failed or slow run afterwards).
+        kill_when: asked every ~50 ms while the child runs; once it answers
+            True the whole process group gets SIGKILL (an interrupted run, as
+            a person or the OOM killer would end it: returncode -9).
 
     Returns:
         The measurements and captured output.
@@ -167,7 +172,7 @@ def run_measured(
             sampler.start()
             returncode: int | None
             try:
-                _, status, usage = _wait4_with_timeout(proc.pid, timeout_s)
+                _, status, usage = _wait4_with_timeout(proc.pid, timeout_s, kill_when)
                 returncode = os.waitstatus_to_exitcode(status) if status is not None else None
             finally:
                 sampler.stop()
@@ -199,8 +204,12 @@ def run_measured(
     )
 
 
-def _wait4_with_timeout(pid: int, timeout_s: float):
-    """``os.wait4`` with a deadline; returns (pid, None, None) on timeout."""
+def _wait4_with_timeout(pid: int, timeout_s: float, kill_when=None):
+    """``os.wait4`` with a deadline; returns (pid, None, None) on timeout.
+
+    ``kill_when``: once it answers True, the process group is killed and its
+    status (killed by SIGKILL) returned.
+    """
     deadline = time.monotonic() + timeout_s
     delay = 0.005
     while True:
@@ -209,5 +218,11 @@ def _wait4_with_timeout(pid: int, timeout_s: float):
             return waited, status, usage
         if time.monotonic() >= deadline:
             return pid, None, None
+        if kill_when is not None and kill_when():
+            try:
+                os.killpg(pid, 9)
+            except ProcessLookupError:
+                pass
+            return os.wait4(pid, 0)
         time.sleep(delay)
         delay = min(delay * 2, 0.05)

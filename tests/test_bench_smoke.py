@@ -8,10 +8,12 @@ together and the table has a row for every tool. A tool that has not landed
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +100,35 @@ def test_run_measured_is_not_inflated_by_a_large_parent():
     assert 1 < proc_mb <= tree_mb < 100
 
 
+def test_run_measured_kills_the_tree_when_asked(tmp_path):
+    """``kill_when``: SIGKILL to the whole process group once it answers True."""
+    flag = tmp_path / "started"
+    child = (
+        "import multiprocessing as mp, pathlib, sys, time\n"
+        "if __name__ == '__main__':\n"
+        "    worker = mp.get_context('fork').Process(target=time.sleep, args=(60,))\n"
+        "    worker.start(); print(worker.pid, flush=True)\n"
+        "    pathlib.Path(sys.argv[1]).write_text('x'); time.sleep(60)\n"
+    )
+    result = procstats.run_measured(
+        [sys.executable, "-c", child, str(flag)], timeout_s=60, kill_when=flag.exists
+    )
+    assert result.returncode == -9 and result.wall_s < 30
+    worker = int(result.stdout.split()[0])
+    for _ in range(100):  # the worker was killed with its parent, not orphaned
+        if not Path(f"/proc/{worker}").exists() or "Z" in _state(worker):
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{worker}").exists() or "Z" in _state(worker)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_run_measured_kills_a_hung_child():
     result = procstats.run_measured(
         [sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=1
@@ -119,11 +150,19 @@ def test_quick_run_writes_a_table_with_every_row(tmp_path):
             str(results_dir),
             "--scale-factors",
             "1,2",
+            "--scale-many",
+            "3000",
         ]
     )
     assert status == 0
     scale_table = (results_dir / "scale.md").read_text()
     assert "| imagerecords | x2 | 96 |" in scale_table and "| floor | x1 | 48 |" in scale_table
+    # The many-small-files point: full, killed, resumed; the resumed output the same bytes.
+    assert "| 3,000 | full |" in scale_table and "| 3,000 | resumed |" in scale_table
+    assert "resumed output byte-identical to the full run's: True" in scale_table
+    many = json.loads((results_dir / "scale.json").read_text())["many"]
+    resumed = next(r for r in many["rows"] if r["run"] == "resumed")
+    assert resumed["images_resumed"] > 0 and resumed["images_converted"] < 3000
     reuse_table = (results_dir / "reuse.md").read_text()
     assert "| web | 47 | 1 / 1 / 1 | reuse |" in reuse_table
     assert "Output identical to the full conversion's: True" in reuse_table
@@ -252,6 +291,46 @@ def test_scale_part_links_distinct_images_and_summarizes(tmp_path):
     assert summary["kb_per_extra_image"] == pytest.approx(20.0)
     assert summary["marginal_images_per_s"]["x1-x8"] == pytest.approx(100.0)
     assert summary["marginal_vs_floor"]["x1-x8"] == pytest.approx(1.0)
+
+
+def test_many_small_files_are_distinct_decodable_jpegs_in_class_folders(tmp_path):
+    from bench import data, scale
+
+    folder = scale.many_small_set(250, tmp_path)
+    files = data.list_images(folder)
+    assert len(files) == 250 and len({f.parent for f in files}) == 250  # <= 1,000 classes
+    contents = [f.read_bytes() for f in files]
+    assert len(set(contents)) == 250  # no two are duplicates to the converter
+    with Image.open(files[7]) as image:
+        assert image.format == "JPEG" and image.size == (scale.MANY_SIDE, scale.MANY_SIDE)
+        image.load()
+    stamp = folder.with_suffix(".json").stat().st_mtime_ns
+    assert scale.many_small_set(250, tmp_path) == folder  # cached: not written again
+    assert folder.with_suffix(".json").stat().st_mtime_ns == stamp
+    more = scale.many_small_set(2500, tmp_path)
+    assert len({f.parent.name for f in data.list_images(more)}) == 1000
+
+
+def test_many_summary_compares_the_resumed_run_with_the_full_one():
+    from bench import scale
+
+    def row(images, run, rss):
+        return scale.ManyRow(images, run, True, peak_tree_rss_mb=rss)
+
+    rows = [row(1000, "full", 100), row(1000, "killed", 90), row(1000, "resumed", 110),
+            row(11000, "full", 110), row(11000, "killed", 95), row(11000, "resumed", 120)]  # fmt: skip
+    summary = scale.summarize_many(rows, {1000: True, 11000: False})
+    assert summary["resumed_vs_full"] == {"1000": pytest.approx(1.1),
+                                          "11000": pytest.approx(120 / 110)}  # fmt: skip
+    assert summary["bytes_per_extra_image"] == {"full": 1000.0, "resumed": 1000.0}
+    text = scale.many_markdown({"measured_at": "t", "code": "c", "loadavg": [1], "loadavg_end": [2],
+                                "rows": [dataclasses.asdict(r) for r in rows],
+                                "summary": summary})  # fmt: skip
+    assert (
+        "| 1,000 | resumed |" in text
+        and "resumed output byte-identical to the full run's: False" in text
+    )
+    assert "(goal <= 1.2: met)" in text
 
 
 def test_reuse_part_grows_a_folder_and_compares_outputs(tmp_path):

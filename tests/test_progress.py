@@ -146,3 +146,17 @@ def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path):
     assert f"| {IMAGES}/{IMAGES} [" in shown
     assert "<00:" in shown and " images/s]" in shown
     assert "imagerecords: writing shards: 100%|" in shown
+
+
+def test_a_terminal_line_leaves_work_found_done_out_of_its_rate_and_time_left():
+    """A resumed run's first images come back at once: no rate, no time left, from them.
+
+    With tqdm's own rate, the 90 resumed images would show as a rate of
+    millions of images/s and "00:00 left" for the other 10.
+    """
+    stream = io.StringIO()
+    reporter = progress.Reporter(stream, interactive=True)
+    with reporter.phase("converting", total=100) as phase:
+        phase.update(90, skipped=90, resumed=90)
+    last = stream.getvalue().split("\r")[-1]
+    assert "| 90/100 [00:00<?, ? images/s, resumed 90]" in last

@@ -32,6 +32,27 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
+class _Bar(tqdm):
+    """tqdm's live line, with the phase's rate: work found done is not in it.
+
+    tqdm's own rate counts every unit it is given. A resumed run finds half a
+    million images converted in a minute or two, and at that rate the line
+    would promise the rest in seconds; the phase's rate (and so the time left)
+    counts only what this run did, as the plain lines do.
+    """
+
+    def __init__(self, phase: Phase, **kwargs):
+        self._phase = phase
+        super().__init__(**kwargs)
+
+    @property
+    def format_dict(self):
+        shown = super().format_dict
+        # 0, not None: tqdm would put its own average (resumed work included) in its place.
+        shown["rate"] = self._phase.rate(time.monotonic())
+        return shown
+
+
 class Phase:
     """One phase's progress: call :meth:`update` as work finishes, :meth:`close` at its end."""
 
@@ -47,7 +68,8 @@ class Phase:
         self.started = time.monotonic()
         self._bar = None
         if reporter.interactive:
-            self._bar = tqdm(
+            self._bar = _Bar(
+                self,
                 total=total,
                 desc=f"{PREFIX}{name}",
                 unit=f" {unit}",
