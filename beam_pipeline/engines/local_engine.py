@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 from collections import Counter
 
 from beam_pipeline.core import counters
@@ -58,6 +59,7 @@ def run(
     finally:
         converter.close()
     # Duplicates
+    shown.step("planning: duplicate groups, the books, the shard plan")
     groups = dedupe.find_groups(batches)
     if config.dedupe and groups:
         batches, copies = dedupe.drop_all_copies(batches, groups)
@@ -172,21 +174,29 @@ def _write_shards(
         for (split, shard), part in by_shard(batch, plans)
     ]
 
-    def write(task) -> ShardInfo:
-        split, shard, count, records = task
-        return write_shard(
-            config.output, split, shard, count, sort_entries(records), config.index_files
-        )
-
     threads = max(1, min(config.conversion_processes, len(tasks)))
+    total = sum(len(records) for *_, records in tasks)
     written = []
     with (
         concurrent.futures.ThreadPoolExecutor(threads) as executor,
-        shown.phase("writing shards", len(tasks), "shards") as phase,
+        shown.phase(f"writing {len(tasks)} shards", total, "records") as phase,
     ):
-        for info in executor.map(write, tasks):
-            written.append(info)
-            phase.update(1)
+        # Counted in records, not shards: a run of ten big shards would otherwise
+        # show 0% for minutes. The threads report through one lock.
+        lock = threading.Lock()
+
+        def count(n: int) -> None:
+            with lock:
+                phase.update(n)
+
+        def write(task) -> ShardInfo:
+            split, shard, shards, records = task
+            entries = sort_entries(records)
+            return write_shard(
+                config.output, split, shard, shards, entries, config.index_files, count
+            )
+
+        written = list(executor.map(write, tasks))
     for info in written:
         counted[counters.SHARDS_WRITTEN] += 1
         counted[counters.SHARD_BYTES_WRITTEN] += info.num_bytes

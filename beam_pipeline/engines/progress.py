@@ -6,7 +6,7 @@ Anywhere else (CI, a log file, Dataflow's launcher log) a plain line every
 so a log shows how far a run got. ``--quiet`` makes it silent. Pure of Beam.
 
 The phases of a local run: ``converting`` (images; counts of resumed and
-rejected ones beside it), ``writing shards`` (shards), and one-line steps
+rejected ones beside it), ``writing N shards`` (records), and one-line steps
 (planning, publishing) that only say what they do.
 """
 

@@ -13,6 +13,7 @@ import hashlib
 import uuid
 from array import array
 from collections import Counter
+from collections.abc import Callable
 
 from beam_pipeline.core import books, keys, metadata, spill
 from beam_pipeline.stages.convert import RecordBatch, ShardEntry
@@ -59,11 +60,23 @@ def sort_entries(entries: list[ShardEntry]) -> list[ShardEntry]:
     return entries
 
 
+# How often write_shard reports: a 300 MB shard of phone photos is ~1,000
+# records, of thumbnails ~100,000; a report per record would cost more than it says.
+PROGRESS_EVERY = 256
+
+
 def write_shard(
-    output: str, split: str, shard: int, count: int, entries, index_files: bool = False
+    output: str,
+    split: str,
+    shard: int,
+    count: int,
+    entries,
+    index_files: bool = False,
+    on_records: Callable[[int], None] | None = None,
 ) -> ShardInfo:
     """Writes ``entries`` (already sorted; any iterable, read once) to a temp file of
-    shard ``shard`` of ``count``.
+    shard ``shard`` of ``count``; ``on_records(n)`` hears of every
+    :data:`PROGRESS_EVERY` records written, and of the rest at the end.
 
     A unique temporary name per attempt: a retried write never collides with,
     or leaves, a partial file under a final name. Finalize renames the reported
@@ -87,8 +100,12 @@ def write_shard(
                 written_keys.append(entry.key)
                 sizes.append(len(framed))
                 class_counts[entry.label] += 1
+                if on_records is not None and len(sizes) % PROGRESS_EVERY == 0:
+                    on_records(PROGRESS_EVERY)
     finally:
         reader.close()
+    if on_records is not None and len(sizes) % PROGRESS_EVERY:
+        on_records(len(sizes) % PROGRESS_EVERY)
     temp_index = None
     if index_files:
         temp_index = temp + ".idx"
