@@ -20,7 +20,15 @@ from bench import settings
 from bench.tools import profile_converter, profile_op, profile_reader
 
 REPO = Path(__file__).resolve().parent.parent
-TOOLS = ["profile_converter", "profile_reader", "profile_op", "dryrun_scale", "page_faults"]
+TOOLS = [
+    "profile_converter",
+    "profile_reader",
+    "profile_op",
+    "dryrun_scale",
+    "page_faults",
+    "shard_memory",
+    "progress_cost",
+]
 
 
 @pytest.mark.parametrize("tool", TOOLS)

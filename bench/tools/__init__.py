@@ -11,4 +11,9 @@ Each is runnable on its own and writes only under the gitignored
 * ``python -m bench.tools.page_faults`` - the page faults the reader's choice of
   TensorFlow's CPU allocator saves: the default allocator against BFC, each in
   a fresh process.
+* ``python -m bench.tools.profile_op`` - the reader's resize op alone.
+* ``python -m bench.tools.shard_memory`` - the shuffle path's shard writer:
+  memory per shard in flight.
+* ``python -m bench.tools.progress_cost`` - the progress line's cost: per
+  call, and a run on a terminal against ``--quiet``.
 """
