@@ -12,9 +12,10 @@ import tracemalloc
 import pytest
 
 from beam_pipeline.core import books
-from beam_pipeline.stages.convert import RecordBatch, ShardEntry, SpillLocation
+from beam_pipeline.stages.convert import ShardEntry, SpillLocation
 from beam_pipeline.stages.shards import sort_entries, write_shard
 from beam_pipeline.stages.staging import write_staged_shard
+from bench.tools import shard_memory
 
 SPLIT = "train"
 
@@ -137,50 +138,7 @@ def test_the_staging_file_is_deleted_after_success_and_failure(entries, tmp_path
 
 # ------------------------------------------------ a 300 MB shard through the DoFn
 
-SHARD_BYTES = 300 << 20
-BATCH_BYTES = 4 << 20  # what ConvertImages cuts a RecordBatch at
-
-
-class BigShard:
-    """A 300 MB shard's records, made on the fly: each record's bytes are a
-    function of its number, so the shard's digest can be computed without
-    holding them."""
-
-    def __init__(self):
-        rng = random.Random(11)
-        self._pool = rng.randbytes(1 << 20)
-        self.records = []  # (key, image ID, label, size, number), in arrival order
-        total = 0
-        while total < SHARD_BYTES:
-            size = rng.randrange(40_000, 160_000)
-            number = len(self.records)
-            self.records.append(
-                (rng.getrandbits(64), f"photos/{number:06d}.jpg", number % 10, size)
-            )
-            total += size
-
-    def record(self, number: int) -> bytes:
-        size = self.records[number][3]
-        start = (number * 7919) % (len(self._pool) - size)
-        return number.to_bytes(8, "little") + self._pool[start + 8 : start + size]
-
-    def batches(self):
-        batch, size = [], 0
-        for number, (key, image_id, label, length) in enumerate(self.records):
-            batch.append(ShardEntry(key, image_id, label, length, self.record(number)))
-            size += length
-            if size >= BATCH_BYTES:
-                yield RecordBatch(SPLIT, tuple(batch))
-                batch, size = [], 0
-        if batch:
-            yield RecordBatch(SPLIT, tuple(batch))
-
-    def sha256(self) -> str:
-        digest = hashlib.sha256()
-        order = sorted(range(len(self.records)), key=lambda n: self.records[n][:2])
-        for number in order:
-            digest.update(self.record(number))
-        return digest.hexdigest()
+SHARD_MB = 300
 
 
 def test_writing_a_300_mb_shard_holds_its_keys_not_its_bytes(tmp_path, monkeypatch):
@@ -189,7 +147,8 @@ def test_writing_a_300_mb_shard_holds_its_keys_not_its_bytes(tmp_path, monkeypat
     staging = tmp_path / "staging"
     staging.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(staging))
-    shard = BigShard()
+    # Made on the fly (each record a function of its number), as the bench tool does.
+    shard = shard_memory.Shard(SHARD_MB)
     plans = {SPLIT: books.SplitPlan(SPLIT, 0, 0, 0, (), (len(shard.records),), (0,))}
     writer = _WriteShardFn(str(tmp_path / "out"))
 
@@ -202,7 +161,7 @@ def test_writing_a_300_mb_shard_holds_its_keys_not_its_bytes(tmp_path, monkeypat
         tracemalloc.stop()
 
     assert peak - start < 50 << 20, f"peak {(peak - start) >> 20} MB above the start"
-    assert info.num_bytes == sum(r[3] for r in shard.records) >= SHARD_BYTES
+    assert info.num_bytes == sum(r[3] for r in shard.records) >= SHARD_MB << 20
     assert info.num_examples == len(shard.records)
     assert info.sha256 == shard.sha256()
     assert os.listdir(staging) == []
