@@ -133,9 +133,12 @@ def _read_all(fd, process) -> bytes:
     return out
 
 
-def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path):
+# A terminal of 120 columns, and one that says 0 x 0 (a pseudo-terminal whose
+# size nobody set, as `script` or `docker run -t` give): tqdm hid the line there.
+@pytest.mark.parametrize("rows, columns", [(40, 120), (0, 0)])
+def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path, rows, columns):
     leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     process = subprocess.Popen(
         _cli(folder, tmp_path / "out"), stdin=subprocess.DEVNULL, stdout=follower, stderr=follower
     )

@@ -12,6 +12,7 @@ rejected ones beside it), ``writing N shards`` (records), and one-line steps
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TextIO
@@ -22,6 +23,23 @@ PLAIN_INTERVAL_S = 15.0
 # A terminal line is redrawn at most this often: drawing is cheap, but not free.
 REDRAW_INTERVAL_S = 0.5
 PREFIX = "imagerecords: "
+# The width of a terminal that does not say its own (a pseudo-terminal whose
+# size nobody set: `script` without a terminal, `docker run -t` in CI): tqdm
+# would draw a zero-width, empty line.
+FALLBACK_COLUMNS = 100
+FALLBACK_ROWS = 24
+
+
+def _size(stream: TextIO) -> dict:
+    """tqdm's size arguments: follow the terminal's size, or a fixed one when the
+    terminal says 0 x 0 (tqdm then hides the line as if it were off screen)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        columns = 0
+    if columns:
+        return {"dynamic_ncols": True}
+    return {"ncols": FALLBACK_COLUMNS, "nrows": FALLBACK_ROWS}
 
 
 def _duration(seconds: float) -> str:
@@ -75,7 +93,7 @@ class Phase:
                 unit=f" {unit}",
                 file=reporter.stream,
                 mininterval=REDRAW_INTERVAL_S,
-                dynamic_ncols=True,
+                **_size(reporter.stream),
                 leave=True,
             )
         # A log's first line comes one interval in; a terminal's as soon as there is news.
