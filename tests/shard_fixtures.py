@@ -162,18 +162,8 @@ def write_dataset(
                 width=width,
                 colour=colour,
             )
-            payload = records.make_example(
-                {
-                    "image/encoded": jpeg,
-                    "image/format": b"jpeg",
-                    "image/height": height,
-                    "image/width": width,
-                    "image/channels": 3,
-                    "image/class/label": label,
-                    "image/class/text": name,
-                    "image/filename": image_id,
-                    "image/key/sha256": record.sha256,
-                }
+            payload = records.image_record(
+                jpeg, height, width, label, name, image_id, record.sha256
             )
             split = _assign_split(seed, image_id, splits)
             by_split[split].append((_hash64(seed, "order", image_id), record, payload))
