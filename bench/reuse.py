@@ -23,13 +23,13 @@ import dataclasses
 import json
 import os
 import random
-import re
 import shutil
 import sys
 from pathlib import Path
 
 from PIL import Image, ImageOps
 
+from beam_pipeline.cli.summary import read_counters
 from beam_pipeline.core import metadata
 from bench.data import ImageSet, list_images
 from bench.procstats import run_measured
@@ -41,7 +41,6 @@ FULL_FACTORS = {"web": 8, "phone": 10}
 QUICK_FACTORS = {"web": 1, "phone": 1}
 NEW, CHANGED, REMOVED = 0.01, 0.005, 0.005
 SEED = 27
-_COUNTERS = re.compile(r"^counters: (.*)$", re.M)
 
 
 @dataclasses.dataclass
@@ -128,13 +127,6 @@ def grow(image_set: ImageSet, factor: int, cache_dir: Path) -> Grown:
     return grown
 
 
-def _counters(stdout: str) -> dict[str, int]:
-    found = _COUNTERS.search(stdout)
-    if not found:
-        return {}
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", found.group(1))}
-
-
 def _convert(folder: Path, out: Path, log: Path, timeout_s: float, *extra: str):
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "beam_pipeline", "--input", str(folder)]
@@ -180,7 +172,7 @@ def run_reuse(grown: Grown, out_root: Path, log_dir: Path, rounds: int, timeout_
             if not row.ok:
                 row.note = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
             else:
-                counted = _counters(proc.stdout)
+                counted = read_counters(proc.stdout)
                 row.wall_s, row.cpu_s = proc.wall_s, proc.cpu_s
                 row.peak_tree_rss_mb = proc.peak_tree_rss_mb
                 row.images_converted = counted.get("images_converted", 0)

@@ -36,7 +36,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import struct
 import sys
@@ -45,6 +44,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from beam_pipeline.cli.summary import read_counters
 from beam_pipeline.core import spill
 from bench.converters import _SUMMARY
 from bench.data import ImageSet, list_images
@@ -62,7 +62,6 @@ MANY_SIDE = 32  # pixels: a tiny JPEG (~3 KB), so that per-image costs dominate
 MANY_RECIPE = 1
 KILL_AT = 0.5  # of the full run's record bytes in the spill files
 GOAL_RESUMED_VS_FULL = 1.2  # issue 28: a resumed run's peak RSS <= 1.2x the full run's
-_COUNTERS = re.compile(r"^counters: (.*)$", re.M)
 
 
 @dataclasses.dataclass
@@ -296,13 +295,6 @@ def many_small_set(images: int, cache_dir: Path) -> Path:
     return folder
 
 
-def _counters(stdout: str) -> dict[str, int]:
-    found = _COUNTERS.search(stdout)
-    if not found:
-        return {}
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", found.group(1))}
-
-
 def _spill_bytes(out_dir: Path) -> int:
     """Bytes in the run's spill files so far (0 before the folder exists)."""
     try:
@@ -336,7 +328,7 @@ def _many_row(images: int, run: str, proc) -> ManyRow:
         last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
         row.note = "timed out" if proc.returncode is None else f"exit {proc.returncode}: {last}"
     else:
-        counted = _counters(proc.stdout)
+        counted = read_counters(proc.stdout)
         row.images_converted = counted.get("images_converted", 0)
         row.images_resumed = counted.get("images_resumed", 0)
         row.images_per_s = images / proc.wall_s
@@ -368,7 +360,7 @@ def run_many(images: int, cache_dir: Path, out_root: Path, log_dir: Path, timeou
         return rows, False
     full_digests = _digests(full_out)
     shutil.rmtree(full_out, ignore_errors=True)  # disk: the resumed run writes as much again
-    record_bytes = _counters(proc.stdout).get("record_bytes", 0)
+    record_bytes = read_counters(proc.stdout).get("record_bytes", 0)
 
     out = out_root / "scale" / f"many-{images}-resumed"
     shutil.rmtree(out, ignore_errors=True)

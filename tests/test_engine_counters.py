@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from beam_pipeline.__main__ import main
+from beam_pipeline.cli import summary
 from beam_pipeline.core import counters
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
@@ -60,8 +61,7 @@ def _run(capsys, root: str, output, *extra) -> dict[str, int]:
     capsys.readouterr()
     argv = ["--input", root, "--output", str(output), "--quiet", "--max_reject_fraction", "0.5"]
     assert main([*argv, *extra]) == 0, capsys.readouterr().err
-    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("counters: "))
-    return {k: int(v) for k, v in (part.split("=") for part in line[10:].split(", "))}
+    return summary.read_counters(capsys.readouterr().out)
 
 
 def _assert_agree(local: dict[str, int], beam: dict[str, int], engine: str) -> None:
@@ -167,3 +167,9 @@ def test_a_pool_crosses_beams_pickling_as_a_handle_to_itself():
         assert os.read(read, 4) == b"none"
     finally:
         local_pool.shutdown_all()
+
+
+def test_the_summarys_counters_line_reads_back():
+    printed = "total 60\n" + summary.COUNTERS_PREFIX + "bytes_read=288368, images_listed=63\n"
+    assert summary.read_counters(printed) == {"bytes_read": 288368, "images_listed": 63}
+    assert summary.read_counters("a run that printed no counters\n") == {}

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.cli import job
+from beam_pipeline.cli import job, summary
 from beam_pipeline.engines import local_engine, pooled
 from beam_pipeline.storage import discovery, listing
 from tests import contract
@@ -246,7 +246,7 @@ def test_an_interrupted_local_run_resumes_on_beam_with_the_same_bytes(
     assert main([*common, "--output", str(out), *BEAM]) == 0
     captured = capsys.readouterr()
     assert "resuming the unfinished run" in captured.err
-    counted = dict(part.split("=") for part in captured.out.split("counters: ")[1].split(", "))
-    listed = int(counted["images_listed"])
-    assert int(counted["images_resumed"]) == listed and "images_converted" not in counted
+    counted = summary.read_counters(captured.out)
+    listed = counted["images_listed"]
+    assert counted["images_resumed"] == listed and "images_converted" not in counted
     assert contract.all_files(str(out)) == contract.all_files(str(reference))

@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 from array import array
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 from PIL import Image
 
 from beam_pipeline.__main__ import main
+from beam_pipeline.cli import summary
 from beam_pipeline.core import images, metadata, records, settings, tfds_metadata
 from beam_pipeline.stages import convert, reuse
 from tests import contract
@@ -78,11 +78,6 @@ def history(tmp_path_factory) -> History:
     return History(before, after, old, full, reused=24 - 2, converted=1 + 2 + 3, rejected=3)
 
 
-def _counters(stdout: str) -> dict[str, int]:
-    line = next(x for x in stdout.splitlines() if x.startswith("counters: "))
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
-
-
 def _assert_same_as_full(new: Path, full: Path, old: str) -> dict:
     """Every file of ``new`` is ``full``'s, imagerecords.json apart from its reuse block."""
     got, want = contract.all_files(str(new)), contract.all_files(str(full))
@@ -107,7 +102,7 @@ def test_a_reuse_run_writes_what_a_full_conversion_writes(history, tmp_path, cap
     assert _convert(history.after, new, "--reuse", str(history.old), *engine) == 0
     block = _assert_same_as_full(new, history.full, str(history.old))
     assert block["images_reused"] == history.reused
-    counted = _counters(capsys.readouterr().out)
+    counted = summary.read_counters(capsys.readouterr().out)
     # Only the new and changed images were decoded; OLD's rejections were tried again.
     assert counted["images_converted"] == history.converted
     assert counted["images_reused"] == history.reused
@@ -130,7 +125,7 @@ def test_an_interrupted_reuse_run_resumes_to_the_same_bytes(history, tmp_path, c
         assert _convert(history.after, new, "--reuse", str(history.old)) == 130
     capsys.readouterr()
     assert _convert(history.after, new, "--reuse", str(history.old)) == 0
-    counted = _counters(capsys.readouterr().out)
+    counted = summary.read_counters(capsys.readouterr().out)
     # Every image was done before the interruption: none is converted again.
     assert counted["images_resumed"] + counted.get("images_reused", 0) == 22 + 6 + 3
     assert "images_converted" not in counted
@@ -190,7 +185,7 @@ def test_a_gcs_dataset_is_reused(history, gcs_emulator, tmp_path, capsys, engine
     new = tmp_path / "new"
     assert _convert(history.after, new, "--reuse", url + "/", *engine) == 0
     assert _assert_same_as_full(new, history.full, url)["images_reused"] == history.reused
-    assert _counters(capsys.readouterr().out)["images_converted"] == history.converted
+    assert summary.read_counters(capsys.readouterr().out)["images_converted"] == history.converted
 
 
 def test_everything_on_gcs(history, gcs_emulator, tmp_path):

@@ -6,10 +6,14 @@ result for its metrics.
 
 from __future__ import annotations
 
+import re
 import resource
 
 from beam_pipeline.core import duplicates, images, settings
 from beam_pipeline.core.counters import NAMESPACE
+
+# The summary's last line: "counters: bytes_read=288368, images_converted=60, ...".
+COUNTERS_PREFIX = "counters: "
 
 
 def cpu_seconds() -> float:
@@ -76,8 +80,16 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
     deduped = bool(info.get("config", {}).get("dedupe"))
     lines += duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
     if counted:
-        lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in sorted(counted.items())))
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(counted.items()))
+        lines.append(COUNTERS_PREFIX + shown)
     return "\n".join(lines)
+
+
+def read_counters(printed: str) -> dict[str, int]:
+    """The counters of a summary's counters line in ``printed`` ({} when it has none):
+    for benchmarks and tests that run the command and read what it printed."""
+    line = next((s for s in printed.splitlines() if s.startswith(COUNTERS_PREFIX)), "")
+    return {name: int(value) for name, value in re.findall(r"(\w+)=(\d+)", line)}
 
 
 def counters(result) -> dict[str, int]:
