@@ -80,6 +80,7 @@ class ShardInfo:
         num_examples: Records in this shard, or ``None`` when the JSON does not say.
         num_bytes: Size in bytes, or ``None`` when the JSON does not say.
         sha256: Hex SHA-256 of the file, or ``None``.
+        index: The name of its ``.idx`` file (``--index_files``), or ``None``.
     """
 
     file: str
@@ -87,6 +88,7 @@ class ShardInfo:
     num_examples: int | None = None
     num_bytes: int | None = None
     sha256: str | None = None
+    index: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +263,8 @@ def _parse_split(name: str, raw, folder: str, classes: tuple[str, ...], where: s
     for i, shard in enumerate(raw_shards):
         if not isinstance(shard, Mapping) or not isinstance(shard.get("file"), str):
             raise DatasetInfoError(f"{where}: shard {i} has no 'file'")
+        if not isinstance(shard.get("index", ""), str):
+            raise DatasetInfoError(f"{where}: shard {i}'s 'index' must be a file name")
         shards.append(
             ShardInfo(
                 file=shard["file"],
@@ -268,6 +272,7 @@ def _parse_split(name: str, raw, folder: str, classes: tuple[str, ...], where: s
                 num_examples=_as_int(shard.get("num_examples"), "num_examples", where, True),
                 num_bytes=_as_int(shard.get("num_bytes"), "num_bytes", where, True),
                 sha256=shard.get("sha256"),
+                index=shard.get("index"),
             )
         )
     num_examples = _as_int(raw.get("num_examples"), "num_examples", where)

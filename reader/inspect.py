@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Re-read every shard: framing and CRCs, record counts, sizes and SHA-256 against "
         "imagerecords.json, every image decodes at its recorded size, labels agree with "
-        "labels.txt. Exit status 1 naming each problem",
+        "labels.txt; and every other file the dataset publishes (.idx, TFDS's metadata, the "
+        "lists), no file it does not. Exit status 1 naming each problem",
     )
     add("--contact_sheet", metavar="FILE.png", help="Draw random records of each split")
     add("--histogram", metavar="FILE.png", help="Draw the class counts per split")
@@ -114,13 +115,12 @@ def _verify_and_report(info: info_lib.DatasetInfo, workers: int) -> int:
     print(f"\nverify: re-reading {shards} shards with {workers} workers", flush=True)
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if shards > 10 else None
     problems = verify.verify(info, workers, say)
-    for name in verify.unlisted_shards(info):
-        print(f"note: {name} is not listed in imagerecords.json (not part of the dataset)")
     if not problems:
         records = sum(s.num_examples for s in info.splits.values())
         print(
             f"verify: OK: {shards} shards, {records:,} records: framing, CRCs, counts, "
-            "sizes, SHA-256, images and labels all agree with imagerecords.json"
+            "sizes, SHA-256, images, labels and every other file it publishes agree with "
+            f"{info.metadata_file}, and it holds no other file"
         )
         return EXIT_OK
     for problem in problems[:100]:

@@ -2,10 +2,12 @@
 
 Framing and both masked CRC32Cs of every record, each record's keys, that
 every image decodes at its recorded size (and within the recorded resize
-mode's bounds), labels against ``labels.txt``, no file name twice, and per
-shard the record count, size and SHA-256; per split the class counts. Every
-problem is a line naming the shard, the record and its byte offset, never an
-exception. ``google_crc32c`` (installed with imagerecords) is imported only
+mode's bounds), labels against the classes, no file name twice, and per
+shard the record count, size and SHA-256 and its ``.idx`` file against the
+frames read; per split the class counts. The other files the dataset
+publishes (TFDS's, ``labels.txt``, the lists, nothing foreign) are checked by
+``reader/published.py``. Every problem is a line naming the file (for a
+shard, the record and its byte offset), never an exception. ``google_crc32c`` (installed with imagerecords) is imported only
 here, when a CRC is checked, so ``import reader`` does not load it.
 """
 
@@ -16,12 +18,13 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import struct
+from array import array
 from collections.abc import Callable
 
 import tensorflow as tf
 
 from reader import info as info_lib
-from reader import shard_file
+from reader import published, shard_file
 from reader.shard_file import ShardReadError
 
 _READ_CHUNK = 4 * 2**20
@@ -42,6 +45,10 @@ class ShardCheck:
     class_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     filenames: list[str] = dataclasses.field(default_factory=list)
     problems: list[str] = dataclasses.field(default_factory=list)
+    # Where each record read starts, then where the last one ends: the frames
+    # an .idx file must give. ``complete``: the framing held to the file's end.
+    frames: array = dataclasses.field(default_factory=lambda: array("q", [0]))
+    complete: bool = False
 
 
 def _size_problem(height: int, width: int, image: info_lib.StoredImage) -> str | None:
@@ -132,6 +139,13 @@ def verify_shard(split: str, shard: info_lib.ShardInfo, info: info_lib.DatasetIn
         )
     if shard.sha256 and digest != shard.sha256:
         check.problems.append(f"{shard.file}: SHA-256 differs from imagerecords.json")
+    if shard.index:
+        data, problems = published.read_published(
+            info.path, shard.index, f"{info.metadata_file} lists it for {shard.file}"
+        )
+        if data is not None:
+            problems = published.index_problems(shard.index, data, check.frames, check.complete)
+        check.problems += problems
     return check
 
 
@@ -160,6 +174,7 @@ def _read_shard_checked(shard: info_lib.ShardInfo, info: info_lib.DatasetInfo, c
             where = f"{shard.file}: record {index} (byte {start:,})"
             header = read(12)
             if not header:
+                check.complete = True
                 break
             if len(header) == 12 and _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]:
                 check.problems.append(f"{where}: length CRC mismatch: the framing is corrupt")
@@ -175,6 +190,7 @@ def _read_shard_checked(shard: info_lib.ShardInfo, info: info_lib.DatasetInfo, c
                 check.problems.append(f"{where}: truncated while it was read")
                 break
             check.records += 1
+            check.frames.append(offset)
             if _masked_crc(data) != struct.unpack("<I", footer)[0]:
                 check.problems.append(f"{where}: data CRC mismatch: the record's bytes changed")
             else:
@@ -189,16 +205,7 @@ def verify(
     info: info_lib.DatasetInfo, workers: int = 8, progress: Callable[[str], None] | None = None
 ) -> list[str]:
     """Every problem found by re-reading the dataset (an empty list: all holds)."""
-    problems = []
-    labels_path = info_lib.join_path(info.path, info_lib.LABELS_FILENAME)
-    labels = info_lib.read_text(labels_path)
-    if labels is None:
-        problems.append(f"{info_lib.LABELS_FILENAME}: missing")
-    elif labels.splitlines() != list(info.classes):
-        problems.append(
-            f"{info_lib.LABELS_FILENAME}: its {len(labels.splitlines())} lines are not "
-            f"imagerecords.json's {info.num_classes} classes in order"
-        )
+    problems = published.file_problems(info)
     jobs = [(split.name, shard) for split in info.splits.values() for shard in split.shards]
     checks: dict[str, ShardCheck] = {}
     with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
@@ -230,9 +237,3 @@ def verify(
                     f"imagerecords.json says {split.class_counts.get(name, 0):,}"
                 )
     return problems
-
-
-def unlisted_shards(info: info_lib.DatasetInfo) -> list[str]:
-    listed = {shard.file for split in info.splits.values() for shard in split.shards}
-    found = tf.io.gfile.glob(info_lib.join_path(info.path, "*.tfrecord"))
-    return sorted(name for name in (p.rsplit("/", 1)[-1] for p in found) if name not in listed)

@@ -12,7 +12,9 @@ slow to start), so this module produces the same *files* in pure Python:
   and the rest renumbered, so classes are interleaved inside every shard just
   as the real converter leaves them;
 * records built with ``beam_pipeline.core.records`` (the converter's own encoder);
-* ``labels.txt``, ``rejects.jsonl`` and ``imagerecords.json`` written last.
+* ``labels.txt``, ``rejects.jsonl``, TFDS's three files (format version 2, by
+  ``beam_pipeline.core.tfds_metadata``, the converter's own) and
+  ``imagerecords.json`` written last.
 
 The hashing is re-implemented here (a few lines) rather than imported from
 ``beam_pipeline.core.keys`` so the fixture does not move when the converter's
@@ -34,7 +36,7 @@ from collections.abc import Mapping, Sequence
 import google_crc32c
 from PIL import Image, ImageDraw
 
-from beam_pipeline.core import metadata, records
+from beam_pipeline.core import metadata, records, tfds_metadata
 
 # Far apart in RGB, so a decoded image's mean colour names its class.
 CLASS_COLOURS = (
@@ -219,6 +221,10 @@ def write_dataset(
         "rejected": {"count": 0, "file": "rejects.jsonl"},
     }
     if write_info:
+        if format_version >= 2:  # in version 1, dataset_info.json is the metadata itself
+            for name, data in tfds_metadata.tfds_files(info).items():
+                with open(os.path.join(out_dir, name), "wb") as f:
+                    f.write(data)
         # Last, as the converter does: its presence means "complete".
         name = metadata.V1_INFO_FILE if format_version == 1 else metadata.INFO_FILE
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:

@@ -1,0 +1,373 @@
+"""``--verify`` of the files a dataset publishes beside its shards, against its metadata.
+
+A user, a copy or another tool may have changed any of them, and each has a
+reader that trusts it: ``imagerecords.RecordSource`` the ``.idx`` files,
+``tfds.builder_from_directory`` TFDS's three files, a training script
+``labels.txt``. So each is checked against what ``imagerecords.json`` says
+(docs/format.md sections 7 and 11):
+
+* every ``.idx`` file it lists is there, one ``"<offset> <length>"`` line per
+  record, each the real frame of that record in the shard (compared with the
+  frames ``reader.verify`` walked, so no second pass over the shard);
+* TFDS's ``dataset_info.json`` (format version 2): file format, name and
+  version, and per split with shards its ``shardLengths``, ``numBytes`` and the
+  shard names its ``filepathTemplate`` yields; ``features.json``: the record
+  keys and the ClassLabel's class count; ``image-class-label.labels.txt``:
+  the classes;
+* ``labels.txt``: the classes, in order; the lists (``rejects.jsonl``, ...)
+  that it names are there;
+* the folder holds nothing else: a file none of them names is a problem.
+
+Each problem is one line naming the file and what is wrong; the helpers are
+pure (text in, lines out) and :func:`file_problems` reads the files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+from reader import info as info_lib
+from reader.decode import LABEL
+
+# TFDS's metadata files (beam_pipeline.core.tfds_metadata.FILES, which the
+# reader cannot import: a test checks that the two agree).
+TFDS_INFO_FILENAME = "dataset_info.json"
+TFDS_FEATURES_FILENAME = "features.json"
+# TFDS names a ClassLabel's names file after the feature's path.
+TFDS_LABELS_FILENAME = LABEL.replace("/", "-") + ".labels.txt"
+TFDS_FILES = (TFDS_INFO_FILENAME, TFDS_FEATURES_FILENAME, TFDS_LABELS_FILENAME)
+# What TFDS reads when a split names no template (tensorflow_datasets/core/naming.py).
+TFDS_DEFAULT_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+TFDS_FILE_FORMAT = "tfrecord"
+# The blocks of imagerecords.json that name a list file beside the shards.
+LIST_BLOCKS = ("rejected", "skipped", "duplicates")
+# The converter's working folder, which a finished run removes last.
+CONVERTER_FOLDER = info_lib.CONVERTER_MARKER.split("/")[0]
+
+
+def published_files(info: info_lib.DatasetInfo) -> list[str]:
+    """Every file name the dataset's metadata says is part of it (relative to its folder)."""
+    names = [info.metadata_file, info_lib.LABELS_FILENAME]
+    for split in info.splits.values():
+        for shard in split.shards:
+            names += [shard.file] + ([shard.index] if shard.index else [])
+    names += list_files(info)
+    if info.format_version >= 2:  # version 1's dataset_info.json is its own metadata
+        names += TFDS_FILES
+    return names
+
+
+def list_files(info: info_lib.DatasetInfo) -> list[str]:
+    """The list files (``rejects.jsonl``, ``skipped.jsonl``, ``duplicates.jsonl``) it names."""
+    names = []
+    for block in LIST_BLOCKS:
+        entry = info.raw.get(block)
+        if isinstance(entry, Mapping) and isinstance(entry.get("file"), str):
+            names.append(entry["file"])
+    return names
+
+
+def foreign_problems(
+    entries: Sequence[str], published: Sequence[str], folders: set[str], metadata_file: str
+) -> list[str]:
+    """A line for each entry of the dataset's folder that no published file accounts for.
+
+    ``entries`` are the folder's names (a ``gs://`` listing ends a folder's with
+    ``/``); ``folders`` the local names that are folders.
+    """
+    known = set(published)
+    problems = []
+    for entry in sorted(entries):
+        name = entry.rstrip("/")
+        if name in known:
+            continue
+        if name == CONVERTER_FOLDER:
+            problems.append(
+                f"{name}/: the converter's working folder, which a finished run removes: "
+                "a run into this folder did not finish (run its command again to complete it)"
+            )
+        elif entry.endswith("/") or name in folders:
+            problems.append(f"{name}/: a folder that is not part of the dataset")
+        else:
+            problems.append(
+                f"{name}: not part of the dataset (neither {metadata_file} nor the files "
+                "it publishes name it)"
+            )
+    return problems
+
+
+def labels_problem(name: str, text: str, classes: Sequence[str], metadata_file: str) -> str | None:
+    """Why a class names file (one name a line) is not ``classes`` in order, or None."""
+    lines = text.splitlines()
+    if lines == list(classes):
+        return None
+    pairs = enumerate(zip(lines, classes, strict=False))  # up to the shorter one's end
+    first = next((i for i, (a, b) in pairs if a != b), min(len(lines), len(classes)))
+    here = f"line {first + 1} is {lines[first]!r}" if first < len(lines) else "it ends there"
+    want = f"class {first} is {classes[first]!r}" if first < len(classes) else "no class is"
+    return (
+        f"{name}: its {len(lines)} lines are not {metadata_file}'s {len(classes)} classes "
+        f"in order ({here}, {want})"
+    )
+
+
+def index_problems(name: str, data: bytes, frames: Sequence[int], complete: bool) -> list[str]:
+    """What is wrong in a ``.idx`` file, against its shard's frame boundaries.
+
+    ``frames`` holds where each record of the shard starts and, last, where
+    the last one ends (``records + 1`` numbers); ``complete`` says the shard's
+    framing held to its end (when it did not, lines past the last frame
+    found are not judged: the shard's own problem is reported).
+    """
+    try:
+        lines = data.decode("ascii").splitlines()
+    except UnicodeDecodeError:
+        return [f"{name}: not ASCII text, not '<offset> <length>' lines"]
+    records = len(frames) - 1
+    wrong = []
+    for number, line in enumerate(lines, start=1):
+        fields = line.split()
+        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+            return [f"{name}: line {number} is {line[:40]!r}, not '<offset> <length>'"]
+        if number > records:
+            if not complete:
+                break
+            return [f"{name}: {len(lines):,} lines, the shard has {records:,} records"]
+        said = (int(fields[0]), int(fields[1]))
+        real = (frames[number - 1], frames[number] - frames[number - 1])
+        if said != real:
+            wrong.append((number, said, real))
+    problems = []
+    if wrong:
+        number, (offset, length), (start, size) = wrong[0]
+        more = f" ({len(wrong) - 1:,} more lines are wrong)" if len(wrong) > 1 else ""
+        problems.append(
+            f"{name}: line {number} says record {number - 1} is {length:,} bytes at byte "
+            f"{offset:,}, the shard has it {size:,} bytes at byte {start:,}{more}"
+        )
+    if complete and len(lines) < records:
+        problems.append(f"{name}: {len(lines):,} lines, the shard has {records:,} records")
+    return problems
+
+
+def _proto_int(value) -> int | None:
+    """An int64 of proto3 JSON (a string of digits, or a number), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def fill_template(template: str, split: str, index: int, shards: int, dataset: str) -> str:
+    """The shard name TFDS makes of ``template`` (its naming.ShardedFileTemplate's rule).
+
+    Raises:
+        ValueError: the template uses a field TFDS does not fill.
+    """
+    digits = max(5, len(str(shards)))
+    number, count = f"{index:0{digits}d}", f"{shards:0{digits}d}"
+    try:
+        return template.format(
+            SPLIT=split,
+            DATASET=dataset,
+            FILEFORMAT=TFDS_FILE_FORMAT,
+            SHARD_INDEX=number,
+            NUM_SHARDS=count,
+            SHARD_X_OF_Y=f"{number}-of-{count}",
+        )
+    except (KeyError, IndexError, ValueError) as error:
+        raise ValueError(f"{template!r} cannot be filled ({error!r})") from None
+
+
+def _tfds_split_problems(
+    where: str, entry: Mapping, split: info_lib.SplitInfo, dataset: str, metadata_file: str
+) -> list[str]:
+    problems = []
+    lengths = entry.get("shardLengths")
+    if not isinstance(lengths, list):
+        return [f"{where}: no shardLengths list"]
+    if len(lengths) != len(split.shards):
+        problems.append(
+            f"{where}: {len(lengths)} shardLengths, {metadata_file} lists "
+            f"{len(split.shards)} shards"
+        )
+    else:
+        wrong = [
+            (shard, length)
+            for shard, length in zip(split.shards, lengths, strict=True)
+            if shard.num_examples is not None and _proto_int(length) != shard.num_examples
+        ]
+        if wrong:
+            shard, length = wrong[0]
+            more = f" ({len(wrong) - 1} more shards differ)" if len(wrong) > 1 else ""
+            problems.append(
+                f"{where}: shardLengths gives {shard.file} {length!r} records, "
+                f"{metadata_file} {shard.num_examples:,}{more}"
+            )
+    if split.num_bytes is not None and _proto_int(entry.get("numBytes")) != split.num_bytes:
+        problems.append(
+            f"{where}: numBytes {entry.get('numBytes')!r}, {metadata_file} says {split.num_bytes:,}"
+        )
+    template = entry.get("filepathTemplate") or TFDS_DEFAULT_TEMPLATE
+    if not isinstance(template, str):
+        return problems + [f"{where}: filepathTemplate {template!r} is not a string"]
+    for index, shard in enumerate(split.shards):
+        try:
+            named = fill_template(template, split.name, index, len(split.shards), dataset)
+        except ValueError as error:
+            return problems + [f"{where}: filepathTemplate {error}"]
+        if named != shard.file:
+            problems.append(
+                f"{where}: filepathTemplate {template!r} names shard {index} {named!r}, "
+                f"the shard is {shard.file!r}"
+            )
+            break
+    return problems
+
+
+def tfds_info_problems(info: info_lib.DatasetInfo, text: str) -> list[str]:
+    """What in TFDS's ``dataset_info.json`` contradicts the dataset's metadata."""
+    name = TFDS_INFO_FILENAME
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as error:
+        return [f"{name}: not valid JSON ({error})"]
+    if not isinstance(doc, Mapping):
+        return [f"{name}: not a JSON object"]
+    meta = info.metadata_file
+    problems = []
+    if doc.get("fileFormat") != TFDS_FILE_FORMAT:
+        problems.append(f"{name}: fileFormat {doc.get('fileFormat')!r}, the shards are tfrecord")
+    config = info.raw.get("config")
+    for key, field in (("name", "tfds_name"), ("version", "tfds_version")):
+        want = config.get(field) if isinstance(config, Mapping) else None
+        if want is not None and doc.get(key) != want:
+            problems.append(f"{name}: {key} {doc.get(key)!r}, {meta}'s config.{field} {want!r}")
+    splits = doc.get("splits")
+    if not isinstance(splits, list) or not all(
+        isinstance(s, Mapping) and isinstance(s.get("name"), str) for s in splits
+    ):
+        return problems + [f"{name}: 'splits' is not a list of named splits"]
+    listed = {s["name"]: s for s in splits}
+    # TFDS cannot read a split of no shards, so the converter leaves those out.
+    wanted = {n: s for n, s in info.splits.items() if s.shards}
+    for extra in sorted(set(listed) - set(wanted)):
+        problems.append(f"{name}: split {extra!r}, which has no shards in {meta}")
+    dataset = doc.get("name") if isinstance(doc.get("name"), str) else ""
+    for split in wanted.values():
+        if split.name not in listed:
+            problems.append(
+                f"{name}: no split {split.name!r} ({meta} lists {len(split.shards)} shards of it)"
+            )
+        else:
+            where = f"{name}: split {split.name!r}"
+            problems += _tfds_split_problems(where, listed[split.name], split, dataset, meta)
+    return problems
+
+
+def _feature_leaves(node, path: tuple[str, ...] = ()) -> dict[str, Mapping]:
+    """``features.json``'s nested FeaturesDicts as record key -> feature (keys joined by ``/``)."""
+    inner = node.get("featuresDict") if isinstance(node, Mapping) else None
+    if not (isinstance(inner, Mapping) and isinstance(inner.get("features"), Mapping)):
+        return {"/".join(path): node}
+    leaves = {}
+    for key, child in inner["features"].items():
+        leaves.update(_feature_leaves(child, path + (key,)))
+    return leaves
+
+
+def tfds_features_problems(info: info_lib.DatasetInfo, text: str) -> list[str]:
+    """What in TFDS's ``features.json`` contradicts the dataset's record keys and classes."""
+    name = TFDS_FEATURES_FILENAME
+    try:
+        leaves = _feature_leaves(json.loads(text))
+    except json.JSONDecodeError as error:
+        return [f"{name}: not valid JSON ({error})"]
+    problems = []
+    if info.features and set(leaves) != set(info.features):
+        missing = sorted(set(info.features) - set(leaves))
+        extra = sorted(set(leaves) - set(info.features))
+        problems.append(
+            f"{name}: its features are not {info.metadata_file}'s record keys "
+            f"(missing {missing}, not a record key {extra})"
+        )
+    label = leaves.get(LABEL)
+    if label is not None:
+        classes = label.get("classLabel") if isinstance(label, Mapping) else None
+        count = _proto_int(classes.get("numClasses")) if isinstance(classes, Mapping) else None
+        if count != info.num_classes:
+            problems.append(
+                f"{name}: {LABEL} is not a ClassLabel of {info.num_classes} classes "
+                f"(it says {classes!r})"
+            )
+    return problems
+
+
+def _read(path: str) -> tuple[bytes | None, str | None]:
+    """``(bytes, None)``, ``(None, None)`` for a missing file, ``(None, why)`` when unreadable."""
+    try:
+        if not tf.io.gfile.exists(path):
+            return None, None
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read(), None
+    except (tf.errors.OpError, OSError) as error:
+        return None, error.message if isinstance(error, tf.errors.OpError) else str(error)
+
+
+def read_published(folder: str, name: str, missing: str) -> tuple[bytes | None, list[str]]:
+    """A published file's bytes, or None and the problem (``missing`` says why it must exist)."""
+    data, why = _read(info_lib.join_path(folder, name))
+    if why is not None:
+        return None, [f"{name}: cannot be read: {why}"]
+    if data is None:
+        return None, [f"{name}: missing ({missing})"]
+    return data, []
+
+
+def _text(name: str, data: bytes) -> tuple[str | None, list[str]]:
+    try:
+        return data.decode("utf-8"), []
+    except UnicodeDecodeError as error:
+        return None, [f"{name}: not UTF-8 text ({error})"]
+
+
+def file_problems(info: info_lib.DatasetInfo) -> list[str]:
+    """Every problem of the published files but the shards and their ``.idx`` files."""
+    meta, problems = info.metadata_file, []
+    checks = [(info_lib.LABELS_FILENAME, "the class names", labels_problem)]
+    if info.format_version >= 2:
+        checks += [
+            (TFDS_INFO_FILENAME, "TFDS's metadata", tfds_info_problems),
+            (TFDS_FEATURES_FILENAME, "TFDS's metadata", tfds_features_problems),
+            (TFDS_LABELS_FILENAME, "TFDS's class names", labels_problem),
+        ]
+    for name, what, check in checks:
+        data, found = read_published(info.path, name, f"{what}, which the converter writes")
+        text, bad = _text(name, data) if data is not None else (None, [])
+        problems += found + bad
+        if text is None:
+            continue
+        if check is labels_problem:
+            problem = labels_problem(name, text, info.classes, meta)
+            problems += [problem] if problem else []
+        else:
+            problems += check(info, text)
+    for name in list_files(info):
+        if not tf.io.gfile.exists(info_lib.join_path(info.path, name)):
+            problems.append(f"{name}: missing ({meta} names it)")
+    entries = tf.io.gfile.listdir(info.path)
+    folders = set()
+    if not info_lib.is_url(info.path):  # a gs:// listing marks its folders itself
+        published = set(published_files(info))
+        folders = {
+            e
+            for e in entries
+            if e not in published and tf.io.gfile.isdir(info_lib.join_path(info.path, e))
+        }
+    return problems + foreign_problems(entries, published_files(info), folders, meta)
