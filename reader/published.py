@@ -42,8 +42,6 @@ TFDS_FILES = (TFDS_INFO_FILENAME, TFDS_FEATURES_FILENAME, TFDS_LABELS_FILENAME)
 # What TFDS reads when a split names no template (tensorflow_datasets/core/naming.py).
 TFDS_DEFAULT_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 TFDS_FILE_FORMAT = "tfrecord"
-# The blocks of imagerecords.json that name a list file beside the shards.
-LIST_BLOCKS = ("rejected", "skipped", "duplicates")
 # The converter's working folder, which a finished run removes last.
 CONVERTER_FOLDER = info_lib.CONVERTER_MARKER.split("/")[0]
 
@@ -61,13 +59,13 @@ def published_files(info: info_lib.DatasetInfo) -> list[str]:
 
 
 def list_files(info: info_lib.DatasetInfo) -> list[str]:
-    """The list files (``rejects.jsonl``, ``skipped.jsonl``, ``duplicates.jsonl``) it names."""
-    names = []
-    for block in LIST_BLOCKS:
-        entry = info.raw.get(block)
-        if isinstance(entry, Mapping) and isinstance(entry.get("file"), str):
-            names.append(entry["file"])
-    return names
+    """The files its blocks name (``rejected``, ``skipped``, ``duplicates``: the lists).
+
+    Any block's ``file``, not only these three: a file added beside the shards
+    within a format version is named this way (docs/format.md section 11).
+    """
+    blocks = info.raw.values()
+    return [b["file"] for b in blocks if isinstance(b, Mapping) and isinstance(b.get("file"), str)]
 
 
 def foreign_problems(
