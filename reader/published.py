@@ -335,37 +335,40 @@ def _text(name: str, data: bytes) -> tuple[str | None, list[str]]:
         return None, [f"{name}: not UTF-8 text ({error})"]
 
 
+def _class_names(name: str):
+    """The check of the class names file ``name`` (one class a line)."""
+
+    def check(info: info_lib.DatasetInfo, text: str) -> list[str]:
+        problem = labels_problem(name, text, info.classes, info.metadata_file)
+        return [problem] if problem else []
+
+    return check
+
+
 def file_problems(info: info_lib.DatasetInfo) -> list[str]:
     """Every problem of the published files but the shards and their ``.idx`` files."""
     meta, problems = info.metadata_file, []
-    checks = [(info_lib.LABELS_FILENAME, "the class names", labels_problem)]
+    checks = [(info_lib.LABELS_FILENAME, "the class names", _class_names(info_lib.LABELS_FILENAME))]
     if info.format_version >= 2:
         checks += [
             (TFDS_INFO_FILENAME, "TFDS's metadata", tfds_info_problems),
             (TFDS_FEATURES_FILENAME, "TFDS's metadata", tfds_features_problems),
-            (TFDS_LABELS_FILENAME, "TFDS's class names", labels_problem),
+            (TFDS_LABELS_FILENAME, "TFDS's class names", _class_names(TFDS_LABELS_FILENAME)),
         ]
     for name, what, check in checks:
         data, found = read_published(info.path, name, f"{what}, which the converter writes")
         text, bad = _text(name, data) if data is not None else (None, [])
-        problems += found + bad
-        if text is None:
-            continue
-        if check is labels_problem:
-            problem = labels_problem(name, text, info.classes, meta)
-            problems += [problem] if problem else []
-        else:
-            problems += check(info, text)
+        problems += found + bad + (check(info, text) if text is not None else [])
     for name in list_files(info):
         if not tf.io.gfile.exists(info_lib.join_path(info.path, name)):
             problems.append(f"{name}: missing ({meta} names it)")
-    entries = tf.io.gfile.listdir(info.path)
+    try:
+        entries = tf.io.gfile.listdir(info.path)
+    except tf.errors.OpError as error:
+        return problems + [f"{info.path}: cannot be listed: {error.message}"]
+    published = published_files(info)
     folders = set()
     if not info_lib.is_url(info.path):  # a gs:// listing marks its folders itself
-        published = set(published_files(info))
-        folders = {
-            e
-            for e in entries
-            if e not in published and tf.io.gfile.isdir(info_lib.join_path(info.path, e))
-        }
-    return problems + foreign_problems(entries, published_files(info), folders, meta)
+        unknown = set(entries) - set(published)
+        folders = {e for e in unknown if tf.io.gfile.isdir(info_lib.join_path(info.path, e))}
+    return problems + foreign_problems(entries, published, folders, meta)

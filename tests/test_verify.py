@@ -21,8 +21,11 @@ from array import array
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
 from beam_pipeline.core import metadata, tfds_metadata
+from imagerecords import RecordSource
+from imagerecords.index import IndexFileError
 from reader import info as info_lib
 from reader import inspect as inspect_tool
 from reader import published
@@ -407,6 +410,32 @@ def test_verify_names_the_damaged_file(copy, damage):
     for line in expected:
         assert line in text, text
     assert "Traceback" not in text and "verify: OK" not in text
+
+
+IDX_DAMAGES = {name: damage for name, damage in DAMAGES.items() if name.startswith("idx ")}
+
+
+@pytest.mark.parametrize("damage", IDX_DAMAGES.values(), ids=IDX_DAMAGES.keys())
+def test_each_idx_damage_is_one_record_source_refuses(copy, damage):
+    # What --verify names is what breaks the .idx files' own reader, and the
+    # untouched files are what it reads.
+    for split in ("train", "val"):
+        assert len(RecordSource(str(copy), split)) == _info(copy)["splits"][split]["num_examples"]
+    damage(copy)
+    with pytest.raises(IndexFileError):
+        for split in ("train", "val"):
+            RecordSource(str(copy), split)
+
+
+def test_tfds_misreads_what_verify_names_in_its_files(copy):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    _shard_lengths_edited(copy)
+    _class_names_edited(copy)
+    builder = tfds.builder_from_directory(str(copy))
+    assert builder.info.features["image"]["class"]["label"].names == ["cat", "fish", "dog"]
+    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain"):
+        for _ in builder.as_dataset(split="train"):
+            pass
 
 
 # ------------------------------------------------------------- the pure helpers
