@@ -179,7 +179,7 @@ def fill_template(template: str, split: str, index: int, shards: int, dataset: s
             NUM_SHARDS=count,
             SHARD_X_OF_Y=f"{number}-of-{count}",
         )
-    except (KeyError, IndexError, ValueError) as error:
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as error:
         raise ValueError(f"{template!r} cannot be filled ({error!r})") from None
 
 

@@ -510,9 +510,10 @@ def test_fill_template_names_what_tfds_names(template, index, shards, name):
     assert ours == theirs == name
 
 
-def test_fill_template_refuses_a_field_tfds_does_not_fill():
+@pytest.mark.parametrize("template", ["{SPLIT}-{SHARD}", "{0}", "{SPLIT.nope}", "{SPLIT:d}", "{"])
+def test_fill_template_refuses_what_tfds_cannot_fill(template):
     with pytest.raises(ValueError, match="cannot be filled"):
-        published.fill_template("{SPLIT}-{SHARD}", "train", 0, 1, "ds")
+        published.fill_template(template, "train", 0, 1, "ds")
 
 
 @pytest.mark.parametrize(
