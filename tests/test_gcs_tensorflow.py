@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.core import records
+from beam_pipeline.core import records, tfds_metadata
 from tests.image_factory import make_class_folders
 from tests.shard_fixtures import write_dataset
 
@@ -156,7 +156,7 @@ def test_gfile_metadata_and_listing(dataset, seen):
     assert seen["exists"] == [True, False]
     assert seen["isdir"] is True
     assert seen["listdir"] == sorted(
-        ["imagerecords.json", "labels.txt", "rejects.jsonl"] + shard_files
+        ["imagerecords.json", "labels.txt", "rejects.jsonl", *tfds_metadata.FILES] + shard_files
     )
     assert seen["glob"] == sorted(f"{url}/{f}" for f in shard_files if f.startswith("train-"))
     assert len(truth.info["splits"]["train"]["shards"]) == 3
