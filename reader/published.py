@@ -80,7 +80,7 @@ def foreign_problems(
     problems = []
     for entry in sorted(entries):
         name = entry.rstrip("/")
-        if name in known:
+        if name in known or not name:  # not name: a gs:// folder's own placeholder object
             continue
         if name == CONVERTER_FOLDER:
             problems.append(

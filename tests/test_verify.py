@@ -523,6 +523,7 @@ def test_fill_template_refuses_what_tfds_cannot_fill(template):
         (["m.json", "b.tfrecord"], set(), ["b.tfrecord: not part of the dataset"]),
         (["m.json", "sub"], {"sub"}, ["sub/: a folder that is not part of the dataset"]),
         (["m.json", "sub/"], set(), ["sub/: a folder that is not part of the dataset"]),
+        (["m.json", "", "/"], set(), []),
         ([".imagerecords-tmp/"], set(), [".imagerecords-tmp/: the converter's working folder"]),
     ],
 )
