@@ -297,10 +297,12 @@ def test_relabel_gives_the_bytes_a_conversion_with_the_new_label_gives():
 def _old_shard(path: Path, records_in_it: int = 0) -> reuse_scan.OldShard:
     """``path`` as OLD's metadata would describe it as written (its size and SHA-256 now)."""
     data = path.read_bytes()
-    return reuse_scan.OldShard(str(path), len(data), records_in_it, hashlib.sha256(data).hexdigest())
+    return reuse_scan.OldShard(
+        str(path), len(data), records_in_it, hashlib.sha256(data).hexdigest()
+    )
 
 
-def test_a_shard_is_scanned_without_decoding_and_refused_whole_at_damage(tmp_path, caplog):
+def test_a_shard_is_scanned_without_decoding_and_refused_whole_at_damage(tmp_path):
     framed = [_record(0, "dog", f"dog/{n}.jpg") for n in range(3)]
     shard = tmp_path / "train-00000-of-00001.tfrecord"
     shard.write_bytes(b"".join(framed))
@@ -318,19 +320,22 @@ def test_a_shard_is_scanned_without_decoding_and_refused_whole_at_damage(tmp_pat
     damaged[len(framed[0]) + 20] ^= 0xFF
     shard.write_bytes(bytes(damaged))
     # Damage anywhere: none of the shard's records is taken (not even those before it).
-    assert reuse_scan.scan_records(described) == reuse_scan.Scanned([], 3)
-    assert "CRC does not match" in caplog.text and "none of its 3 records is reused" in caplog.text
+    scanned = reuse_scan.scan_records(described)
+    assert (scanned.records, scanned.distrusted) == ([], 3)
+    assert "CRC does not match" in scanned.problem
+    assert scanned.problem.endswith("none of its 3 records is reused (their images are converted)")
     with pytest.raises(errors.OldDatasetChanged, match="holds another record at byte"):
         reuse.read_record(found.records[1][1])
 
 
-def test_a_shard_that_is_not_the_one_its_metadata_describes_gives_no_record(tmp_path, caplog):
+def test_a_shard_that_is_not_the_one_its_metadata_describes_gives_no_record(tmp_path):
     """Intact records, CRCs and all, in a shard whose SHA-256 is not OLD's metadata's."""
     shard = tmp_path / "train-00000-of-00001.tfrecord"
     shard.write_bytes(_record(0, "dog", "dog/0.jpg") + _record(0, "dog", "dog/1.jpg"))
     described = _old_shard(shard, 2)._replace(sha256="0" * 64)
-    assert reuse_scan.scan_records(described) == reuse_scan.Scanned([], 2)
-    assert "SHA-256" in caplog.text and "not the 000000000000... its metadata gives" in caplog.text
+    scanned = reuse_scan.scan_records(described)
+    assert (scanned.records, scanned.distrusted) == ([], 2)
+    assert "not the 000000000000... its metadata gives" in scanned.problem
 
 
 @pytest.mark.parametrize("change", ["removed", "cut short"])

@@ -269,6 +269,7 @@ class _ScanOldShard(beam.DoFn):
         scanned = reuse_scan.scan_records(reuse_scan.OldShard(*shard))
         if scanned.distrusted:
             self._distrusted.inc(scanned.distrusted)
+            reuse_scan.warn(scanned.problem)
         yield from scanned.records
 
 

@@ -155,12 +155,20 @@ class Scanned(NamedTuple):
     """One shard's records, once the shard is checked: all of them, or none."""
 
     records: list  # (image ID, OldRecord) in shard order; [] when the shard failed
-    distrusted: int  # records OLD's metadata gives the shard, when it failed (else 0)
+    distrusted: int = 0  # records OLD's metadata gives the shard, when it failed
+    problem: str = ""  # why it failed: the line to show (:func:`warn`)
+
+
+def warn(problem: str) -> None:
+    """Shows why a shard gave no record (in the process that gathers the scans)."""
+    if problem:
+        log.warning("%s", problem)
 
 
 def scan_records(shard: OldShard, files: storage.Files | None = None) -> Scanned:
     """Every record of one OLD shard, with its ID, if the shard is what OLD's metadata
-    describes; none (and one warning naming it) if it is damaged or another file.
+    describes; none (and the line that says why, ``problem``) if it is damaged or
+    another file.
 
     Nothing of a shard that fails is taken: its images are converted, which
     gives the same output, only slower. A record that later reads back other
@@ -172,14 +180,12 @@ def scan_records(shard: OldShard, files: storage.Files | None = None) -> Scanned
     found: list = []
     problem = _shard_problem(shard, files, found)
     if not problem:
-        return Scanned(found, 0)
-    log.warning(
-        "--reuse: %s holds %s: none of its %d records is reused (their images are converted)",
-        shard.path,
-        problem,
-        shard.num_examples,
+        return Scanned(found)
+    line = (
+        f"--reuse: {shard.path} holds {problem}: none of its {shard.num_examples} records "
+        "is reused (their images are converted)"
     )
-    return Scanned([], shard.num_examples)
+    return Scanned([], shard.num_examples, line)
 
 
 def id_hash(image_id: str) -> int:
@@ -197,6 +203,7 @@ class ShardScan(NamedTuple):
     sizes: array  # "q"
     crcs: array  # "I": each record's data CRC as scanned
     distrusted: int = 0  # the shard failed its check: records not taken
+    problem: str = ""  # and why (Scanned.problem)
 
 
 def scan_shard(shard: OldShard) -> ShardScan:
@@ -208,7 +215,7 @@ def scan_shard(shard: OldShard) -> ShardScan:
         offsets.append(old.offset)
         sizes.append(old.size)
         crcs.append(old.crc)
-    return ShardScan(shard.path, hashes, offsets, sizes, crcs, scanned.distrusted)
+    return ShardScan(shard.path, hashes, offsets, sizes, crcs, scanned.distrusted, scanned.problem)
 
 
 class _Column:
@@ -244,7 +251,8 @@ class Index:
     gives it all back (freed heap would stay with the process, which is at
     its largest later, when the last conversions finish).
 
-    ``distrusted``: records of shards that failed their check (not indexed).
+    ``distrusted``: records of shards that failed their check (not indexed); why
+    each failed is shown as it arrives (:func:`warn`).
     """
 
     _KINDS = {
@@ -263,6 +271,7 @@ class Index:
         for number, scan in enumerate(scans):  # one at a time: only one scan is held
             self._shards.append(scan.shard)
             self.distrusted += scan.distrusted
+            warn(scan.problem)
             c["hashes"].append(scan.hashes.tobytes())
             c["offsets"].append(scan.offsets.tobytes())
             c["sizes"].append(scan.sizes.tobytes())
