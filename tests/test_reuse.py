@@ -112,8 +112,8 @@ def test_a_reuse_run_writes_what_a_full_conversion_writes(history, tmp_path, cap
 
 
 def test_an_interrupted_reuse_run_resumes_to_the_same_bytes(history, tmp_path, capsys, monkeypatch):
-    """What an interrupted --reuse run spilled (its relabelled records) is resumed;
-    the records it left in OLD's shards are checked again."""
+    """What an interrupted --reuse run spilled (the records it took from OLD, as it
+    checked them, and those it converted) is resumed."""
     from beam_pipeline.stages import finalize
 
     def crash(self, *args):

@@ -24,6 +24,7 @@ from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
 from beam_pipeline.core import metadata, records
 from beam_pipeline.engines import local_engine
+from beam_pipeline.storage import paths
 from tests import contract
 from tests.image_factory import make_class_folders
 
@@ -132,6 +133,33 @@ def test_no_spelling_of_old_is_written_to(made, tmp_path, capsys, kind, extra):
     line = _one_error_line(capsys)
     assert "the --reuse dataset" in line and "write the new dataset to another folder" in line
     assert _digests(old) == before  # byte for byte, and nothing added (no .imagerecords-tmp/)
+
+
+@pytest.mark.parametrize(
+    "path, folder, expected",
+    [
+        ("v3", "v3", True),
+        ("latest", "v3", True),  # latest -> v3
+        ("v3", "latest", True),
+        ("latest/new", "v3", True),
+        ("v3/sub/..", "v3", True),
+        ("into-sub/..", "v3", True),  # into-sub -> v3/sub: its ".." is v3, not "."
+        ("v3", "v3/sub", False),
+        ("v2", "v3", False),
+        ("v3-other", "v3", False),  # a name that starts like it is not inside it
+        ("gs://b/data/v3", "gs://b/data/v3/", True),
+        ("gs://b/data/v3/new", "gs://b/data/v3", True),
+        ("gs://b/data/v3-other", "gs://b/data/v3", False),
+        ("gs://b/data/v3", "v3", False),
+    ],
+)
+def test_inside_compares_the_places_paths_name(tmp_path, monkeypatch, path, folder, expected):
+    (tmp_path / "v3" / "sub").mkdir(parents=True)
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "latest").symlink_to(tmp_path / "v3")
+    (tmp_path / "into-sub").symlink_to(tmp_path / "v3" / "sub")
+    monkeypatch.chdir(tmp_path)
+    assert paths.inside(path, folder) is expected
 
 
 def test_output_and_input_are_compared_as_places(made, tmp_path, capsys):
