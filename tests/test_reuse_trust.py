@@ -288,6 +288,39 @@ def test_old_changing_after_its_scan_stops_the_run_naming_old(
     assert not (new / metadata.INFO_FILE).exists()  # nothing published
 
 
+@pytest.mark.parametrize(
+    "engine",
+    [DIRECT, [*DIRECT, "--local_processes", "1"]],
+    ids=["DirectRunner", "DirectRunner-records-through-the-shuffle"],
+)
+def test_old_rewritten_after_its_scan_stops_a_beam_run(made, tmp_path, capsys, monkeypatch, engine):
+    """On Beam every shard is scanned before any image is converted (the join by ID
+    waits for all of them): the shard is rewritten as soon as its scan is done."""
+    from beam_pipeline.stages import reuse_scan
+
+    old = _copy_of_old(made, tmp_path)
+    shard = _shard_files(old)[0]
+    real = reuse_scan.scan_records
+
+    def scan_then_rewrite(described, *args):
+        scanned = real(described, *args)
+        if described.path == str(shard):
+            replacement = tmp_path / "replacement"
+            shutil.copy(shard, replacement)
+            _launder(replacement)
+            os.replace(replacement, shard)
+        return scanned
+
+    monkeypatch.setattr(reuse_scan, "scan_records", scan_then_rewrite)
+    capsys.readouterr()
+    new = tmp_path / "new"
+    assert _convert(made.images, new, "--reuse", old, *RUN, *engine) == 1
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: the --reuse dataset {old} changed while this run read it: ")
+    assert f"{shard.name} holds another record at byte 0 than it did" in line
+    assert not (new / metadata.INFO_FILE).exists()
+
+
 def test_old_changing_after_its_records_were_taken_does_not_reach_new(
     made, tmp_path, capsys, monkeypatch
 ):
