@@ -328,6 +328,14 @@ def test_a_shard_is_scanned_without_decoding_and_refused_whole_at_damage(tmp_pat
         reuse.read_record(found.records[1][1])
 
 
+def test_a_shard_of_intact_frames_that_are_not_examples_gives_no_record(tmp_path):
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    shard.write_bytes(_record(0, "dog", "dog/0.jpg") + records.frame_record(b"\xff\xff\xff"))
+    scanned = reuse_scan.scan_records(_old_shard(shard, 2))
+    assert (scanned.records, scanned.distrusted) == ([], 2)
+    assert "a record that is not a tf.train.Example at byte" in scanned.problem
+
+
 def test_a_shard_that_is_not_the_one_its_metadata_describes_gives_no_record(tmp_path):
     """Intact records, CRCs and all, in a shard whose SHA-256 is not OLD's metadata's."""
     shard = tmp_path / "train-00000-of-00001.tfrecord"

@@ -229,15 +229,15 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
             f"--output {output} {what} the --reuse dataset {old.path}: write the new "
             "dataset to another folder (the old one is only read)"
         )
-    changed = []
+    differ = []
     for name, value in image_settings.items():
         if name not in old.image:
-            changed.append(f"{name} not recorded -> {settings.show(value)}")
+            differ.append(f"{name} not recorded -> {settings.show(value)}")
         elif old.image[name] != value:
-            changed.append(f"{name} {settings.show(old.image[name])} -> {settings.show(value)}")
-    if changed:
+            differ.append(f"{name} {settings.show(old.image[name])} -> {settings.show(value)}")
+    if differ:
         return (
-            f"--reuse {old.path} was made with other image settings ({', '.join(changed)}): "
+            f"--reuse {old.path} was made with other image settings ({', '.join(differ)}): "
             "its records are not what this run would write; give the same settings, "
             "or convert without --reuse"
         )

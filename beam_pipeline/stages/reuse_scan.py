@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from beam_pipeline.core import errors, records
 from beam_pipeline.core.errors import OldDatasetChanged
@@ -140,14 +141,19 @@ def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) ->
         (crc,) = struct.unpack("<I", footer)
         if _masked_crc(payload) != crc:
             return f"a record whose data CRC does not match at byte {offset}"
-        names = records.Example.FromString(payload).features.feature["image/filename"]
+        try:
+            example = records.Example.FromString(payload)
+        except DecodeError:
+            return f"a record that is not a tf.train.Example at byte {offset}"
+        names = example.features.feature["image/filename"]
         try:
             image_id = names.bytes_list.value[0].decode("utf-8")
         except (IndexError, UnicodeDecodeError):
             continue  # not a record of this format: never reused
         found.append((image_id, OldRecord(shard.path, offset, stream.position - offset, crc)))
-    if stream.digest.hexdigest() != shard.sha256:
-        return f"SHA-256 {stream.digest.hexdigest()[:12]}..., not the {shard.sha256[:12]}... its metadata gives"
+    found_sha256 = stream.digest.hexdigest()
+    if found_sha256 != shard.sha256:
+        return f"SHA-256 {found_sha256[:12]}..., not the {shard.sha256[:12]}... its metadata gives"
     return ""
 
 
