@@ -258,7 +258,7 @@ def markdown(result: dict) -> str:
         "",
         f"Measured {result['measured_at']} at {result['code']}; load average "
         f"{result['loadavg']} at the start. Each set's folder grew by {NEW:.0%} new images, "
-        f"{CHANGED:.1%} changed and {REMOVED:.1%} removed; both runs use the converter's "
+        f"{CHANGED:.1%} changed and {REMOVED:.1%} removed; every run uses the converter's "
         "defaults (the local engine); CPU is the whole process tree's; best of "
         f"{result['rounds']} rounds (by CPU).",
         "",
