@@ -70,7 +70,13 @@ def _stopped_message(error: BaseException) -> str | None:
     """The message of a run that could not go on (errors.RunStopped), if ``error`` is one."""
     from beam_pipeline.storage.lock import OutputTakenOver
 
-    return _wrapped_message(error, errors.StorageUnreachable, errors.CannotWrite, OutputTakenOver)
+    return _wrapped_message(
+        error,
+        errors.StorageUnreachable,
+        errors.CannotWrite,
+        errors.OldDatasetChanged,
+        OutputTakenOver,
+    )
 
 
 def _print_books_error(message: str, verbose: bool) -> None:

@@ -107,6 +107,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--simd-python",
         help="an interpreter with Pillow-SIMD installed: adds its Pillow rows to the codec study",
     )
+    parser.add_argument(
+        "--reuse-baseline",
+        type=Path,
+        help="the reuse part also runs --reuse with this checkout's converter (another "
+        "commit's worktree), each round: a same-run before/after of its CPU per reused image",
+    )
+    parser.add_argument(
+        "--reuse-factors",
+        help="the reuse part's sizes, as multiples of each set, e.g. web=1,phone=2 "
+        f"(default: {','.join(f'{k}={v}' for k, v in reuse.FULL_FACTORS.items())})",
+    )
+    parser.add_argument(
+        "--reuse-rounds",
+        type=int,
+        help="interleaved rounds of the reuse part (default: 3; quick: 1)",
+    )
     parser.add_argument("--results-dir", type=Path, help="default bench/results (quick: raw/quick)")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
     parser.add_argument(
@@ -309,10 +325,14 @@ def _trainers_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> in
 
 def _reuse_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
     """The reuse benchmark: writes reuse.md and reuse.json next to results.md."""
-    factors = reuse.QUICK_FACTORS if sizes is QUICK else reuse.FULL_FACTORS
+    factors = dict(reuse.QUICK_FACTORS if sizes is QUICK else reuse.FULL_FACTORS)
+    for pair in (args.reuse_factors or "").split(","):
+        if pair.strip():
+            name, _, factor = pair.partition("=")
+            factors[name.strip()] = int(factor)
     counts = {"web": sizes.web_images, "phone": sizes.phone_images}
     loadavg = [round(x, 2) for x in os.getloadavg()]
-    rounds = 1 if sizes is QUICK else 3
+    rounds = args.reuse_rounds or (1 if sizes is QUICK else 3)
     parts = []
     for name in [s.strip() for s in args.sets.split(",") if s.strip()]:
         image_set = data.ensure_image_set(name, counts[name], cache_dir, sizes.name)
@@ -323,6 +343,7 @@ def _reuse_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
             cache_dir / "logs" / sizes.name,
             rounds,
             timeout_s=sizes.timeout_s * factors[name],
+            baseline=args.reuse_baseline,
         )
         summary = reuse.summarize(grown, rows, identical)
         parts.append({**summary, "rows": [dataclasses.asdict(r) for r in rows]})
@@ -332,6 +353,8 @@ def _reuse_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
         "code": machine.git_state(),
         "loadavg": loadavg,
         "rounds": rounds,
+        "factors": factors,
+        "baseline": str(args.reuse_baseline) if args.reuse_baseline else None,
         "sets": parts,
     }
     results_dir.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,15 @@ the two outputs are the same bytes (imagerecords.json apart from its
 ``reuse`` block), and reports each run's CPU as a fraction of the full
 conversion's, next to the share the new and changed images alone take of it.
 
+With ``--reuse-baseline DIR`` (a checkout of another commit, e.g. ``git
+worktree add /tmp/base main``) each round also runs the reuse run with that
+checkout's converter (``reuse-baseline``), on the same OLD: a before/after
+of the same run, on the same machine at the same time. Each reuse run's
+**CPU per reused image** is its whole CPU divided by the records it reused
+(start-up, the few conversions, OLD's scan, hashing every source, copying
+every record); what a change costs per reused image is the difference of
+the two, the rest being the same in both.
+
 The machine is shared: CPU seconds are the steadier figure; the best of the
 rounds is reported, every round is in reuse.json.
 """
@@ -49,7 +58,7 @@ class ReuseRow:
 
     set: str
     images: int  # in the grown folder
-    run: str  # "full" | "reuse"
+    run: str  # "full" | "reuse" | "reuse-baseline" (the --reuse-baseline checkout's converter)
     round: int
     ok: bool
     note: str = ""
@@ -127,11 +136,15 @@ def grow(image_set: ImageSet, factor: int, cache_dir: Path) -> Grown:
     return grown
 
 
-def _convert(folder: Path, out: Path, log: Path, timeout_s: float, *extra: str):
+def _convert(
+    folder: Path, out: Path, log: Path, timeout_s: float, *extra: str, code: Path = REPO_DIR
+):
+    """One conversion in a fresh process, with the converter of the checkout ``code``."""
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "beam_pipeline", "--input", str(folder)]
     command += ["--output", str(out), *extra]
-    return run_measured(command, cwd=REPO_DIR, timeout_s=timeout_s, log_path=log)
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    return run_measured(command, cwd=code, env=env, timeout_s=timeout_s, log_path=log)
 
 
 def same_as_full(new: Path, full: Path) -> bool:
@@ -150,8 +163,16 @@ def same_as_full(new: Path, full: Path) -> bool:
     return info == json.loads(want.pop(metadata.INFO_FILE)) and got == want
 
 
-def run_reuse(grown: Grown, out_root: Path, log_dir: Path, rounds: int, timeout_s: float):
-    """OLD from *before* (untimed), then ``rounds`` of (full, reuse) on *after*.
+def run_reuse(
+    grown: Grown,
+    out_root: Path,
+    log_dir: Path,
+    rounds: int,
+    timeout_s: float,
+    baseline: Path | None = None,
+):
+    """OLD from *before* (untimed), then ``rounds`` of (full, reuse) on *after*, and
+    of reuse-baseline (``baseline``'s converter) when one is given.
 
     Returns the rows and whether the outputs were the same bytes.
     """
@@ -162,12 +183,14 @@ def run_reuse(grown: Grown, out_root: Path, log_dir: Path, rounds: int, timeout_
     if proc.returncode != 0:
         raise RuntimeError(f"converting OLD failed: {proc.stderr.strip()[-300:]}")
     rows, identical = [], None
+    runs = ("full", "reuse", "reuse-baseline") if baseline else ("full", "reuse")
     for round_index in range(rounds):
-        for run in ("full", "reuse"):
+        for run in runs:
             out = out_root / "reuse" / grown.set / run
-            extra = ("--reuse", str(old)) if run == "reuse" else ()
+            extra = ("--reuse", str(old)) if run != "full" else ()
             log = log_dir / f"reuse-{grown.set}-{run}-r{round_index}.log"
-            proc = _convert(grown.after, out, log, timeout_s, *extra)
+            code = baseline if run == "reuse-baseline" else REPO_DIR
+            proc = _convert(grown.after, out, log, timeout_s, *extra, code=code)
             row = ReuseRow(grown.set, grown.images, run, round_index, proc.returncode == 0)
             if not row.ok:
                 row.note = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
@@ -195,7 +218,7 @@ def run_reuse(grown: Grown, out_root: Path, log_dir: Path, rounds: int, timeout_
 def summarize(grown: Grown, rows: list[ReuseRow], identical: bool) -> dict:
     """Best round of each run; the reuse run's CPU against the full conversion's."""
     best = {}
-    for run in ("full", "reuse"):
+    for run in ("full", "reuse", "reuse-baseline"):
         done = [r for r in rows if r.run == run and r.ok]
         if done:
             best[run] = min(done, key=lambda r: r.cpu_s)
@@ -205,7 +228,14 @@ def summarize(grown: Grown, rows: list[ReuseRow], identical: bool) -> dict:
         "after": str(grown.after),
         "identical": identical,
     }
-    if len(best) == 2:
+    # What a reuse run spends per record it reuses, everything included.
+    for run, key in (
+        ("reuse", "cpu_ms_per_reused"),
+        ("reuse-baseline", "baseline_cpu_ms_per_reused"),
+    ):
+        if run in best and best[run].images_reused:
+            out[key] = 1000 * best[run].cpu_s / best[run].images_reused
+    if "full" in best and "reuse" in best:
         full, reuse = best["full"], best["reuse"]
         out.update(
             full_cpu_s=full.cpu_s,
@@ -228,7 +258,7 @@ def markdown(result: dict) -> str:
         "",
         f"Measured {result['measured_at']} at {result['code']}; load average "
         f"{result['loadavg']} at the start. Each set's folder grew by {NEW:.0%} new images, "
-        f"{CHANGED:.1%} changed and {REMOVED:.1%} removed; both runs use the converter's "
+        f"{CHANGED:.1%} changed and {REMOVED:.1%} removed; every run uses the converter's "
         "defaults (the local engine); CPU is the whole process tree's; best of "
         f"{result['rounds']} rounds (by CPU).",
         "",
@@ -241,8 +271,10 @@ def markdown(result: dict) -> str:
         for row in part["rows"]:
             if row["ok"] and (row["run"] not in best or row["cpu_s"] < best[row["run"]]["cpu_s"]):
                 best[row["run"]] = row
-        for run in ("full", "reuse"):
+        for run in ("full", "reuse", "reuse-baseline"):
             row = best.get(run)
+            if row is None and run == "reuse-baseline":
+                continue
             if row is None:
                 lines.append(f"| {part['set']} | {part['images']} | | {run} | failed |||||")
                 continue
@@ -262,4 +294,13 @@ def markdown(result: dict) -> str:
                 f"the new and changed images alone is {part['converting_share']:.1%} of it. "
                 f"Output identical to the full conversion's: {part['identical']}"
             )
+        if "cpu_ms_per_reused" in part:
+            text = f"- {part['set']}: {part['cpu_ms_per_reused']:.3f} CPU ms per reused image"
+            if "baseline_cpu_ms_per_reused" in part:
+                before = part["baseline_cpu_ms_per_reused"]
+                text += (
+                    f" (the --reuse-baseline checkout's converter: {before:.3f}; "
+                    f"{part['cpu_ms_per_reused'] - before:+.3f} ms)"
+                )
+            lines.append(text)
     return "\n".join(lines) + "\n"

@@ -28,8 +28,8 @@ from PIL import Image
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
-from beam_pipeline.core import images, metadata, records, settings, tfds_metadata
-from beam_pipeline.stages import convert, reuse
+from beam_pipeline.core import errors, images, metadata, records, settings, tfds_metadata
+from beam_pipeline.stages import convert, reuse, reuse_scan
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
 
@@ -112,8 +112,8 @@ def test_a_reuse_run_writes_what_a_full_conversion_writes(history, tmp_path, cap
 
 
 def test_an_interrupted_reuse_run_resumes_to_the_same_bytes(history, tmp_path, capsys, monkeypatch):
-    """What an interrupted --reuse run spilled (its relabelled records) is resumed;
-    the records it left in OLD's shards are checked again."""
+    """What an interrupted --reuse run spilled (the records it took from OLD, as it
+    checked them, and those it converted) is resumed."""
     from beam_pipeline.stages import finalize
 
     def crash(self, *args):
@@ -246,11 +246,14 @@ def test_an_unfinished_or_missing_dataset_is_refused(history, tmp_path, capsys):
     unfinished = tmp_path / "unfinished"
     shutil.copytree(history.old, unfinished)
     (unfinished / metadata.INFO_FILE).unlink()
-    for old in (unfinished, tmp_path / "nowhere"):
+    for old, why in (
+        (unfinished, "is not a finished imagerecords dataset: it holds no imagerecords.json"),
+        (tmp_path / "nowhere", "does not exist: give the folder of a finished imagerecords"),
+    ):
         line = _refused(
             capsys, "--input", history.after, "--output", tmp_path / "new", "--reuse", old,
         )  # fmt: skip
-        assert "is not a finished imagerecords dataset" in line
+        assert line == f"error: --reuse {old} {why}" + line.split(why)[1]
     assert not (tmp_path / "new").exists()
 
 
@@ -291,38 +294,89 @@ def test_relabel_gives_the_bytes_a_conversion_with_the_new_label_gives():
     assert reuse.relabel(_record(2, "dog"), 2, "dog") == _record(2, "dog")
 
 
-def test_a_shard_is_scanned_without_decoding_and_stops_at_damage(tmp_path, caplog):
+def _old_shard(path: Path, records_in_it: int = 0) -> reuse_scan.OldShard:
+    """``path`` as OLD's metadata would describe it as written (its size and SHA-256 now)."""
+    data = path.read_bytes()
+    return reuse_scan.OldShard(
+        str(path), len(data), records_in_it, hashlib.sha256(data).hexdigest()
+    )
+
+
+def test_a_shard_is_scanned_without_decoding_and_refused_whole_at_damage(tmp_path):
     framed = [_record(0, "dog", f"dog/{n}.jpg") for n in range(3)]
     shard = tmp_path / "train-00000-of-00001.tfrecord"
     shard.write_bytes(b"".join(framed))
-    found = list(reuse.iter_shard(str(shard), shard.stat().st_size))
-    assert [image_id for image_id, _ in found] == ["dog/0.jpg", "dog/1.jpg", "dog/2.jpg"]
-    assert [(o.offset, o.size) for _, o in found] == [
+    described = _old_shard(shard, 3)
+    found = reuse_scan.scan_records(described)
+    assert found.distrusted == 0
+    assert [image_id for image_id, _ in found.records] == ["dog/0.jpg", "dog/1.jpg", "dog/2.jpg"]
+    assert [(o.offset, o.size) for _, o in found.records] == [
         (0, len(framed[0])),
         (len(framed[0]), len(framed[1])),
         (len(framed[0]) + len(framed[1]), len(framed[2])),
     ]
-    assert reuse.read_record(found[1][1]) == framed[1]
+    assert reuse.read_record(found.records[1][1]) == framed[1]
     damaged = bytearray(shard.read_bytes())
     damaged[len(framed[0]) + 20] ^= 0xFF
     shard.write_bytes(bytes(damaged))
-    found = list(reuse.iter_shard(str(shard), shard.stat().st_size))
-    assert [image_id for image_id, _ in found] == ["dog/0.jpg"]
-    assert "CRC does not match" in caplog.text
-    assert reuse.read_record(reuse.OldRecord(str(shard), len(framed[0]), len(framed[1]))) is None
+    # Damage anywhere: none of the shard's records is taken (not even those before it).
+    scanned = reuse_scan.scan_records(described)
+    assert (scanned.records, scanned.distrusted) == ([], 3)
+    assert "CRC does not match" in scanned.problem
+    assert scanned.problem.endswith("none of its 3 records is reused (their images are converted)")
+    with pytest.raises(errors.OldDatasetChanged, match="holds another record at byte"):
+        reuse.read_record(found.records[1][1])
+
+
+def test_a_shard_of_intact_frames_that_are_not_examples_gives_no_record(tmp_path):
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    shard.write_bytes(_record(0, "dog", "dog/0.jpg") + records.frame_record(b"\xff\xff\xff"))
+    scanned = reuse_scan.scan_records(_old_shard(shard, 2))
+    assert (scanned.records, scanned.distrusted) == ([], 2)
+    assert "a record that is not a tf.train.Example at byte" in scanned.problem
+
+
+def test_a_shard_that_is_not_the_one_its_metadata_describes_gives_no_record(tmp_path):
+    """Intact records, CRCs and all, in a shard whose SHA-256 is not OLD's metadata's."""
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    shard.write_bytes(_record(0, "dog", "dog/0.jpg") + _record(0, "dog", "dog/1.jpg"))
+    described = _old_shard(shard, 2)._replace(sha256="0" * 64)
+    scanned = reuse_scan.scan_records(described)
+    assert (scanned.records, scanned.distrusted) == ([], 2)
+    assert "not the 000000000000... its metadata gives" in scanned.problem
+
+
+@pytest.mark.parametrize("change", ["removed", "cut short"])
+def test_a_shard_gone_or_shorter_at_its_scan_stops_the_run(tmp_path, change):
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    shard.write_bytes(_record(0, "dog", "dog/0.jpg") + _record(0, "dog", "dog/1.jpg"))
+    described = _old_shard(shard, 2)
+    if change == "removed":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(errors.OldDatasetChanged) as raised:
+        reuse_scan.scan_records(described)
+    message = str(raised.value)
+    assert message.startswith(f"the --reuse dataset {tmp_path} changed while this run read it: ")
+    assert message.endswith("rerun the same command to resume (or convert without --reuse)")
 
 
 def test_take_checks_the_id_and_the_source_and_relabels(tmp_path):
     framed = _record(1, "dog")
     shard = tmp_path / "s.tfrecord"
     shard.write_bytes(framed)
-    old = reuse.OldRecord(str(shard), 0, len(framed))
+    old = reuse_scan.scan_records(_old_shard(shard, 1)).records[0][1]
+    assert old == reuse.OldRecord(str(shard), 0, len(framed), int.from_bytes(framed[-4:], "little"))
     sha256 = records.parse_example(framed[12:-4])["image/key/sha256"].decode()
     assert reuse.take(old, "dog/a.jpg", sha256, 1, "dog") == (framed, True)
     assert reuse.take(old, "dog/a.jpg", sha256, 3, "dog") == (_record(3, "dog"), False)
     assert reuse.take(old, "dog/b.jpg", sha256, 1, "dog") is None  # another image's record
     assert reuse.take(old, "dog/a.jpg", "0" * 64, 1, "dog") is None  # the source changed
-    assert reuse.take(old._replace(size=len(framed) - 1), "dog/a.jpg", sha256, 1, "dog") is None
+    # Not the record the scan saw: OLD changed under the run, which stops.
+    for other in (old._replace(size=len(framed) - 1), old._replace(crc=old.crc ^ 1)):
+        with pytest.raises(errors.OldDatasetChanged):
+            reuse.take(other, "dog/a.jpg", sha256, 1, "dog")
 
 
 def test_the_index_finds_each_id_and_gives_its_memory_back(tmp_path):
@@ -330,11 +384,11 @@ def test_the_index_finds_each_id_and_gives_its_memory_back(tmp_path):
     for number in range(3):
         path = tmp_path / f"s{number}.tfrecord"
         path.write_bytes(b"".join(_record(0, "dog", f"dog/{number}-{n}.jpg") for n in range(4)))
-        shards.append((str(path), path.stat().st_size))
-    index = reuse.Index(reuse.scan_shard(path, size) for path, size in shards)
+        shards.append(_old_shard(path, 4))
+    index = reuse_scan.Index(reuse_scan.scan_shard(shard) for shard in shards)
     assert len(index) == 12
-    for path, size in shards:
-        for image_id, old in reuse.iter_shard(path, size):
+    for shard in shards:
+        for image_id, old in reuse_scan.scan_records(shard).records:
             assert index.get(image_id) == old
     for missing in ("dog/3-0.jpg", "dog/0-4.jpg", "", "dog/0-0.jp"):
         assert index.get(missing) is None
@@ -345,14 +399,15 @@ def test_the_index_finds_each_id_and_gives_its_memory_back(tmp_path):
 def test_an_index_of_many_records_grows_its_maps():
     """More records than the first map holds (the growth path of a real dataset)."""
     count = 20_000
-    hashes = [reuse.id_hash(f"c/{n}.jpg") for n in range(count)]
-    scan = reuse.ShardScan(
-        "s", array("q", hashes), array("q", range(count)), array("q", [7] * count)
+    hashes = [reuse_scan.id_hash(f"c/{n}.jpg") for n in range(count)]
+    crcs = array("I", [n * 7919 % 2**32 for n in range(count)])
+    scan = reuse_scan.ShardScan(
+        "s", array("q", hashes), array("q", range(count)), array("q", [7] * count), crcs
     )
-    empty = reuse.ShardScan("t", array("q"), array("q"), array("q"))
-    index = reuse.Index([scan, empty])
-    assert len(index) == count
-    assert index.get("c/12345.jpg") == reuse.OldRecord("s", 12345, 7)
+    empty = reuse_scan.ShardScan("t", array("q"), array("q"), array("q"), array("I"), 5)
+    index = reuse_scan.Index([scan, empty])
+    assert len(index) == count and index.distrusted == 5
+    assert index.get("c/12345.jpg") == reuse.OldRecord("s", 12345, 7, 12345 * 7919)
     assert index.get("c/20000.jpg") is None
 
 
@@ -382,7 +437,7 @@ def test_a_reused_record_is_not_decoded(history, monkeypatch):
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded")
 
-    index = reuse.build_index(reuse.open_old(str(history.old)))
+    index = reuse_scan.build_index(reuse.open_old(str(history.old)).shards)
     image_id = "dog/dog_0001.jpg"
     found = index.get(image_id)
     monkeypatch.setattr(images, "convert", no_decoding)

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from beam_pipeline.cli import arguments
 from beam_pipeline.core import images, keys, settings
 from beam_pipeline.core.errors import UsageError
-from beam_pipeline.stages import convert, reuse
+from beam_pipeline.stages import convert, reuse, reuse_scan
 from beam_pipeline.storage import discovery, listing, paths
 
 SAMPLE_SIZE = 300
@@ -461,7 +461,7 @@ def report(
     cpu_per_image = sample.cpu_s / max(1, sample.converted)
     ahead = None
     if old is not None:
-        index = reuse.build_index(old)
+        index = reuse_scan.build_index(old.shards)
         budget = reuse.FORECAST_BUDGET_S
         ahead = reuse.forecast(found.refs, index, layout.classes, args.seed, budget)
     run_cpu_per_image = ahead.cpu_per_image(cpu_per_image) if ahead else cpu_per_image

@@ -55,7 +55,9 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
     """
 
     out = paths.normalize_root(output)
-    if input_root and (out == input_root or out.startswith(input_root.rstrip("/") + "/")):
+    # As places (symbolic links and ".." resolved), not as strings: no spelling
+    # of the input is written to.
+    if input_root and paths.inside(out, input_root):
         raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
     if paths.is_gcs(out):
         gcs.check_output(out)
@@ -66,8 +68,9 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
 
 
 def check_reuse(args, output: str, say) -> None:
-    """--reuse: a finished dataset of the same image settings, not --output. Reads
-    only its metadata (reuse.py)."""
+    """--reuse: a finished dataset of the same image settings, all its shards there,
+    not --output under any spelling. Reads only its metadata and lists its
+    shards (reuse.py)."""
 
     if args.reuse:
         old = reuse.open_old(args.reuse)
@@ -330,7 +333,9 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     # processes can start (and start converting) while Beam loads.
     layout = discovery.discover(args.input, args.manifest, args.skip_unreadable_folders)
     output = paths.normalize_root(args.output)
-    check_reuse(args, output, say)  # first: an --output that is OLD is refused as such
+    # Every refusal before anything is written: the output is prepared (cleared
+    # with --overwrite) only below. OLD first: an --output that is OLD is refused as such.
+    check_reuse(args, output, say)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)
     engine = choose_engine(given_beam, layout, output)

@@ -18,6 +18,7 @@ CONVERTED = "images_converted"
 CONVERTED_AHEAD = "images_converted_ahead"
 RESUMED = "images_resumed"
 REUSED = "images_reused"
+OLD_DISTRUSTED = "old_records_distrusted"
 REJECTED = "images_rejected"
 PASSED_THROUGH = "images_passed_through"
 REPAIRED = "images_repaired"
@@ -35,6 +36,8 @@ MEANING = {
     CONVERTED_AHEAD: "images converted or rejected while Beam loaded (Beam's pooled path only)",
     RESUMED: "records and rejections taken from an interrupted run's spill files",
     REUSED: "records taken over from --reuse's dataset, their sources unchanged",
+    OLD_DISTRUSTED: "records of --reuse's dataset not taken because their shard is damaged or "
+    "is not the one its metadata describes (their images are converted)",
     REJECTED: "images the conversion rejected (a bad image, a time limit, a crash)",
     PASSED_THROUGH: "converted images whose JPEG bytes were stored unchanged",
     REPAIRED: "converted images whose JPEG had stray bytes, dropped and re-encoded clean",

@@ -51,6 +51,11 @@ class CannotWrite(RunStopped):
     """Writing one of the job's files failed: disk full, file too large, ..."""
 
 
+class OldDatasetChanged(RunStopped):
+    """``--reuse``'s dataset changed while the run read it (a shard gone, cut short or
+    rewritten since it was checked): nothing more is taken from it."""
+
+
 # Why a write failed, in words a user acts on.
 _WRITE_ADVICE = {
     errno.ENOSPC: "the disk is full: free some space",

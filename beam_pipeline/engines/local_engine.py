@@ -21,7 +21,7 @@ from collections import Counter
 
 from beam_pipeline.core import counters
 from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse
+from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
 from beam_pipeline.stages.convert import Converted, RecordBatch, Rejection
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
@@ -51,7 +51,7 @@ def run(
     )
     try:
         # List and Convert, interleaved (listing runs as fast as conversion pulls it)
-        old = _read_old(config, converter, shown) if config.reuse else None
+        old = _read_old(config, converter, shown, counted) if config.reuse else None
         with shown.phase("converting") as phase:
             refs = _list_images(config, books, skipped, counted)
             batches, rejects = _convert(config, refs, counted, phase, converter, old)
@@ -94,10 +94,11 @@ def _list_images(config: JobConfig, books: plan.Books, skipped: list, counted: C
 
 
 def _read_old(
-    config: JobConfig, converter: pooled.PoolConverter, shown: progress.Reporter
-) -> reuse.Index:
-    """--reuse's dataset, scanned on the pool (a process per shard): its records by ID."""
-    old = reuse.open_old(config.reuse)
+    config: JobConfig, converter: pooled.PoolConverter, shown: progress.Reporter, counted: Counter
+) -> reuse_scan.Index:
+    """--reuse's dataset, scanned on the pool (a process per shard): its records by ID,
+    but those of shards that failed their check (counted)."""
+    old = reuse.open_again(config.reuse)
     with shown.phase(f"reading {old.path}", len(old.shards), "shards") as phase:
 
         def run(fn, *args):
@@ -105,7 +106,9 @@ def _read_old(
             future.add_done_callback(lambda _: phase.update(1))
             return future
 
-        return reuse.build_index(old, run)
+        index = reuse_scan.build_index(old.shards, run)
+    counted[counters.OLD_DISTRUSTED] += index.distrusted
+    return index
 
 
 def _convert(
@@ -114,7 +117,7 @@ def _convert(
     counted: Counter,
     shown: progress.Phase,
     converter: pooled.PoolConverter,
-    old: reuse.Index | None,
+    old: reuse_scan.Index | None,
 ) -> tuple[list[RecordBatch], list[Rejection]]:
     """ImageRefs -> a RecordBatch of records (spill references) per split, and the
     rejections, on the local pool.

@@ -30,7 +30,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipeline.core import counters
 from beam_pipeline.engines import local_pool, pooled
-from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse
+from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
 from beam_pipeline.stages.convert import (
     Converted,
     Outcome,
@@ -257,6 +257,22 @@ def _pair_with_old(element):
         yield reuse.Candidate(ref, olds[0] if olds else None)
 
 
+class _ScanOldShard(beam.DoFn):
+    """reuse_scan.OldShard -> (image ID, OldRecord) per record, once the shard passed its
+    check; a shard that failed counts its records as distrusted."""
+
+    def __init__(self):
+        super().__init__()
+        self._distrusted = _counter(counters.OLD_DISTRUSTED)
+
+    def process(self, shard):
+        scanned = reuse_scan.scan_records(reuse_scan.OldShard(*shard))
+        if scanned.distrusted:
+            self._distrusted.inc(scanned.distrusted)
+            reuse_scan.warn(scanned.problem)
+        yield from scanned.records
+
+
 class MatchOld(beam.PTransform):
     """ImageRef -> reuse.Candidate: each image with --reuse's record of its ID, if any.
 
@@ -276,7 +292,7 @@ class MatchOld(beam.PTransform):
             | "OldShards" >> beam.Create(list(self._old.shards), reshuffle=False)
             | "SpreadShards" >> beam.Reshuffle()
             # (shard, bytes) -> (image ID, OldRecord) per record
-            | "ScanShard" >> beam.FlatMapTuple(reuse.iter_shard)
+            | "ScanShard" >> beam.ParDo(_ScanOldShard())
         )
         by_id = refs | "ById" >> beam.Map(lambda ref: (ref.image_id, ref))
         return (
@@ -303,7 +319,7 @@ class ConvertImages(beam.PTransform):
             else _ConvertFn(self._config)
         )
         if self._config.reuse:
-            refs = refs | "MatchOld" >> MatchOld(reuse.open_old(self._config.reuse))
+            refs = refs | "MatchOld" >> MatchOld(reuse.open_again(self._config.reuse))
         return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, REUSED, main="batches")
 
 

@@ -182,7 +182,6 @@ def convert_ref(
     seed: int,
     classes: tuple[str, ...],
     old: reuse.OldRecord | None = None,
-    by_reference: bool = False,
 ) -> Outcome:
     """Reads, converts and serializes one image; never raises for a bad image.
 
@@ -190,11 +189,9 @@ def convert_ref(
         ref: ``(image_id, path, label, split)`` (a ``listing.ImageRef`` or plain tuple).
         old: ``--reuse``'s record of the same ID: taken over when the source
             file's SHA-256 is the one it names (:func:`reuse_or_convert`).
-        by_reference: a reused record of a local OLD may stay where it is (the
-            entry points into OLD's shard); else its bytes are read.
     """
     if old is not None:
-        return reuse_or_convert(ref, old, spec, seed, classes, by_reference)
+        return reuse_or_convert(ref, old, spec, seed, classes)
     return finish(ref, decode_path(ref[1], spec), seed, classes)
 
 
@@ -220,9 +217,14 @@ def hash_source(path: str) -> tuple[str, int, bytes | None]:
             return hashlib.sha256(mapped).hexdigest(), size, None
 
 
-def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes, by_reference) -> Outcome:
+def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes) -> Outcome:
     """The record OLD holds for ``ref``'s ID when the source has not changed; else
-    a conversion of the source. Either way the bytes a full conversion would write."""
+    a conversion of the source. Either way the bytes a full conversion would write.
+
+    A reused record is its bytes as :func:`reuse.take` read and checked them,
+    never a reference into OLD's shard: what is copied into the output later
+    is what was checked, whatever happens to OLD meanwhile.
+    """
     image_id, path, label, split = ref
     try:
         sha256, size, data = hash_source(path)
@@ -231,29 +233,23 @@ def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes, by_referenc
         return finish(ref, unreadable(error), seed, classes)
     taken = reuse.take(old, image_id, sha256, label, classes[label])
     if taken is not None:
-        framed, unchanged = taken
-        record = framed
-        if unchanged and by_reference and reuse.is_local(old):
-            record = SpillLocation(old.shard, old.offset)  # copied once, by the shard writer
+        framed, _ = taken
         key = keys.order_key(seed, image_id)
-        entry = ShardEntry(key, image_id, label, len(framed), record, path, sha256)
+        entry = ShardEntry(key, image_id, label, len(framed), framed, path, sha256)
         return Outcome(Converted(split, entry), size, False, reused=True)
     if data is None:  # changed: read it, and hash what is converted (it may change again)
         return finish(ref, decode_path(path, spec), seed, classes)
     return finish(ref, decode_data(data, spec, path, sha256), seed, classes)
 
 
-def convert_chunk(refs, spec, seed, classes, olds=None, by_reference=False) -> list[Outcome]:
+def convert_chunk(refs, spec, seed, classes, olds=None) -> list[Outcome]:
     """Converts a few images in one task (a few per task amortise the IPC, ~15% here).
 
     ``olds``: ``--reuse``'s record for each ref (or None), when there is one.
     """
     if olds is None:
         return [convert_ref(ref, spec, seed, classes) for ref in refs]
-    return [
-        convert_ref(ref, spec, seed, classes, old, by_reference)
-        for ref, old in zip(refs, olds, strict=True)
-    ]
+    return [convert_ref(ref, spec, seed, classes, old) for ref, old in zip(refs, olds, strict=True)]
 
 
 def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Outcome]:
@@ -262,16 +258,14 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Ou
     process's spill file, and returns references in place of the record bytes.
 
     A transient rejection (:func:`is_transient`) is returned but not spilled:
-    a resumed run converts that image again. A record reused from a local
-    ``--reuse`` dataset is not spilled either: its reference points into
-    that dataset's shard (a resumed run checks the image again).
+    a resumed run converts that image again. A record reused from
+    ``--reuse``'s dataset is spilled like a converted one: the shard writer
+    copies the bytes that were checked, not OLD's shard as it is by then.
     """
-    outcomes = convert_chunk(refs, spec, seed, classes, olds, by_reference=True)
+    outcomes = convert_chunk(refs, spec, seed, classes, olds)
     entries = {}  # index in outcomes -> spill entry
     for index, outcome in enumerate(outcomes):
         result = outcome.result
-        if isinstance(result, Converted) and isinstance(result.entry.data, SpillLocation):
-            continue  # a reused record that stays in OLD's shard
         if isinstance(result, Converted):
             e = result.entry
             entries[index] = spill.encode(

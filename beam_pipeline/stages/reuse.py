@@ -15,7 +15,8 @@ done as in any run, so the output is byte for byte a full conversion's.
 
 "Unchanged" is the source's SHA-256, read and hashed again, against the one
 OLD's record names, read from that record when it is used (:func:`take`,
-which also checks the record's ID and CRCs): ~0.1 ms for a web photo,
+which also checks the record's ID and CRCs, and that it is the record the
+scan of its shard checked): ~0.1 ms for a web photo,
 ~1.5 ms for a 1.4 MB phone photo, against 4-25 ms to convert them
 (docs/performance.md, "Growing a dataset"). It needs nothing OLD does not
 already hold (every format version, local or gs://), and it is not fooled
@@ -25,55 +26,50 @@ user who distrusts it converts without ``--reuse``.
 Images OLD rejected are converted again: ``rejects.jsonl`` names no hash, so
 whether the file changed is unknown (they are few: ``--max_reject_fraction``).
 
-OLD is read, never written: its metadata (``find_info``: ``imagerecords.json``,
-or a version-1 ``dataset_info.json``) at launch; its shards by whoever converts - the
-local engine scans them on its pool into an :class:`Index` (24 bytes a
-record), the Beam graph scans them on its workers (one element per shard)
-and joins the records to the listed images by ID (``pipeline.MatchOld``),
-so Dataflow reads OLD from gs:// with no copy on the launching machine.
+OLD is read, never written, and trusted no further than it is checked. At
+launch, its metadata (``find_info``: ``imagerecords.json``, or a version-1
+``dataset_info.json``) and that every shard it names is there
+(:func:`open_old`); an ``--output`` that is OLD, or lies inside it, under
+any spelling (a symbolic link, ``..``) is refused before anything is
+written (:func:`refusal`, ``paths.inside``). Then its shards, by whoever
+converts (``reuse_scan.py``) - the local engine scans them on its pool into an ``Index``
+(28 bytes a record), the Beam graph scans them on its workers (one element
+per shard) and joins the records to the listed images by ID
+(``pipeline.MatchOld``), so Dataflow reads OLD from gs:// with no copy on
+the launching machine. The scan hashes each shard as it reads it
+(``reuse_scan.scan_records``): a shard whose SHA-256 is not the one OLD's metadata
+gives it, or that holds a damaged record, gives no record (its images are
+converted, with a warning and the ``old_records_distrusted`` counter). A
+record taken later is read again and must be the one the scan checked (its
+size and data CRC); a shard gone, cut short or rewritten since stops the
+run (``errors.OldDatasetChanged``). The taken
+bytes are what the conversion process hands on (into its spill file, or
+through Beam's shuffle), never a reference into OLD, so what NEW holds is
+what was checked.
 
 Pure: no Beam, no Pillow.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
-import hashlib
 import logging
-import mmap
 import os
 import random
 import struct
 import time
-from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
-
-from beam_pipeline.core import records, settings
-from beam_pipeline.core.errors import UsageError
+from beam_pipeline.core import errors, records, settings
+from beam_pipeline.core.errors import OldDatasetChanged, UsageError
+from beam_pipeline.stages.reuse_scan import HEADER, Index, OldRecord, OldShard, changed
 from beam_pipeline.storage import paths
 from imagerecords import info as info_lib
 from imagerecords import storage
 
 log = logging.getLogger(__name__)
-
-# Bytes read per request while scanning a shard (one request per window on gs://).
-SCAN_WINDOW_LOCAL = 1 << 20
-SCAN_WINDOW_GCS = 8 << 20
-_HEADER = 12  # TFRecord: length (8) + masked CRC32C of it (4)
-
-
-class OldRecord(NamedTuple):
-    """Where OLD holds the record of an image ID: all a conversion process needs to
-    read it, check it against the source (:func:`take`) and copy it."""
-
-    shard: str  # OLD's shard file, local path or gs:// URL
-    offset: int  # of the framed record in the shard
-    size: int  # of the framed record
 
 
 class Candidate(NamedTuple):
@@ -91,28 +87,32 @@ class OldDataset:
     info_path: str
     image: dict  # settings.image_settings_from_info: name -> value
     created_by: str
-    shards: tuple[tuple[str, int], ...]  # (path, bytes) of every shard, split by split
+    shards: tuple[OldShard, ...]  # every shard, split by split
     records: int  # in all its shards
 
 
 def open_old(path: str) -> OldDataset:
-    """Reads OLD's metadata (either format version's file name).
+    """Reads OLD's metadata (either format version's file name) and checks that
+    every shard it names is there.
 
     Raises:
-        UsageError: OLD is not a finished imagerecords dataset, or cannot be read.
+        UsageError: OLD does not exist, is not a finished imagerecords dataset,
+            misses shards, or cannot be read.
     """
     from beam_pipeline.core import images  # Pillow: only for the spec's declarations
 
     old = paths.normalize_root(path)
     if "://" in old and not storage.is_gcs(old):
         raise UsageError(f"--reuse {path}: only local folders and gs:// can be read")
+    if paths.is_local(old) and not os.path.isdir(old):
+        what = "is a file" if os.path.exists(old) else "does not exist"
+        raise UsageError(
+            f"--reuse {path} {what}: give the folder of a finished imagerecords dataset"
+        )
     try:
         info_path, info = info_lib.find_info(old)
     except info_lib.DatasetNotFoundError:
-        raise UsageError(
-            f"--reuse {path} is not a finished imagerecords dataset: it holds no "
-            f"{' or '.join(info_lib.INFO_FILES)} (a run that did not finish cannot be reused)"
-        ) from None
+        raise UsageError(_not_a_dataset(path, old)) from None
     except ValueError as error:
         raise UsageError(f"--reuse {path}: {error}") from None
     except Exception as error:  # a storage or credentials failure
@@ -125,47 +125,119 @@ def open_old(path: str) -> OldDataset:
         raise UsageError(
             f"--reuse {path}: cannot read it ({type(error).__name__}: {error})"
         ) from None
-    shards = []
-    total = 0
-    for split in info.get("splits", {}):
-        for shard in info_lib.split_shards(old, info_path, info, split):
-            shards.append((shard.path, shard.num_bytes))
-            total += shard.num_examples
+    try:
+        shards = _shards(old, info_path, info)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise UsageError(
+            f"--reuse {path}: {info_path} is not an imagerecords dataset's metadata "
+            f"(its shard list cannot be read: {type(error).__name__}: {error}); give the "
+            "folder of a finished imagerecords dataset"
+        ) from None
+    missing = _missing(old, shards)
+    if missing:
+        raise UsageError(
+            f"--reuse {path} lacks {len(missing)} of the {len(shards)} shards its "
+            f"{os.path.basename(info_path)} lists, or holds them cut short (e.g. "
+            f"{missing[0]}): restore them, or convert without --reuse"
+        )
     return OldDataset(
         path=old,
         info_path=info_path,
         image=settings.image_settings_from_info(info, images.ImageSpec),
         created_by=str(info.get("created_by", "")),
         shards=tuple(shards),
-        records=total,
+        records=sum(shard.num_examples for shard in shards),
     )
 
 
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
+def open_again(path: str) -> OldDataset:
+    """:func:`open_old` inside the run, once the launch checked OLD: a failure now
+    means OLD changed since.
+
+    Raises:
+        OldDatasetChanged: OLD is no longer a finished dataset with all its shards.
+    """
+    try:
+        return open_old(path)
+    except UsageError as error:
+        raise OldDatasetChanged(
+            f"the --reuse dataset {paths.normalize_root(path)} changed since this run started "
+            f"({error}); {errors.NOT_FINISHED}; let whatever writes to it finish, then "
+            f"{errors.RESUME_HINT} (or convert without --reuse)"
+        ) from None
+
+
+def _not_a_dataset(path: str, old: str) -> str:
+    """Why OLD holds no metadata of ours: none at all, or a file of that name that is not it."""
+    found = storage.Files().read_all(storage.join(old, info_lib.INFO_FILES[0]))
+    if found is not None:
+        return (
+            f"--reuse {path} is not an imagerecords dataset: its {info_lib.INFO_FILES[0]} "
+            "holds no format_version (it is not this project's metadata); give the folder "
+            "of a finished imagerecords dataset"
+        )
+    return (
+        f"--reuse {path} is not a finished imagerecords dataset: it holds no "
+        f"{' or '.join(info_lib.INFO_FILES)} (a run that did not finish cannot be reused)"
+    )
+
+
+def _shards(old: str, info_path: str, info: dict) -> list[OldShard]:
+    """Every shard OLD's metadata names, with the size and SHA-256 it gives it."""
+    shards = []
+    for split in info.get("splits", {}):
+        rows = info["splits"][split]["shards"]
+        for shard, row in zip(
+            info_lib.split_shards(old, info_path, info, split), rows, strict=True
+        ):
+            sha256 = row["sha256"]
+            if not isinstance(sha256, str) or len(sha256) != 64:
+                raise ValueError(f"shard {row['file']} has no SHA-256")
+            shards.append(OldShard(shard.path, shard.num_bytes, shard.num_examples, sha256))
+    return shards
+
+
+def _missing(old: str, shards: Sequence[OldShard]) -> list[str]:
+    """The names of the shards that are not there (locally: or are shorter than listed)."""
+    if storage.is_gcs(old):
+        from beam_pipeline.storage import gcs
+
+        present = set(gcs.list_level(old)[1])
+        return [os.path.basename(s.path) for s in shards if s.path not in present]
+    missing = []
+    for shard in shards:
+        try:
+            short = os.stat(shard.path).st_size < shard.num_bytes
+        except OSError:
+            short = True
+        if short:
+            missing.append(os.path.basename(shard.path))
+    return missing
 
 
 def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
     """Why a run writing ``output`` with ``image_settings`` cannot reuse ``old``; "" if it can.
 
+    ``output`` and OLD are compared as the places they name (``paths.inside``:
+    symbolic links and ``..`` resolved), so no spelling of OLD is written to.
     ``image_settings``: the run's ``settings.image_settings(spec)``.
     """
-    out = paths.normalize_root(output)
-    if _inside(out, old.path) or _inside(old.path, out):
-        what = "is" if out == old.path else "lies inside" if _inside(out, old.path) else "holds"
+    if paths.inside(output, old.path) or paths.inside(old.path, output):
+        same = paths.resolve(output) == paths.resolve(old.path)
+        what = "is" if same else "lies inside" if paths.inside(output, old.path) else "holds"
         return (
             f"--output {output} {what} the --reuse dataset {old.path}: write the new "
             "dataset to another folder (the old one is only read)"
         )
-    changed = []
+    differ = []
     for name, value in image_settings.items():
         if name not in old.image:
-            changed.append(f"{name} not recorded -> {settings.show(value)}")
+            differ.append(f"{name} not recorded -> {settings.show(value)}")
         elif old.image[name] != value:
-            changed.append(f"{name} {settings.show(old.image[name])} -> {settings.show(value)}")
-    if changed:
+            differ.append(f"{name} {settings.show(old.image[name])} -> {settings.show(value)}")
+    if differ:
         return (
-            f"--reuse {old.path} was made with other image settings ({', '.join(changed)}): "
+            f"--reuse {old.path} was made with other image settings ({', '.join(differ)}): "
             "its records are not what this run would write; give the same settings, "
             "or convert without --reuse"
         )
@@ -191,206 +263,36 @@ def check(old: OldDataset, output: str, image_settings: dict) -> None:
         raise UsageError(problem)
 
 
-# ----------------------------------------------------------------- scanning OLD
-
-
-class _Windows:
-    """Reads a file front to back through large ranged reads (local or gs://)."""
-
-    def __init__(self, files: storage.Files, path: str, size: int):
-        self._files, self._path, self._size = files, path, size
-        self._window = SCAN_WINDOW_GCS if storage.is_gcs(path) else SCAN_WINDOW_LOCAL
-        self._buffer, self._start, self.position = b"", 0, 0
-
-    def read(self, n: int) -> bytes:
-        """The next ``n`` bytes (fewer at the end of the file)."""
-        end = self.position + n
-        if end > self._start + len(self._buffer):
-            stop = min(self._size, max(end, self.position + self._window))
-            have = self._buffer[self.position - self._start :]
-            more = self._files.read(self._path, self._start + len(self._buffer), stop)
-            self._buffer, self._start = have + more, self.position
-        data = self._buffer[self.position - self._start : end - self._start]
-        self.position += len(data)
-        return data
-
-
-def _masked_crc(data: bytes) -> int:
-    return records._masked_crc(data)
-
-
-def iter_shard(
-    path: str, size: int, files: storage.Files | None = None
-) -> Iterator[tuple[str, OldRecord]]:
-    """``(image ID, OldRecord)`` of every record of one OLD shard, in order.
-
-    Reads the shard once, front to back, checking both CRCs of every record
-    and parsing its Example for the ID (~15 us; the image is not decoded). A
-    damaged record ends the scan of its shard with a warning: the images
-    after it are converted, which gives the same output, only slower.
-    """
-    stream = _Windows(files or storage.Files(), path, size)
-    while stream.position < size:
-        offset = stream.position
-        header = stream.read(_HEADER)
-        problem = ""
-        if (
-            len(header) < _HEADER
-            or _masked_crc(header[:8]) != struct.unpack_from("<I", header, 8)[0]
-        ):
-            problem = "a damaged record header"
-        else:
-            (length,) = struct.unpack_from("<Q", header)
-            payload = stream.read(length)
-            footer = stream.read(4)
-            if len(payload) != length or len(footer) != 4:
-                problem = "a record cut short"
-            elif _masked_crc(payload) != struct.unpack("<I", footer)[0]:
-                problem = "a record whose data CRC does not match"
-        if problem:
-            log.warning(
-                "--reuse: %s holds %s at byte %d; its later records are converted instead",
-                path,
-                problem,
-                offset,
-            )
-            return
-        names = records.Example.FromString(payload).features.feature["image/filename"]
-        try:
-            image_id = names.bytes_list.value[0].decode("utf-8")
-        except (IndexError, UnicodeDecodeError):
-            continue  # not a record of this format: never reused
-        yield image_id, OldRecord(path, offset, stream.position - offset)
-
-
-def id_hash(image_id: str) -> int:
-    """A stable signed 64-bit hash of an image ID (the same in every process)."""
-    digest = hashlib.blake2b(image_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-class ShardScan(NamedTuple):
-    """One shard's records in flat form: what a pool process sends back (24 bytes a record)."""
-
-    shard: str
-    hashes: array  # "q": id_hash of each record's ID
-    offsets: array  # "q"
-    sizes: array  # "q"
-
-
-def scan_shard(path: str, size: int) -> ShardScan:
-    """:func:`iter_shard` of one shard, flattened (runs on a local pool process)."""
-    hashes, offsets, sizes = array("q"), array("q"), array("q")
-    for image_id, old in iter_shard(path, size):
-        hashes.append(id_hash(image_id))
-        offsets.append(old.offset)
-        sizes.append(old.size)
-    return ShardScan(path, hashes, offsets, sizes)
-
-
-class _Column:
-    """A growing array in its own anonymous memory map (given back whole on close)."""
-
-    def __init__(self, kind):
-        self.kind = np.dtype(kind)
-        self.used = 0
-        # Private: a shared anonymous map cannot grow (its pages past the first
-        # size would raise SIGBUS).
-        self.map = mmap.mmap(-1, 1 << 16, flags=mmap.MAP_PRIVATE)
-
-    def append(self, data: bytes) -> None:
-        if self.used + len(data) > len(self.map):
-            self.map.resize(max(2 * len(self.map), self.used + len(data)))
-        self.map[self.used : self.used + len(data)] = data
-        self.used += len(data)
-
-    def view(self) -> np.ndarray:
-        return np.frombuffer(self.map, self.kind, self.used // self.kind.itemsize)
-
-
-class Index:
-    """image ID -> :class:`OldRecord` over every record of OLD: 24 bytes a record.
-
-    Per record only the hash of its ID (:func:`id_hash`), its shard and its
-    place there, sorted by hash: 24 MB for a million records. Neither the ID
-    nor the source's hash is kept: the conversion process reads the record
-    and checks both (:func:`take`), so a hash shared by two IDs costs a
-    conversion, never a wrong record. Each array lives in an anonymous
-    memory map and each shard's scan is copied in as it arrives, so building
-    leaves no freed heap behind and :meth:`close` gives it all back (freed
-    heap would stay with the process, which is at its largest later, when
-    the last conversions finish).
-    """
-
-    _KINDS = {"hashes": np.int64, "offsets": np.int64, "sizes": np.int64, "shard_of": np.int32}
-
-    def __init__(self, scans: Iterable[ShardScan]):
-        self._shards: list[str] = []
-        self._columns = {name: _Column(kind) for name, kind in self._KINDS.items()}
-        c = self._columns
-        for number, scan in enumerate(scans):  # one at a time: only one scan is held
-            self._shards.append(scan.shard)
-            c["hashes"].append(scan.hashes.tobytes())
-            c["offsets"].append(scan.offsets.tobytes())
-            c["sizes"].append(scan.sizes.tobytes())
-            c["shard_of"].append(np.full(len(scan.hashes), number, np.int32).tobytes())
-            del scan
-        self._v = {name: column.view() for name, column in c.items()}
-        order = np.argsort(self._v["hashes"], kind="stable")
-        for column in self._v.values():
-            column[:] = column[order]
-
-    def __len__(self) -> int:
-        return len(self._v["hashes"]) if self._v else 0
-
-    def get(self, image_id: str) -> OldRecord | None:
-        """The record of ``image_id``'s hash, if OLD holds one (:func:`take` checks it)."""
-        if not self._v:
-            return None
-        wanted = id_hash(image_id)
-        hashes = self._v["hashes"]
-        at = int(np.searchsorted(hashes, wanted))
-        if at == len(hashes) or hashes[at] != wanted:
-            return None
-        v = self._v
-        return OldRecord(
-            self._shards[v["shard_of"][at]], int(v["offsets"][at]), int(v["sizes"][at])
-        )
-
-    def close(self) -> None:
-        """Gives the memory back (every image has been looked up); empty after."""
-        self._v = {}  # the views first: a map with views into it cannot close
-        for column in self._columns.values():
-            column.map.close()
-
-
-def build_index(old: OldDataset, run=None) -> Index:
-    """Scans every shard of ``old`` (``run(fn, *args)`` -> a future: a pool process
-    per shard; default: in this process, one shard after another)."""
-    if run is None:
-        return Index(scan_shard(p, n) for p, n in old.shards)
-    futures = collections.deque(run(scan_shard, p, n) for p, n in old.shards)
-
-    def in_turn():  # nothing here keeps a result once the index has copied it
-        while futures:
-            yield futures.popleft().result()
-
-    return Index(in_turn())
-
-
 # ---------------------------------------------------------- taking a record over
 
 _files = storage.Files()  # per process (fork-safe: a child opens its own)
 
 
-def read_record(old: OldRecord) -> bytes | None:
-    """OLD's framed record, or None when it cannot be read or is not intact."""
+def read_record(old: OldRecord) -> bytes:
+    """OLD's framed record, read again: the bytes the scan checked, or the run stops.
+
+    The one read of a record of OLD (a ranged read on gs://).
+
+    Raises:
+        OldDatasetChanged: the shard is gone, shorter, or holds other bytes there
+            than the scan read (OLD was rewritten during the run).
+        errors.StorageUnreachable: GCS out of reach for --gcs_timeout_s.
+    """
     try:
         framed = _files.read(old.shard, old.offset, old.offset + old.size)
-    except Exception as error:  # OLD went away, a network error: convert instead
-        log.warning("--reuse: cannot read %s (%s); converting instead", old.shard, error)
-        return None
-    return framed if records.is_intact(framed) else None
+    except Exception as error:
+        if storage.is_gcs(old.shard):
+            from beam_pipeline.storage import gcs
+
+            gcs.raise_if_unreachable(error, old.shard)
+        raise changed(old.shard, f"cannot be read ({type(error).__name__}: {error})") from None
+    if len(framed) != old.size:
+        raise changed(old.shard, f"ends before byte {old.offset + old.size}")
+    if struct.unpack_from("<I", framed, old.size - 4)[0] != old.crc or not records.is_intact(
+        framed
+    ):
+        raise changed(old.shard, f"holds another record at byte {old.offset} than it did")
+    return framed
 
 
 def take(
@@ -401,13 +303,15 @@ def take(
     Returns ``(framed record, unchanged)``: the record as it is when its ID,
     source hash, label and class name are the image's (``unchanged``), or
     rebuilt with the new label and class name (:func:`relabel`); the bytes a
-    conversion would write either way. None when OLD's record is of another
-    image or another source, or cannot be read: the image is converted.
+    conversion would write either way, read and checked here (:func:`read_record`).
+    None when OLD's record is of another image or another source: the image
+    is converted.
+
+    Raises:
+        OldDatasetChanged: the record is not the one the scan checked.
     """
     framed = read_record(old)
-    if framed is None:
-        return None
-    example = records.Example.FromString(framed[_HEADER:-4])
+    example = records.Example.FromString(framed[HEADER:-4])
     features = example.features.feature
     if _value(features, "image/filename") != image_id.encode("utf-8") or _value(
         features, "image/key/sha256"
@@ -444,12 +348,8 @@ def _rebuilt(features, label: int, class_name: str) -> bytes:
 def relabel(framed: bytes, label: int, class_name: str) -> bytes:
     """The same record with another label and class name: the bytes a conversion
     with them would write (``records.image_record`` builds both)."""
-    features = records.Example.FromString(framed[_HEADER:-4]).features.feature
+    features = records.Example.FromString(framed[HEADER:-4]).features.feature
     return _rebuilt(features, label, class_name)
-
-
-def is_local(old: OldRecord) -> bool:
-    return not storage.is_gcs(old.shard)
 
 
 # ---------------------------------------------------------------------- dry run

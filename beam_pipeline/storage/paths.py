@@ -50,6 +50,26 @@ def normalize_root(path: str) -> str:
     return path.rstrip("/")
 
 
+def resolve(path: str) -> str:
+    """The location ``path`` names, for telling whether two paths are the same place.
+
+    A local path made absolute with ``~`` expanded and every symbolic link and
+    ``..`` resolved (as far as the path exists: an output not made yet
+    resolves through the folders above it); a URL as :func:`normalize_root`
+    gives it. Two spellings of one folder (``latest -> v3``, ``a/../v3``)
+    resolve to the same string.
+    """
+    if is_local(path):
+        return os.path.realpath(os.path.expanduser(path))
+    return normalize_root(path)
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it, both resolved (:func:`resolve`)."""
+    path, folder = resolve(path), resolve(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def relative_id(root: str, path: str) -> str:
     """The image ID: ``path`` relative to ``root`` with POSIX separators."""
     rel = path[len(root) :].lstrip("/\\")
