@@ -27,9 +27,11 @@ EXAMPLE = r"--group_by '^([^/]+/patient\d+)_'"
 # A split is lumpy when its share of the images is off what --splits asked by
 # more than this fraction of the ask (0.1 asked: below 0.075 or above 0.125) ...
 LUMPY_FRACTION = 0.25
-# ... or when its class mix is this far from the other splits' together: the
-# total variation distance, half the sum over classes of the difference of
-# their shares (0.1: a tenth of its images would have to change class).
+# ... or when its class mix is this far from the whole dataset's: the total
+# variation distance, half the sum over classes of the difference of their
+# shares (0.1: a tenth of its images would have to change class). The whole
+# dataset, not the other splits: a small split off the mix is flagged, not
+# the large one beside it.
 LUMPY_CLASS_MIX = 0.1
 # Groups put in two splits that imagerecords.json names (all are counted).
 STRADDLING_SHOWN = 20
@@ -125,13 +127,9 @@ def class_distance(mine: Mapping[int, int], others: Mapping[int, int]) -> float:
     return sum(abs(mine.get(c, 0) / a - others.get(c, 0) / b) for c in labels) / 2
 
 
-def _split_row(census: Census, split: str, asked: float | None, total: int) -> dict:
+def _split_row(census: Census, split: str, asked: float | None, everyone: dict) -> dict:
     images = sum(census.classes.get(split, {}).values())
-    others: dict[int, int] = {}
-    for name, by_class in census.classes.items():
-        if name != split:
-            for label, n in by_class.items():
-                others[label] = others.get(label, 0) + n
+    total = sum(everyone.values())
     row = {
         "groups": census.single.get(split, 0) + sum(split in s for s in census.named.values()),
         "images": images,
@@ -139,7 +137,7 @@ def _split_row(census: Census, split: str, asked: float | None, total: int) -> d
     }
     if asked is not None:
         row["asked"] = asked
-    row["class_mix_distance"] = round(class_distance(census.classes.get(split, {}), others), 4)
+    row["class_mix_distance"] = round(class_distance(census.classes.get(split, {}), everyone), 4)
     return row
 
 
@@ -151,12 +149,13 @@ def lumpy_reason(name: str, row: Mapping) -> str:
         why.append(f"its fraction is {row['fraction']:g} against {asked:g} asked")
     if row["class_mix_distance"] > LUMPY_CLASS_MIX:
         why.append(
-            f"its class mix is {row['class_mix_distance']:g} from the other splits' "
+            f"its class mix is {row['class_mix_distance']:g} from the whole dataset's "
             f"(total variation distance; over {LUMPY_CLASS_MIX:g})"
         )
     if not why:
         return ""
-    return f"{name} has {row['groups']} groups: " + " and ".join(why)
+    groups = f"{row['groups']} group" + ("" if row["groups"] == 1 else "s")
+    return f"{name} has {groups}: " + " and ".join(why)
 
 
 def info_block(
@@ -170,9 +169,13 @@ def info_block(
     """
     if group_by is None and not census.named:
         return None
-    total = sum(n for by_class in census.classes.values() for n in by_class.values())
+    everyone: dict[int, int] = {}
+    for by_class in census.classes.values():
+        for label, n in by_class.items():
+            everyone[label] = everyone.get(label, 0) + n
     by_split = {
-        name: _split_row(census, name, asked.get(name) if asked else None, total) for name in splits
+        name: _split_row(census, name, asked.get(name) if asked else None, everyone)
+        for name in splits
     }
     order = {name: i for i, name in enumerate(splits)}
     straddling = sorted(g for g, s in census.named.items() if len(s) > 1)
@@ -207,10 +210,12 @@ def report_lines(block: Mapping | None) -> list[str]:
             for g, splits in list(straddling["shown"].items())[:5]
         )
         more = f"; and {straddling['count'] - 5} more" if straddling["count"] > 5 else ""
+        count = straddling["count"]
         lines.append(
-            f"warning: {straddling['count']} groups are in two or more splits (the layout's "
-            f"or the manifest's own splits win over the group's): {shown}{more}"
+            f"warning: {count} {'group is' if count == 1 else 'groups are'} in two or more "
+            f"splits (the layout's or the manifest's own splits win over the group's): "
+            f"{shown}{more}"
         )
     for why in block["lumpy"].values():
-        lines.append(f"warning: {why} (few large groups make fractions lumpy)")
+        lines.append(f"warning: {why} (few large groups make splits lumpy)")
     return lines
