@@ -217,5 +217,5 @@ def report_lines(block: Mapping | None) -> list[str]:
             f"{shown}{more}"
         )
     for why in block["lumpy"].values():
-        lines.append(f"warning: {why} (few large groups make splits lumpy)")
+        lines.append(f"warning: {why}; few large groups make splits lumpy")
     return lines
