@@ -148,6 +148,17 @@ def test_the_census_adds_up_in_any_order():
     assert one["straddling"] == {"count": 1, "shown": {"p1": {"train": 3, "test": 3}}}
 
 
+def test_a_group_seen_in_two_sources_is_counted_once_and_parted_only_by_two_splits():
+    cat, dog = _census([("train", "p1", 0), ("train", "p2", 0)]), _census([("train", "p1", 1)])
+    dog.add("val", "p2", 1)
+    total = groups.merged([cat, dog])
+    assert total.named == {"p1": ("train", 2), "p2": {"train": 1, "val": 1}}
+    assert groups.splits_of(total.named["p1"]) == {"train": 2}
+    block = groups.info_block(total, None, ["train", "val"], None)
+    assert block["groups"] == 2 and block["by_split"]["train"]["groups"] == 2
+    assert block["straddling"] == {"count": 1, "shown": {"p2": {"train": 1, "val": 1}}}
+
+
 def test_no_groups_and_no_pattern_write_no_block():
     census = _census([("train", None, 0), ("test", None, 0)])
     assert groups.info_block(census, None, ["train", "test"], {"train": 0.5, "test": 0.5}) is None

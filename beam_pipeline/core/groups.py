@@ -82,9 +82,14 @@ def split_of(seed: int, image_id: str, group: str | None, fractions: Mapping[str
 @dataclasses.dataclass
 class Census:
     """Who is in which split: images per split of each named group, and of the images
-    that are their own group, and images per class; adds up in any order."""
+    that are their own group, and images per class; adds up in any order.
 
-    named: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    ``named`` holds a group that is in one split as ``(split, images)`` and only one
+    in several as ``{split: images}`` (:func:`splits_of` reads either): about half
+    the memory of a dict for each, which counts when most groups are one image.
+    """
+
+    named: dict[str, tuple[str, int] | dict[str, int]] = dataclasses.field(default_factory=dict)
     single: dict[str, int] = dataclasses.field(default_factory=dict)
     classes: dict[str, dict[int, int]] = dataclasses.field(default_factory=dict)
 
@@ -92,16 +97,26 @@ class Census:
         if group is None:
             self.single[split] = self.single.get(split, 0) + 1
         else:
-            splits = self.named.setdefault(group, {})
-            splits[split] = splits.get(split, 0) + 1
+            self._add_group(group, split, 1)
         by_class = self.classes.setdefault(split, {})
         by_class[label] = by_class.get(label, 0) + 1
 
+    def _add_group(self, group: str, split: str, n: int) -> None:
+        seen = self.named.get(group)
+        if seen is None:
+            self.named[group] = (split, n)
+        elif isinstance(seen, tuple):
+            if seen[0] == split:
+                self.named[group] = (split, seen[1] + n)
+            else:
+                self.named[group] = {seen[0]: seen[1], split: n}
+        else:
+            seen[split] = seen.get(split, 0) + n
+
     def merge(self, other: Census) -> Census:
-        for group, splits in other.named.items():
-            mine = self.named.setdefault(group, {})
-            for split, n in splits.items():
-                mine[split] = mine.get(split, 0) + n
+        for group, seen in other.named.items():
+            for split, n in splits_of(seen).items():
+                self._add_group(group, split, n)
         for split, n in other.single.items():
             self.single[split] = self.single.get(split, 0) + n
         for split, by_class in other.classes.items():
@@ -111,11 +126,20 @@ class Census:
         return self
 
 
+def splits_of(seen: tuple[str, int] | Mapping[str, int]) -> dict[str, int]:
+    """A :class:`Census` ``named`` value as ``{split: images}``."""
+    return {seen[0]: seen[1]} if isinstance(seen, tuple) else dict(seen)
+
+
 def merged(censuses) -> Census:
     total = Census()
     for census in censuses:
         total.merge(census)
     return total
+
+
+def _holds(seen, split: str) -> bool:
+    return seen[0] == split if isinstance(seen, tuple) else split in seen
 
 
 def class_distance(mine: Mapping[int, int], others: Mapping[int, int]) -> float:
@@ -131,7 +155,8 @@ def _split_row(census: Census, split: str, asked: float | None, everyone: dict) 
     images = sum(census.classes.get(split, {}).values())
     total = sum(everyone.values())
     row = {
-        "groups": census.single.get(split, 0) + sum(split in s for s in census.named.values()),
+        "groups": census.single.get(split, 0)
+        + sum(_holds(s, split) for s in census.named.values()),
         "images": images,
         "fraction": round(images / total, 4) if total else 0.0,
     }
@@ -178,7 +203,7 @@ def info_block(
         for name in splits
     }
     order = {name: i for i, name in enumerate(splits)}
-    straddling = sorted(g for g, s in census.named.items() if len(s) > 1)
+    straddling = sorted(g for g, s in census.named.items() if not isinstance(s, tuple))
     return {
         "group_by": group_by,
         "groups": len(census.named) + sum(census.single.values()),
