@@ -278,6 +278,22 @@ def test_without_groups_the_output_is_what_it_was(folder, tmp_path):
     assert none == plain  # the shards, the lists, TFDS's files
 
 
+def test_reuse_into_a_grouped_run_writes_what_a_grouped_conversion_writes(folder, tmp_path):
+    """A record does not hold its split: an old dataset made without groups is reused
+    by a run with them, and the output is that run's full conversion."""
+    root, ids = folder
+    assert convert(root, tmp_path / "plain") == 0
+    assert convert(root, tmp_path / "full", "--group_by", GROUP_BY) == 0
+    reuse = ["--group_by", GROUP_BY, "--reuse", str(tmp_path / "plain")]
+    assert convert(root, tmp_path / "reused", *reuse) == 0
+    full = contract.all_files(str(tmp_path / "full"))
+    reused = contract.all_files(str(tmp_path / "reused"))
+    info = json.loads(reused.pop(metadata.INFO_FILE))
+    assert info.pop("reuse")["images_reused"] == len(ids)
+    assert info == json.loads(full.pop(metadata.INFO_FILE))
+    assert reused == full
+
+
 @pytest.mark.parametrize("pattern", [r"p\d+_", "(p"])
 def test_a_bad_pattern_is_refused_before_work(folder, tmp_path, capsys, pattern):
     root, _ = folder
