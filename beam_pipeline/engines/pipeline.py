@@ -110,7 +110,14 @@ class ListImages(beam.PTransform):
         listed = sources | "ListFolder" >> beam.ParDo(_ListFn(self._config)).with_outputs(
             LISTED, SKIPPED, GROUPS, main="refs"
         )
-        census = listed[GROUPS] | "GroupCensus" >> beam.CombineGlobally(_CensusFn())
+        # One key, not CombineGlobally: every source sends a census, so one always
+        # comes out without the steps CombineGlobally adds for an empty input.
+        census = (
+            listed[GROUPS]
+            | "CensusKey" >> beam.Map(lambda census: (GROUPS, census))
+            | "GroupCensus" >> beam.CombinePerKey(_CensusFn())
+            | "CensusOnly" >> beam.Values()
+        )
         refs = listed.refs
         if not pooled:
             # ImageRef, redistributed so that conversion is not fused to the listing worker;
