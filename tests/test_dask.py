@@ -126,6 +126,29 @@ def test_dask_cluster_writes_the_directrunner_bytes(dask_cluster, images, tmp_pa
     assert sum(name.endswith(".tfrecord") for name in dask) >= 6
 
 
+def test_a_grouped_folder_on_dask_is_what_the_local_engine_and_directrunner_write(
+    dask_cluster, tmp_path, capsys
+):
+    """--group_by on every engine: no group in two splits, the same bytes."""
+    from tests import test_groups
+
+    root = tmp_path / "images"
+    test_groups.grouped_folder(str(root))
+    common = ["--input", str(root), "--quiet", "--group_by", test_groups.GROUP_BY]
+    on_dask = ["--runner", "DaskRunner", "--dask_client_address", dask_cluster]
+    for out, extra in [("local", []), ("direct", ["--runner", "DirectRunner"]), ("dask", on_dask)]:
+        assert main([*common, "--output", str(tmp_path / out), *extra]) == 0
+    capsys.readouterr()
+    local = contract.all_files(str(tmp_path / "local"))
+    assert contract.all_files(str(tmp_path / "direct")) == local
+    assert contract.all_files(str(tmp_path / "dask")) == local
+    found = test_groups.splits_by_id(tmp_path / "dask")
+    by_group = test_groups.splits_by_group(found)
+    assert len(by_group) == test_groups.PATIENTS
+    assert all(len(splits) == 1 for splits in by_group.values())
+    assert len(set(found.values())) == 3
+
+
 def test_dask_wait_false_is_refused_before_work(dask_cluster, images, tmp_path, capsys):
     status = _convert(
         images,

@@ -110,6 +110,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
         "overwrite": "false",
         "index_files": "true",
         "reuse": "gs://b/records-v1",
+        "group_by": r"^([^/]+/patient\d+)_",
     }
     names = [p["name"] for p in metadata["parameters"]]
     assert sorted(names) == sorted(samples)
@@ -123,6 +124,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
     assert args.overwrite is False and args.wait is False and args.min_shards == 8
     assert args.index_files is True and args.image_spec.resample == "lanczos"
     assert args.reuse == "gs://b/records-v1"
+    assert args.group_by == r"^([^/]+/patient\d+)_"
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in DEPLOY.glob("*.sh")))

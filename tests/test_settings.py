@@ -113,7 +113,9 @@ def test_every_setting_that_decides_the_bytes_is_in_the_resume_key_and_dataset_i
 def test_the_declared_settings_keep_dataset_info_as_it_was_plus_resample(tmp_path):
     config = _config(tmp_path, resample="lanczos", size=64, upscale=True)
     info = settings.info_values(config)
-    assert set(info) == {"source", "classes", "seed", "config", "image"}
+    # "groups" becomes imagerecords.json's groups block only when there are groups.
+    assert set(info) == {"source", "classes", "seed", "config", "image", "groups"}
+    assert info["groups"] == {"group_by": None}
     assert info["source"] == config.layout.root and info["seed"] == 42
     assert info["classes"] == ["a", "b"]
     assert info["image"] == {

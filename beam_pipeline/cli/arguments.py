@@ -16,7 +16,7 @@ import argparse
 import os
 
 from beam_pipeline.beam_internals import beam_options, beam_private
-from beam_pipeline.core import images, keys, tfds_metadata
+from beam_pipeline.core import groups, images, keys, tfds_metadata
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, gcs
 
@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="NAME=FRACTION,... summing to 1 (default %(default)s)",
     )
     add("--seed", type=int, default=42, help="Seed of the split and shuffle hashes (default 42)")
+    add(
+        groups.FLAG,
+        metavar="REGEX",
+        help="Keep each group of images in one split: the first capture group of a search "
+        "of the image ID (its path relative to --input) names its group, whose split is "
+        "drawn from that name; an ID that does not match is its own group (a manifest "
+        "may give a group column instead). E.g. '^([^/]+/patient\\d+)_'",
+    )
     add("--image_size", type=int, default=256, help="Target size in pixels (default 256)")
     add(
         "--resize",
@@ -235,6 +243,7 @@ def parse_args(argv: list[str]):
         raise UsageError("--input is required (or --manifest FILE)")
     try:
         args.split_fractions = keys.parse_splits(args.splits)
+        groups.check_group_by(args.group_by)
         args.image_spec = images.ImageSpec.from_flags(vars(args))
     except ValueError as error:
         raise UsageError(str(error)) from None

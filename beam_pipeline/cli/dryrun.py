@@ -22,10 +22,10 @@ import random
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from beam_pipeline.cli import arguments
-from beam_pipeline.core import images, keys, settings
+from beam_pipeline.core import groups, images, keys, settings
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.stages import convert, reuse, reuse_scan
 from beam_pipeline.storage import discovery, listing, paths
@@ -208,13 +208,10 @@ class Census:
     skipped: dict[str, list[str]]  # why -> the relative paths skipped for it
     extensions: collections.Counter
     input_bytes: int | None  # total size of the listed files, when the listing says
+    groups: groups.Census  # who is in which split, as the job's listing counts it
 
 
-def _split_of(seed: int, fractions: Mapping[str, float], image_id: str, fixed: str | None) -> str:
-    return fixed or keys.assign_split(seed, image_id, fractions)
-
-
-def _census_folders(layout: discovery.Layout, seed: int, fractions) -> Census:
+def _list_folders(layout: discovery.Layout) -> tuple[list, dict, int]:
     """Lists every class folder as the job does (``listing.sized_folder_rows``: the
     same rows, plus sizes and hidden entries), in parallel threads; gs:// through
     Beam's FileSystems."""
@@ -233,38 +230,40 @@ def _census_folders(layout: discovery.Layout, seed: int, fractions) -> Census:
                 if isinstance(row, listing.Skipped):
                     skipped[row.reason].append(paths.relative_id(root, row.path))
                     continue
-                *ref, size = row
-                total += size or 0
-                refs.append(tuple(ref))
-    return _finish_census(refs, skipped, total, seed, fractions)
+                total += row[-1] or 0  # its size
+                refs.append((*row[:-1], None))  # in no group the layout names
+    return refs, skipped, total
 
 
-def _census_manifest(layout: discovery.Layout, seed: int, fractions) -> Census:
+def _list_manifest(layout: discovery.Layout) -> tuple[list, dict, None]:
     refs, skipped = [], collections.defaultdict(list)
-    for row in layout.rows(layout.manifest):  # (image_id, path, label, split) or Skipped
+    for row in layout.rows(layout.manifest):  # (id, path, label, split, group) or Skipped
         if isinstance(row, listing.Skipped):
             skipped[row.reason].append(row.path)
         else:
             refs.append(row)
-    return _finish_census(refs, skipped, None, seed, fractions)
+    return refs, skipped, None
 
 
-def _finish_census(refs, skipped, total, seed, fractions) -> Census:
-    # Sorted, so that the sample drawn with the seed does not depend on the listing order.
-    refs = sorted(
-        (i, p, label, _split_of(seed, fractions, i, split)) for i, p, label, split in refs
-    )
+def _finish_census(rows, skipped, total, seed, fractions, group_by) -> Census:
+    """The rows' splits and groups drawn as the job's listing draws them (list_images)."""
+    found, refs = groups.Census(), []
+    for image_id, path, label, split, column in rows:
+        group = groups.group_of(group_by, image_id, column)
+        split = split or groups.split_of(seed, image_id, group, fractions)
+        found.add(split, group, label)
+        refs.append((image_id, path, label, split))
+    refs.sort()  # so that the sample drawn with the seed does not depend on the listing order
     skipped = {why: sorted(paths) for why, paths in skipped.items()}
     counts = collections.Counter((split, label) for _, _, label, split in refs)
     extensions = collections.Counter(posixpath.splitext(i)[1].lower() or "(none)" for i, *_ in refs)
-    return Census(refs, dict(counts), dict(skipped), extensions, total)
+    return Census(refs, dict(counts), dict(skipped), extensions, total, found)
 
 
-def census(layout: discovery.Layout, seed: int, fractions: Mapping[str, float]) -> Census:
+def census(layout: discovery.Layout, seed: int, fractions, group_by=None) -> Census:
     """Lists the whole input as the job would, without converting anything."""
-    if layout.kind == "manifest":
-        return _census_manifest(layout, seed, fractions)
-    return _census_folders(layout, seed, fractions)
+    listed = _list_manifest(layout) if layout.kind == "manifest" else _list_folders(layout)
+    return _finish_census(*listed, seed, fractions, group_by)
 
 
 # ------------------------------------------------------------------ sample
@@ -443,7 +442,7 @@ def report(
     except ValueError as error:
         raise UsageError(str(error)) from None
     fractions = args.split_fractions
-    found = census(layout, args.seed, fractions)
+    found = census(layout, args.seed, fractions, args.group_by)
     listed_s = time.perf_counter() - started
     if not found.refs:
         raise UsageError(f"--input: no image files found under {layout.root}")
@@ -493,6 +492,10 @@ def report(
     ]
     if empty:
         say(f"warning: {len(empty)} classes have no images: {', '.join(empty[:10])}")
+    asked = None if layout.kind == "presplit" else fractions
+    grouped = groups.info_block(found.groups, args.group_by, split_names, asked)
+    for line in groups.report_lines(grouped):
+        say(line)
     for why, files in found.skipped.items():
         say(f"skipped ({why}): {_files(len(files))}, e.g. {', '.join(files[:3])}")
     odd = {ext: n for ext, n in found.extensions.items() if ext not in IMAGE_EXTENSIONS}
@@ -567,6 +570,7 @@ def report(
         "local_wall_s": wall,
         "dataflow": dataclasses.asdict(cost),
         "skipped": {why: len(paths) for why, paths in found.skipped.items()},
+        **({"groups": grouped} if grouped else {}),
         **({"reuse": dataclasses.asdict(ahead)} if ahead else {}),
     }
 

@@ -117,6 +117,7 @@ def config_from_args(args, layout, conversion_processes: int):
         output=paths.normalize_root(args.output),
         splits=args.split_fractions,
         seed=args.seed,
+        group_by=args.group_by,
         image=args.image_spec,
         target_shard_bytes=int(args.target_shard_mb * 2**20),
         min_shards=args.min_shards,
@@ -294,7 +295,12 @@ def _convert_ahead(args, layout, pool, spill_dir: str | None, done: dict) -> Non
     # (Under --reuse most images need no conversion: none is begun ahead.)
     if layout.kind != "manifest" and paths.is_local(layout.root) and not args.reuse:
         refs = listing.local_refs(
-            layout, CONVERT_AHEAD_LIMIT, CONVERT_AHEAD_BYTES, args.seed, args.split_fractions
+            layout,
+            CONVERT_AHEAD_LIMIT,
+            CONVERT_AHEAD_BYTES,
+            args.seed,
+            args.split_fractions,
+            args.group_by,
         )
         pool.convert_ahead(
             [ref for ref in refs if ref.image_id not in done],

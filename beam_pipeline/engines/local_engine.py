@@ -19,7 +19,7 @@ import concurrent.futures
 import threading
 from collections import Counter
 
-from beam_pipeline.core import counters
+from beam_pipeline.core import counters, groups
 from beam_pipeline.engines import local_pool, pooled, progress
 from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
 from beam_pipeline.stages.convert import Converted, RecordBatch, Rejection
@@ -44,7 +44,7 @@ def run(
             (imagerecords.json is then not written).
     """
     counted: Counter = Counter()
-    books, skipped = plan.Books(), []
+    books, skipped, census = plan.Books(), [], groups.Census()
     classes, processes = config.layout.classes, config.conversion_processes
     converter = pooled.PoolConverter(
         config.image, config.seed, classes, config.spill_directory, processes, pool
@@ -53,16 +53,16 @@ def run(
         # List and Convert, interleaved (listing runs as fast as conversion pulls it)
         old = _read_old(config, converter, shown, counted) if config.reuse else None
         with shown.phase("converting") as phase:
-            refs = _list_images(config, books, skipped, counted)
+            refs = _list_images(config, books, skipped, census, counted)
             batches, rejects = _convert(config, refs, counted, phase, converter, old)
             phase.set_total(counted[counters.LISTED])  # the exact count, now that listing is done
     finally:
         converter.close()
     # Duplicates
     shown.step("planning: duplicate groups, the books, the shard plan")
-    groups = dedupe.find_groups(batches)
-    if config.dedupe and groups:
-        batches, copies = dedupe.drop_all_copies(batches, groups)
+    duplicates = dedupe.find_groups(batches)
+    if config.dedupe and duplicates:
+        batches, copies = dedupe.drop_all_copies(batches, duplicates)
         counted[counters.DROPPED_AS_DUPLICATES] += len(copies)
         rejects += copies
     # Plan
@@ -76,18 +76,26 @@ def run(
     shards = _write_shards(config, batches, plans, counted, shown)
     # Finalize
     shown.step("publishing: the lists, the books, the shards renamed, imagerecords.json last")
-    Finalizer(config).run(shards, rejects, plans.items(), skipped, groups, counted[counters.REUSED])
+    Finalizer(config).run(
+        shards, rejects, plans.items(), skipped, duplicates, counted[counters.REUSED], census
+    )
     return {name: value for name, value in counted.items() if value}
 
 
-def _list_images(config: JobConfig, books: plan.Books, skipped: list, counted: Counter):
-    """Every source's ImageRefs, in order; the listed keys go to ``books``."""
-    for source in config.layout.sources:
-        for row in list_images.list_source(config.layout, source, config.seed, config.splits):
+def _list_images(
+    config: JobConfig, books: plan.Books, skipped: list, census: groups.Census, counted: Counter
+):
+    """Every source's ImageRefs, in order; the listed keys go to ``books``, each
+    source's groups to ``census``."""
+    layout, seed, splits = config.layout, config.seed, config.splits
+    for source in layout.sources:
+        for row in list_images.list_source(layout, source, seed, splits, config.group_by):
             if isinstance(row, listing.ImageRef):
                 yield row
             elif isinstance(row, listing.Skipped):
                 skipped.append(row)
+            elif isinstance(row, groups.Census):
+                census.merge(row)
             else:
                 counted[counters.LISTED] += len(row.tally.listed)
                 books.add(*row)

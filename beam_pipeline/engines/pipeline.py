@@ -1,7 +1,7 @@
 """The Beam graph: one composite PTransform per stage (docs/format.md sections 2-7).
 
 ListImages      PBegin -> ImageRef ("refs") + (split, KeyTally) of listed keys ("listed")
-                + Skipped ("skipped")
+                + Skipped ("skipped") + the census of groups per split ("groups")
 ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected"); with --reuse
                 OLD, each ImageRef first meets OLD's record of its ID (MatchOld), and
                 a count of the records taken over goes to "reused"
@@ -28,7 +28,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
-from beam_pipeline.core import counters
+from beam_pipeline.core import counters, groups
 from beam_pipeline.engines import local_pool, pooled
 from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
 from beam_pipeline.stages.convert import (
@@ -46,6 +46,7 @@ from beam_pipeline.stages.staging import write_staged_shard
 from beam_pipeline.storage import listing
 
 REJECTED = "rejected"
+GROUPS = "groups"
 REUSED = "reused"
 LISTED = "listed"
 SKIPPED = "skipped"
@@ -64,26 +65,30 @@ def _counter(name: str):
 
 class _ListFn(beam.DoFn):
     """ClassFolder or manifest path -> ImageRef; (split, KeyTally) of listed keys on
-    ``listed``; Skipped (a file that is clearly not an image) on ``skipped``
-    (list_images.list_source)."""
+    ``listed``; Skipped (a file that is clearly not an image) on ``skipped``; the
+    source's groups.Census on ``groups`` (list_images.list_source)."""
 
     def __init__(self, config: JobConfig):
-        self._layout, self._seed, self._splits = config.layout, config.seed, config.splits
+        self._args = (config.layout, config.seed, config.splits, config.group_by)
         self._listed = _counter(counters.LISTED)
 
     def process(self, source):
-        for row in list_images.list_source(self._layout, source, self._seed, self._splits):
+        layout, seed, splits, group_by = self._args
+        for row in list_images.list_source(layout, source, seed, splits, group_by):
             if isinstance(row, listing.ImageRef):
                 yield row
             elif isinstance(row, listing.Skipped):
                 yield TaggedOutput(SKIPPED, row)
+            elif isinstance(row, groups.Census):
+                yield TaggedOutput(GROUPS, row)
             else:
                 self._listed.inc(len(row.tally.listed))
                 yield TaggedOutput(LISTED, tuple(row))
 
 
 class ListImages(beam.PTransform):
-    """PBegin -> {"refs": ImageRef with its split, "listed": (split, KeyTally), "skipped"}."""
+    """PBegin -> {"refs": ImageRef with its split, "listed": (split, KeyTally), "skipped",
+    "groups": the census of all sources, one element}."""
 
     def __init__(self, config: JobConfig):
         super().__init__()
@@ -103,14 +108,38 @@ class ListImages(beam.PTransform):
                 # ClassFolder, one per worker: folders are listed in parallel
                 sources = sources | "SpreadFolders" >> beam.Reshuffle()
         listed = sources | "ListFolder" >> beam.ParDo(_ListFn(self._config)).with_outputs(
-            LISTED, SKIPPED, main="refs"
+            LISTED, SKIPPED, GROUPS, main="refs"
+        )
+        # One key, not CombineGlobally: every source sends a census, so one always
+        # comes out without the steps CombineGlobally adds for an empty input.
+        census = (
+            listed[GROUPS]
+            | "CensusKey" >> beam.Map(lambda census: (GROUPS, census))
+            | "GroupCensus" >> beam.CombinePerKey(_CensusFn())
+            | "CensusOnly" >> beam.Values()
         )
         refs = listed.refs
         if not pooled:
             # ImageRef, redistributed so that conversion is not fused to the listing worker;
             # (one local runner process: the conversion pool fans out instead)
             refs = refs | "SpreadImages" >> beam.Reshuffle()
-        return {"refs": refs, LISTED: listed[LISTED], SKIPPED: listed[SKIPPED]}
+        return {"refs": refs, LISTED: listed[LISTED], SKIPPED: listed[SKIPPED], GROUPS: census}
+
+
+class _CensusFn(beam.CombineFn):
+    """groups.Census of each source -> the census of all (merged in any order)."""
+
+    def create_accumulator(self):
+        return groups.Census()
+
+    def add_input(self, accumulator, census):
+        return accumulator.merge(census)
+
+    def merge_accumulators(self, accumulators):
+        return groups.merged(accumulators)
+
+    def extract_output(self, accumulator):
+        return accumulator
 
 
 # ------------------------------------------------------------------ conversion
@@ -468,8 +497,10 @@ class _Finalize(beam.DoFn):
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def process(self, _, shards, rejects, plans, skipped, groups, reused=0):
-        yield Finalizer(self._config).run(shards, rejects, plans, skipped, groups, reused)
+    def process(self, _, shards, rejects, plans, skipped, duplicates, census, reused=0):
+        yield Finalizer(self._config).run(
+            shards, rejects, plans, skipped, duplicates, reused, census
+        )
 
 
 # ----------------------------------------------------------------------- graph
@@ -507,7 +538,8 @@ def build(pipeline: beam.Pipeline, config: JobConfig, pool: local_pool.Pool | No
             rejects=AsList(rejects),
             plans=AsList(plans),
             skipped=AsList(listed[SKIPPED]),
-            groups=AsList(found["groups"]),
+            duplicates=AsList(found["groups"]),
+            census=AsSingleton(listed[GROUPS]),
             **reused,
         )
     )

@@ -10,6 +10,7 @@ import json
 from collections import Counter
 
 from beam_pipeline.core import books, duplicates, errors, keys, metadata, settings, tfds_metadata
+from beam_pipeline.core import groups as split_groups  # "groups" here: of identical sources
 from beam_pipeline.core.errors import BooksDoNotBalance
 from beam_pipeline.stages.job_config import JobConfig, output_path
 from beam_pipeline.stages.shards import ShardInfo, check_shards, place_shards
@@ -26,10 +27,12 @@ class Finalizer:
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def run(self, shards, rejects, plans, skipped, groups, reused: int = 0) -> str:
+    def run(self, shards, rejects, plans, skipped, groups, reused: int = 0, census=None) -> str:
         """Everything the job produced -> a JSON line of records per split.
 
-        ``reused``: records taken from --reuse's dataset (its ``reuse`` block).
+        ``groups``: the groups of identical sources; ``reused``: records taken from
+        --reuse's dataset (its ``reuse`` block); ``census``: the listing's
+        ``groups.Census`` (the ``groups`` block).
 
         Raises:
             BooksDoNotBalance: see :meth:`_check_books`.
@@ -43,7 +46,7 @@ class Finalizer:
         self._write_lists(rejects, skipped, groups)
         kept = self._check_books(plans, list(shards), rejects)
         placed = place_shards(kept, self._config.output)
-        info = self._info(placed, rejects, skipped, groups)
+        info = self._info(placed, rejects, skipped, groups, census or split_groups.Census())
         if self._config.reuse:
             # Describes the run, not the data: all else is what a full conversion writes.
             info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
@@ -103,7 +106,7 @@ class Finalizer:
             )
         return kept
 
-    def _info(self, placed, rejects, skipped, groups) -> dict:
+    def _info(self, placed, rejects, skipped, groups, census) -> dict:
         """The imagerecords.json object (docs/format.md section 7).
 
         The settings in it are those the config declares (settings.info_values).
@@ -128,6 +131,10 @@ class Finalizer:
         info["duplicates"] = duplicates.info_block(
             [members for _, members in groups], duplicates.first_split(splits)
         )
+        asked = declared["config"]["splits"]
+        block = split_groups.info_block(census, declared["groups"]["group_by"], splits, asked)
+        if block is not None:
+            info["groups"] = block
         return info
 
     def _publish(self, info: dict) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from beam_pipeline.core import images, keys, settings, spill, tfds_metadata
+from beam_pipeline.core import groups, images, keys, settings, spill, tfds_metadata
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, paths
 
@@ -50,6 +50,11 @@ class JobConfig:
         metadata=settings.decides("splits", info="config.splits", value=_splits)
     )
     seed: int = _field(default=42, metadata=settings.decides("seed", info="seed"))
+    # --group_by: a regex whose first capture group of an image ID names its group,
+    # whose split it takes (core/groups.py); recorded in the "groups" block.
+    group_by: str | None = _field(
+        default=None, metadata=settings.decides("group_by", info="groups.group_by")
+    )
     image: images.ImageSpec = _field(
         default=images.ImageSpec(), metadata=settings.nested(images.ImageSpec)
     )
@@ -138,6 +143,10 @@ class JobConfig:
             raise UsageError(f"--splits: fractions must be in [0, 1], got {self.splits}")
         if abs(sum(fractions) - 1.0) > keys.FRACTION_TOLERANCE:
             raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
+        try:
+            groups.check_group_by(self.group_by)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         if not self.target_shard_bytes > 0:
             raise UsageError("--target_shard_mb must be positive")
         if self.min_shards < 1:

@@ -1,5 +1,6 @@
 """The List stage: the rows of one source (a class folder or a manifest) -> ImageRefs
-with their split, Skipped files, and the listed order keys in batches.
+with their split, Skipped files, the listed order keys in batches, and the census of
+the source's groups (core/groups.py).
 
 Both engines run this loop: the local engine over every source in turn,
 the Beam graph's ``ListImages`` step once per source. The listed keys are
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from beam_pipeline.core import books, keys
+from beam_pipeline.core import books, groups, keys
 from beam_pipeline.storage.listing import ImageRef, Skipped
 
 BATCH = 1 << 16  # keys per ListedKeys: 512 KB
@@ -25,18 +26,24 @@ class ListedKeys(NamedTuple):
     tally: books.KeyTally
 
 
-def list_source(layout, source, seed: int, splits) -> Iterator[ImageRef | Skipped | ListedKeys]:
-    """Every image of ``source`` as an ImageRef (its split drawn by ``keys.assign_split``
-    unless the layout gives one), every file that is not an image as a Skipped, and
-    the keys of the images listed as ListedKeys: one per :data:`BATCH` per split, and
-    the rest at the end. Count the images listed from the ListedKeys."""
+def list_source(
+    layout, source, seed: int, splits, group_by: str | None = None
+) -> Iterator[ImageRef | Skipped | ListedKeys | groups.Census]:
+    """Every image of ``source`` as an ImageRef (its split the layout's, else drawn by
+    ``groups.split_of`` from its group: ``group_by``'s or the manifest's, else its own),
+    every file that is not an image as a Skipped, and the keys of the images listed
+    as ListedKeys: one per :data:`BATCH` per split, and the rest at the end. Count the
+    images listed from the ListedKeys. Last, the source's ``groups.Census``."""
     pending: dict[str, list[int]] = {}
+    census = groups.Census()
     for row in layout.rows(source):
         if isinstance(row, Skipped):
             yield row
             continue
-        image_id, path, label, split = row
-        split = split or keys.assign_split(seed, image_id, splits)
+        image_id, path, label, split, column = row
+        group = groups.group_of(group_by, image_id, column)
+        split = split or groups.split_of(seed, image_id, group, splits)
+        census.add(split, group, label)
         yield ImageRef(image_id, path, label, split)
         listed = pending.setdefault(split, [])
         listed.append(keys.order_key(seed, image_id))
@@ -46,3 +53,4 @@ def list_source(layout, source, seed: int, splits) -> Iterator[ImageRef | Skippe
     for split, listed in pending.items():
         if listed:
             yield ListedKeys(split, books.KeyTally(listed=tuple(listed)))
+    yield census

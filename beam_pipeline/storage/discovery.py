@@ -80,7 +80,10 @@ class Layout:
         return (self.manifest,) if self.kind == "manifest" else self.folders
 
     def rows(self, source) -> Iterator:
-        """``(image_id, path, label, split)`` per image of one source, or Skipped."""
+        """``(image_id, path, label, split, group)`` per image of one source, or Skipped.
+
+        ``split`` and ``group`` are what the layout says (a pre-split folder, a
+        manifest's columns), else None."""
         if self.kind == "manifest":
             label_of = {name: i for i, name in enumerate(self.classes)}
             for row in read_manifest(source, self.root):
@@ -88,9 +91,10 @@ class Layout:
                 if reason is not None:  # a FIFO would block the worker that opens it
                     yield Skipped(row.path, reason)
                     continue
-                yield row.image_id, row.path, label_of[row.label_name], row.split
+                yield row.image_id, row.path, label_of[row.label_name], row.split, row.group
         else:
-            yield from list_folder(source, self.root)
+            for row in list_folder(source, self.root):
+                yield row if isinstance(row, Skipped) else (*row, None)
 
     @property
     def split_names(self) -> tuple[str, ...]:

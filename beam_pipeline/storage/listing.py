@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
-from beam_pipeline.core import keys
+from beam_pipeline.core import groups
 from beam_pipeline.storage.paths import (
     as_text,
     filesystems,
@@ -294,7 +294,12 @@ def sized_folder_rows(
 
 
 def local_refs(
-    layout: Layout, limit: int, max_bytes: int, seed: int, splits: dict[str, float]
+    layout: Layout,
+    limit: int,
+    max_bytes: int,
+    seed: int,
+    splits: dict[str, float],
+    group_by: str | None = None,
 ) -> list[ImageRef]:
     """The ImageRefs the pipeline will list first, found without Beam, up to
     ``limit`` images or ``max_bytes`` of source data, whichever comes first.
@@ -304,15 +309,13 @@ def local_refs(
     The byte bound keeps the results waiting for the pipeline small even for
     ``--resize none`` on large photos.
     """
-    return [
-        ImageRef(
-            relative_id(layout.root, path),
-            path,
-            folder.label,
-            folder.split or keys.assign_split(seed, relative_id(layout.root, path), splits),
-        )
-        for path, folder in _local_files(layout, limit, max_bytes)
-    ]
+    refs = []
+    for path, folder in _local_files(layout, limit, max_bytes):
+        image_id = relative_id(layout.root, path)
+        group = groups.group_of(group_by, image_id)
+        split = folder.split or groups.split_of(seed, image_id, group, splits)
+        refs.append(ImageRef(image_id, path, folder.label, split))
+    return refs
 
 
 def _local_files(layout: Layout, limit: int, max_bytes: int) -> list[tuple[str, ClassFolder]]:

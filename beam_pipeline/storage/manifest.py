@@ -1,4 +1,4 @@
-"""Manifests: a ``path,label[,split]`` CSV or JSONL file instead of class folders.
+"""Manifests: a ``path,label[,split[,group]]`` CSV or JSONL file instead of class folders.
 
 Read twice with the same root: at discovery (to check every row and fix the
 class list) and by the listing step, so the IDs checked for duplicates are
@@ -33,6 +33,7 @@ class ManifestRow(NamedTuple):
     path: str
     label_name: str
     split: str | None
+    group: str | None  # names the image's group (core/groups.py), like --group_by
 
 
 def _open_text(path: str):
@@ -45,7 +46,7 @@ def _open_text(path: str):
 
 
 def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[ManifestRow]:
-    """Rows of a ``path,label[,split]`` CSV or JSONL manifest.
+    """Rows of a ``path,label[,split[,group]]`` CSV or JSONL manifest.
 
     Relative paths are relative to ``input_root`` (``--input``) when given,
     else to the manifest's folder; their IDs are the relative paths as written
@@ -62,7 +63,7 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
             rows = _jsonl_rows(stream, manifest)
         else:
             rows = _csv_rows(stream, manifest)
-        for line, path, label, split in rows:
+        for line, path, label, split, group in rows:
             if not path or not label:
                 raise UsageError(f"--manifest {manifest}:{line}: needs a path and a label")
             if not is_text(path):  # a JSON "\udcff" escape: no file has that name
@@ -77,7 +78,7 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
             else:
                 full = path
                 image_id = relative_id(root, path) if root and path.startswith(root + "/") else path
-            yield ManifestRow(image_id, full, label, split or None)
+            yield ManifestRow(image_id, full, label, split or None, group or None)
 
 
 def manifest_folder(manifest: str) -> str:
@@ -94,9 +95,12 @@ def _csv_rows(stream, name):
         cells = [cell.strip() for cell in row]
         if number == 1 and cells[0].lower() == "path":
             continue  # header
-        if len(cells) not in (2, 3):
-            raise UsageError(f"--manifest {name}:{number}: expected path,label[,split], got {row}")
-        yield number, cells[0], cells[1], cells[2] if len(cells) == 3 else None
+        if len(cells) not in (2, 3, 4):
+            raise UsageError(
+                f"--manifest {name}:{number}: expected path,label[,split[,group]], got {row}"
+            )
+        cells += [""] * (4 - len(cells))
+        yield number, cells[0], cells[1], cells[2] or None, cells[3] or None
 
 
 def _jsonl_rows(stream, name):
@@ -109,14 +113,16 @@ def _jsonl_rows(stream, name):
             raise UsageError(f"--manifest {name}:{number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict):
             raise UsageError(f"--manifest {name}:{number}: expected an object")
-        label, split = row.get("label"), row.get("split")
-        if split is not None and not isinstance(split, str):
-            raise UsageError(
-                f"--manifest {name}:{number}: split must be a string, got {json.dumps(split)}"
-            )
+        label, split, group = row.get("label"), row.get("split"), row.get("group")
+        for key, value in (("split", split), ("group", group)):
+            if value is not None and not isinstance(value, str):
+                raise UsageError(
+                    f"--manifest {name}:{number}: {key} must be a string, got {json.dumps(value)}"
+                )
         yield (
             number,
             str(row.get("path") or ""),
             "" if label is None else str(label),
             split,
+            group,
         )
