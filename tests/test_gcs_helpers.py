@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from beam_pipeline.core.errors import UsageError
-from beam_pipeline.storage import gcs
+from beam_pipeline.storage import gcs, paths
 from tests import gcs_fixtures
 from tests.gcs_fixtures import REPO_ROOT
 
@@ -42,6 +42,23 @@ def test_split_url():
     assert gcs.split_url("gs://bucket") == ("bucket", "")
     with pytest.raises(ValueError):
         gcs.split_url("/local/path")
+
+
+@pytest.mark.parametrize(
+    "relative, hidden",
+    [
+        ("cat/a.jpg", False),
+        ("cat/.DS_Store", True),
+        (".cache/cat/a.jpg", True),
+        ("cat/.thumbs/a.jpg", True),
+        ("cat/back\\.slash.jpg", False),  # a backslash is part of the name, not a separator
+        ("cat\\.x/a.jpg", False),
+        ("cat/a.b.jpg", False),
+        ("/cat/a.jpg", False),
+    ],
+)
+def test_hidden_means_a_leading_dot_in_a_slash_separated_component(relative, hidden):
+    assert paths.is_hidden(relative) is hidden
 
 
 def test_folder_placeholders_are_names_ending_in_a_slash():
