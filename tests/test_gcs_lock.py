@@ -120,13 +120,21 @@ def test_the_heartbeat_renews_the_lock_and_a_takeover_stops_the_run(
 
 def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, tmp_path):
     """A second run is refused while the first lives; once it is SIGKILLed (its lock
-    object left behind, its heartbeat fresh), the same command resumes it."""
+    object left behind, its heartbeat fresh), the same command resumes it.
+
+    Driven by events only: the first run is frozen (SIGSTOP, its whole group) as
+    soon as it says it runs, so however slowly the second run starts, the first
+    is still alive, holding its lock and no further on, when the second asks.
+    """
     images = tmp_path / "images"
     make_class_folders(str(images), per_class=400, nested=False, size_range=(200, 400))
     bucket = gcs_emulator.create_bucket()
     out = f"gs://{bucket}/out"
     env = dict(os.environ, IMAGERECORDS_SPILL_DIR=str(tmp_path / "spill"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    # A heartbeat period far longer than the test: the lock is never stale by age,
+    # so the takeover below can only come from the owner's process being gone.
+    env[lock.HEARTBEAT_ENV] = "3600"
     command = [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", out]
     command += ["--local_processes", "2"]
     first = subprocess.Popen(
@@ -139,14 +147,14 @@ def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, 
         start_new_session=True,
     )
     try:
-        for line in first.stderr:  # the lock is taken before this line
+        for line in first.stderr:  # the lock is taken and the marker written before it
             if line.startswith("imagerecords: running on"):
+                os.killpg(first.pid, signal.SIGSTOP)
                 break
-        assert first.poll() is None, "the first run ended too soon"
-        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-        assert first.poll() is None, "the first run ended before the second was refused"
+        assert first.poll() is None, "the first run ended before it said it runs"
+        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
+        os.killpg(first.pid, signal.SIGKILL)  # a stopped process dies of SIGKILL too
         first.wait()
     assert second.returncode == 2, second.stderr
     assert second.stderr.startswith(
@@ -159,4 +167,5 @@ def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, 
     assert re.search(
         rf"took over the lock of --output from another run \(pid {first.pid} ", rerun.stderr
     )
+    assert "resuming the unfinished run" in rerun.stderr
     assert not [n for n in gcs_emulator.list_names(out) if n.startswith(".imagerecords-tmp")]

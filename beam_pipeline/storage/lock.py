@@ -13,10 +13,15 @@ job's clean-ups leave it alone (``output.delete_temp_folder``); releasing it
 is the last thing a run does to --output, and takes the temporary folder
 with it when nothing else is left there.
 
-* **Local output**: the file is held with ``flock(2)``. The kernel releases
-  it when the process ends in any way (SIGKILL, a crash), so a killed run's
-  lock is taken over by the next run at once; NFS emulates flock with
-  byte-range locks, which also hold across machines.
+* **Local output**: the file is held with ``flock(2)``, and so is the
+  --output folder itself. The kernel releases both when the process ends in
+  any way (SIGKILL, a crash), so a killed run's lock is taken over by the
+  next run at once; NFS emulates flock with byte-range locks, which also
+  hold across machines. The folder's lock is what holds when the lock file
+  is deleted by hand (or its temporary folder with it) while the run lives:
+  a second run then finds the folder locked and is refused all the same. (A
+  filesystem that cannot lock a folder, as NFS cannot a descriptor opened
+  read-only, has the file's lock only.)
 * **gs:// output**: an object created only if none exists
   (``if_generation_match=0``). A thread rewrites it every
   :data:`HEARTBEAT_S` seconds, each time on the condition that it is still the
@@ -125,8 +130,9 @@ def acquire(output: str):
 class LocalLock:
     """``OUTPUT/.imagerecords-tmp/lock`` held with flock(2) for the life of this process."""
 
-    def __init__(self, output: str, path: str, fd: int, made: list[str]):
+    def __init__(self, output: str, path: str, fd: int, made: list[str], folder_fd: int | None):
         self.output, self.path, self._fd, self._made = output, path, fd, made
+        self._folder_fd = folder_fd  # --output itself, locked too (None: cannot be)
         self.lost = False  # a local lock cannot be taken over while this process lives
 
     @classmethod
@@ -135,8 +141,10 @@ class LocalLock:
         folder = os.path.dirname(path)
         # The folders this run creates go again with the lock when they are empty.
         made = [p for p in (folder, output) if not os.path.isdir(p)]
+        folder_fd = None
         try:
             os.makedirs(folder, exist_ok=True)
+            folder_fd = _lock_folder(output)
             while True:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 try:
@@ -157,12 +165,14 @@ class LocalLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(_owner(), sort_keys=True).encode() + b"\n", 0)
         except OutputInUse:
+            _close(folder_fd)
             raise
         except OSError as error:
+            _close(folder_fd)
             raise UsageError(
                 f"--output {output}: cannot create {path}: {error.strerror or error}"
             ) from None
-        return cls(output, path, fd, made)
+        return cls(output, path, fd, made, folder_fd)
 
     def start_heartbeat(self) -> None:
         """Nothing to renew: the kernel holds a local lock until this process ends."""
@@ -175,9 +185,58 @@ class LocalLock:
             os.remove(self.path)
         os.close(self._fd)
         self._fd = None
+        # Still holding --output's lock: a run waiting for it finds the folder
+        # gone (or still there) once it gets it, never half-removed.
         for folder in (os.path.dirname(self.path), *self._made):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only when empty: a failed run's files stay
+        _close(self._folder_fd)
+        self._folder_fd = None
+
+
+def _lock_folder(output: str) -> int | None:
+    """Holds ``output`` (a folder) with flock; its descriptor, or None where the
+    filesystem cannot lock a folder.
+
+    Raises:
+        OutputInUse: another live run holds it (its lock file, if still there,
+            names the run).
+    """
+    while True:
+        try:
+            fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None  # not a folder we can open: the file's lock says the rest
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _in_use(output, _owner_in(os.path.join(output, LOCK))) from None
+        except OSError:  # NFS: flock of a descriptor opened read-only
+            os.close(fd)
+            return None
+        # The run before removed the folder (empty, it made it) while it held it.
+        try:
+            current = os.stat(output).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            return fd
+        os.close(fd)
+        os.makedirs(os.path.dirname(os.path.join(output, LOCK)), exist_ok=True)
+
+
+def _owner_in(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as stream:
+            return _parse(stream.read(1 << 16))
+    except OSError:
+        return None
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def _parse(data: bytes | None) -> dict | None:
