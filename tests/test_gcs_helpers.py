@@ -264,6 +264,43 @@ def test_gcs_timeout_bounds_the_clients_shared_retries(retry_policies, monkeypat
     assert DEFAULT_RETRY_IF_GENERATION_SPECIFIED.retry_policy.timeout == 7.0
 
 
+@pytest.mark.parametrize(
+    "timeout, capped",
+    [
+        (60.0, 5.0),
+        (3.0, 3.0),
+        (None, 5.0),  # no limit at all: the cap
+        ((61.0, 60.0), (5.0, 5.0)),  # (connect, read)
+        ((2.0, None), (2.0, 5.0)),
+    ],
+)
+def test_an_attempts_time_limit_is_capped_at_the_gcs_timeout(timeout, capped):
+    assert gcs.capped_timeout(timeout, 5.0) == capped
+
+
+def test_read_range_reads_bytes_and_stops_the_run_when_gcs_hangs(
+    gcs_emulator, gcs_bucket, monkeypatch, retry_policies
+):
+    from beam_pipeline.core.errors import StorageUnreachable
+    from tests.gcs_faults import DroppingProxy
+
+    url = f"gs://{gcs_bucket}/old/a.tfrecord"
+    gcs_emulator.upload_bytes(url, b"0123456789")
+    monkeypatch.setattr(gcs, "_range_client", None)
+    assert gcs.read_range(url, 2, 5) == b"234"
+    proxy = DroppingProxy(gcs_emulator.url, hang=True)
+    try:
+        proxy.drop()  # from now on: connections accepted, requests read, nothing answered
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        monkeypatch.setenv(gcs.TIMEOUT_ENV, "1")
+        monkeypatch.setattr(gcs, "_range_client", None)
+        with pytest.raises(StorageUnreachable, match=rf"could not reach {url} within "):
+            gcs.read_range(url, 2, 5)
+    finally:
+        proxy.close()
+        monkeypatch.setattr(gcs, "_range_client", None)
+
+
 def test_only_a_lost_connection_counts_as_unreachable():
     import requests
     from google.api_core import exceptions as api

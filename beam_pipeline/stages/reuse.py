@@ -54,8 +54,8 @@ from typing import NamedTuple
 import numpy as np
 
 from beam_pipeline.core import records, settings
-from beam_pipeline.core.errors import UsageError
-from beam_pipeline.storage import paths
+from beam_pipeline.core.errors import RunStopped, UsageError
+from beam_pipeline.storage import gcs, paths
 from imagerecords import info as info_lib
 from imagerecords import storage
 
@@ -208,11 +208,19 @@ class _Windows:
         if end > self._start + len(self._buffer):
             stop = min(self._size, max(end, self.position + self._window))
             have = self._buffer[self.position - self._start :]
-            more = self._files.read(self._path, self._start + len(self._buffer), stop)
+            more = _read(self._files, self._path, self._start + len(self._buffer), stop)
             self._buffer, self._start = have + more, self.position
         data = self._buffer[self.position - self._start : end - self._start]
         self.position += len(data)
         return data
+
+
+def _read(files: storage.Files, path: str, start: int, stop: int) -> bytes:
+    """Bytes of OLD: from gs:// within --gcs_timeout_s (``gcs.read_range``, which
+    stops the run when GCS does not answer), else through ``files``."""
+    if storage.is_gcs(path):
+        return gcs.read_range(path, start, stop)
+    return files.read(path, start, stop)
 
 
 def _masked_crc(data: bytes) -> int:
@@ -384,10 +392,18 @@ _files = storage.Files()  # per process (fork-safe: a child opens its own)
 
 
 def read_record(old: OldRecord) -> bytes | None:
-    """OLD's framed record, or None when it cannot be read or is not intact."""
+    """OLD's framed record, or None when it cannot be read or is not intact.
+
+    Raises:
+        errors.StorageUnreachable: OLD is on gs:// and GCS did not answer within
+            --gcs_timeout_s (the run stops: converting instead would wait that
+            long for every record).
+    """
     try:
-        framed = _files.read(old.shard, old.offset, old.offset + old.size)
-    except Exception as error:  # OLD went away, a network error: convert instead
+        framed = _read(_files, old.shard, old.offset, old.offset + old.size)
+    except RunStopped:
+        raise
+    except Exception as error:  # OLD went away: convert instead
         log.warning("--reuse: cannot read %s (%s); converting instead", old.shard, error)
         return None
     return framed if records.is_intact(framed) else None

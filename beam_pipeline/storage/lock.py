@@ -379,11 +379,14 @@ class GcsLock:
             self._thread.join(_attempt_s(period) + 5)
         if self.lost:
             return
+        from beam_pipeline.storage import gcs
+
+        seconds = min(_RELEASE_S, gcs.timeout_s())  # no longer than any other request
         with contextlib.suppress(Exception):
             self._blob.delete(
                 if_generation_match=self.generation,
-                retry=DEFAULT_RETRY.with_timeout(_RELEASE_S),
-                timeout=_RELEASE_S,
+                retry=DEFAULT_RETRY.with_timeout(seconds),
+                timeout=seconds,
             )
 
 
