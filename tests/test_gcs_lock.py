@@ -169,3 +169,62 @@ def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, 
     )
     assert "resuming the unfinished run" in rerun.stderr
     assert not [n for n in gcs_emulator.list_names(out) if n.startswith(".imagerecords-tmp")]
+
+
+def _generations(gcs_emulator, out: str) -> dict[str, int]:
+    """Every object under ``out`` but the lock, with its generation (a rewrite changes it)."""
+    bucket, prefix = out[len("gs://") :].split("/", 1)
+    blobs = gcs_emulator.client().list_blobs(bucket, prefix=prefix + "/")
+    return {b.name: b.generation for b in blobs if not b.name.endswith("/lock")}
+
+
+def test_a_run_that_lost_its_gs_lock_writes_nothing_more_into_that_output(gcs_emulator, tmp_path):
+    """Frozen (SIGSTOP) once it runs, its lock taken over meanwhile, then woken: the run
+    stops with one line before its next write, and that output is as it was left.
+
+    The run's heartbeat period is longer than the test, so the run cannot learn of
+    the takeover from its heartbeat: only the fence on its writes stops it.
+    """
+    images = tmp_path / "images"
+    make_class_folders(str(images), per_class=20, nested=False, size_range=(60, 120))
+    bucket = gcs_emulator.create_bucket()
+    out = f"gs://{bucket}/out"
+    env = dict(os.environ, IMAGERECORDS_SPILL_DIR=str(tmp_path / "spill"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env[lock.HEARTBEAT_ENV] = "3600"
+    command = [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", out]
+    run = subprocess.Popen(
+        [*command, "--local_processes", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        for line in run.stderr:  # the lock is taken and the marker written before it
+            if line.startswith("imagerecords: running on"):
+                os.killpg(run.pid, signal.SIGSTOP)
+                break
+        assert run.poll() is None, "the run ended before it said it runs"
+        before = _generations(gcs_emulator, out)
+        assert f"out/{lock.LOCK.rsplit('/', 1)[0]}/job.json" in before  # its marker
+        # Another run takes the lock over (as it would once this one's heartbeat is stale).
+        gcs_emulator.upload_bytes(_lock_url(out), json.dumps(_owner_elsewhere(0)))
+        os.killpg(run.pid, signal.SIGCONT)
+        err = run.stderr.read()
+        run.wait(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]], err
+    assert lines[-1].startswith(
+        f"error: this run lost its lock of --output {out} while it was stopped or out of "
+        "reach: it is held by another run (pid 4242 on elsewhere, "
+    ), err
+    assert _generations(gcs_emulator, out) == before
+    assert json.loads(gcs_emulator.read_bytes(_lock_url(out)))["host"] == "elsewhere"

@@ -31,6 +31,17 @@ with it when nothing else is left there.
   run: it is taken over on the condition of the generation read, so of two
   runs taking over one lock only one wins. A run that finds its lock taken
   over (it could not renew it for that long) stops at once.
+
+  A run frozen (SIGSTOP, a suspended laptop, a stalled VM) outlives its
+  heartbeat without knowing it: another run may take the lock over, finish,
+  and the frozen one wake up mid-run. So every write into a gs:// output (a
+  file created, renamed or deleted there: ``output.py`` calls
+  :func:`check_fence`) is fenced on the lock first: it goes ahead only while
+  the lock object is still this run's (the generation it wrote last, or one
+  that holds its token), and otherwise stops the run (:class:`OutputTakenOver`)
+  before it writes. The run's processes find the lock in :data:`FENCE_ENV`.
+  GCS has no precondition on one object for a write of another, so what is
+  left is a write already past its check when the run froze.
 """
 
 from __future__ import annotations
@@ -47,7 +58,7 @@ import threading
 import time
 import uuid
 
-from beam_pipeline.core.errors import RunStopped, UsageError
+from beam_pipeline.core.errors import RESUME_HINT, RunStopped, UsageError
 from beam_pipeline.storage import output as output_files
 from beam_pipeline.storage import paths
 
@@ -58,6 +69,8 @@ HEARTBEAT_S = 30.0
 STALE_AFTER = 4
 # Tests shorten the period (the stale rule reads each owner's own period).
 HEARTBEAT_ENV = "IMAGERECORDS_LOCK_HEARTBEAT_S"
+# "URL TOKEN" of this run's gs:// lock, for check_fence in every process of the run.
+FENCE_ENV = "IMAGERECORDS_LOCK_FENCE"
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +295,8 @@ class GcsLock:
         self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        _fences[url] = self  # check_fence here: the generation this run wrote last
+        os.environ[FENCE_ENV] = f"{url} {owner['token']}"
 
     @classmethod
     def acquire(cls, output: str) -> GcsLock:
@@ -377,6 +392,9 @@ class GcsLock:
         period = self._owner["heartbeat_s"]
         if self._thread is not None:
             self._thread.join(_attempt_s(period) + 5)
+        _fences.pop(self.url, None)
+        if os.environ.get(FENCE_ENV, "").split(" ")[0] == self.url:
+            del os.environ[FENCE_ENV]
         if self.lost:
             return
         from beam_pipeline.storage import gcs
@@ -435,3 +453,65 @@ def _read(blob) -> tuple[dict | None, int, float | None] | None:
     except (api.NotFound, api.PreconditionFailed):
         return None  # gone, or changed while read: look again
     return _parse(data), generation, updated.timestamp() if updated else None
+
+
+# ------------------------------------------------------------------ fencing
+
+# url -> the GcsLock this process holds (the run's own process knows its generation).
+_fences: dict[str, GcsLock] = {}
+_fence_client = None  # (pid, client) of a process that only has FENCE_ENV
+
+
+def check_fence(path: str) -> None:
+    """Lets a write of ``path`` go ahead only while this run still holds the gs:// lock
+    of the output ``path`` lies in (no lock of this run: nothing to check).
+
+    Raises:
+        OutputTakenOver: the lock is gone or another run's: nothing more may be
+            written there.
+    """
+    fence = os.environ.get(FENCE_ENV, "")
+    url, _, token = fence.partition(" ")
+    output = url[: -len(LOCK)].rstrip("/")
+    if not token or not path.startswith(output + "/") or path == url:
+        return
+    held = _fences.get(url)
+    if held is not None and held.lost:
+        raise _taken_over(output, None)
+    # A blob of its own: a read sets a blob's fields, and the heartbeat reads its own.
+    blob = held._blob.bucket.blob(held._blob.name) if held is not None else _fence_blob(url)
+    found = _read_if(blob, held.generation if held is not None else None)
+    if found is None or not found[0] or found[0].get("token") != token:
+        raise _taken_over(output, found[0] if found else None)
+
+
+def _read_if(blob, generation: int | None):
+    """The lock as :func:`_read` gives it; one request when it is still ``generation``."""
+    from google.api_core import exceptions as api
+
+    if generation is not None:
+        try:
+            data = blob.download_as_bytes(if_generation_match=generation)
+            return _parse(data), generation, None
+        except (api.PreconditionFailed, api.NotFound):
+            pass  # renewed since (by this run's heartbeat?), or gone: read what is there
+    return _read(blob)
+
+
+def _fence_blob(url: str):
+    global _fence_client
+    from beam_pipeline.storage import gcs
+
+    if _fence_client is None or _fence_client[0] != os.getpid():
+        _fence_client = (os.getpid(), gcs.client())
+    bucket, name = gcs.split_url(url)
+    return _fence_client[1].bucket(bucket).blob(name)
+
+
+def _taken_over(output: str, owner: dict | None) -> OutputTakenOver:
+    who = _describe(owner) if owner else "another run (or by hand: the lock is gone)"
+    return OutputTakenOver(
+        f"this run lost its lock of --output {output} while it was stopped or out of reach: "
+        f"it is held by {who}; this run stopped without writing more there: let that run "
+        f"finish, or stop it and {RESUME_HINT}"
+    )
