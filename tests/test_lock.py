@@ -78,7 +78,8 @@ def _frozen_while(process: subprocess.Popen):
         try:
             yield
         finally:
-            os.killpg(process.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGCONT)
 
     return frozen()
 
