@@ -11,6 +11,11 @@ It drops when a request matches ``drop_at`` for the ``after``-th time (the
 request that matches last is not answered either), or when the test calls
 :meth:`DroppingProxy.drop`. So a test can lose GCS at a chosen point of a
 run: after so many image downloads, at the first upload, ...
+
+With ``hang=True`` it fails the other way a storage service fails: from the
+drop on it still accepts every connection and reads every request, and never
+answers (as a frozen server, a black-holing firewall or a stuck load
+balancer do), so each request waits for its client's own time limit.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         head = (body or b"")[:4096].decode("latin-1")
         if proxy.dropped.is_set() or proxy.count(f"{self.command} {self.path}\n{head}"):
+            proxy.stall()
             self.close_connection = True
             return  # no answer: the connection is lost
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -70,6 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             upstream.close()
         if proxy.dropped.is_set():
+            proxy.stall()
             self.close_connection = True
             return
         if "json" in response.getheader("Content-Type", ""):
@@ -106,15 +113,21 @@ class DroppingProxy:
         drop_at: A pattern searched in ``"METHOD PATH\\nBODY"`` of each request (the
             body's first 4 KB, as Latin-1).
         after: Drop at the ``after``-th matching request (0: only on :meth:`drop`).
+        hang: Once dropped, accept and read requests but never answer them
+            (instead of refusing connections).
     """
 
-    def __init__(self, upstream: str, drop_at: re.Pattern | None = None, after: int = 0):
+    def __init__(
+        self, upstream: str, drop_at: re.Pattern | None = None, after: int = 0, hang: bool = False
+    ):
         parsed = urllib.parse.urlsplit(upstream)
         self.upstream = upstream.rstrip("/")
         self.upstream_host, self.upstream_port = parsed.hostname, parsed.port or 80
         self._drop_at, self._after, self._seen = drop_at, after, 0
         self._lock = threading.Lock()
         self.dropped = threading.Event()
+        self.hang = hang
+        self._closing = threading.Event()
         self.connections: set[socket.socket] = set()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
@@ -138,11 +151,22 @@ class DroppingProxy:
     def seen(self) -> int:
         return self._seen
 
+    def stall(self) -> None:
+        """In a request's handler, after the drop: with ``hang``, wait (no answer) until
+        the proxy closes."""
+        if self.hang:
+            self._closing.wait()
+
     def drop(self) -> None:
-        """Loses the connection for good: nothing listens, open connections are cut."""
+        """Loses the connection for good: nothing listens, open connections are cut
+        (with ``hang``: everything is accepted and nothing answered, until :meth:`close`)."""
         if self.dropped.is_set():
             return
         self.dropped.set()
+        if not self.hang:
+            self._cut()
+
+    def _cut(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         for connection in list(self.connections):
@@ -152,5 +176,7 @@ class DroppingProxy:
                 pass
 
     def close(self) -> None:
-        self.drop()
+        self.dropped.set()
+        self._closing.set()
+        self._cut()
         self._thread.join(timeout=5)

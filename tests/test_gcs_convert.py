@@ -55,8 +55,14 @@ def source(gcs_emulator, tmp_path_factory) -> Source:
     (local / "dog" / ".DS_Store").write_bytes(b"\0hidden")  # hidden: ignored
     (local / "README.md").write_text("no class")  # skipped: not inside a class folder
     (local / "cat" / "LICENSE.txt").write_text("CC-BY")  # skipped: not an image file
-    # Names that need escaping somewhere: URL syntax, glob syntax, non-ASCII.
-    for name in ("cat/with space #1?.jpg", "dog/[x] 100%+.jpg", "sea [lion]*/déjà vu.jpg"):
+    # Names that need escaping somewhere: URL syntax, glob syntax, non-ASCII, and
+    # a backslash before a dot (a character of the name, not a hidden component).
+    for name in (
+        "cat/with space #1?.jpg",
+        "dog/[x] 100%+.jpg",
+        "sea [lion]*/déjà vu.jpg",
+        "cat/back\\.slash.jpg",
+    ):
         (local / name).parent.mkdir(exist_ok=True)
         (local / name).write_bytes((local / ids[0]).read_bytes())
         ids.append(name)

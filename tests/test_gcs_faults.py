@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -27,9 +28,12 @@ from tests.image_factory import make_class_folders
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 5  # --gcs_timeout_s of the failing runs
-# The run must end within the flag plus this (one request attempt in flight
-# may take the client's own 60 s timeout; shutting the pool down, a few more).
-SLACK_S = 60
+# How long a failing run may take to end once GCS is lost: five times what
+# docs/gcs.md promises for --gcs_timeout_s 5 (twice the flag), so that a slow
+# machine passes, and under the storage client's own 60 s limit of one
+# attempt, which a run that waits a hanging server out (or its queued work
+# after the first failure) spends at least once.
+CEILING_S = 50
 PER_CLASS = 40
 
 
@@ -44,49 +48,49 @@ def source(gcs_emulator, tmp_path_factory):
     return bucket, local, ids, work
 
 
-def _cli(url_in: str, url_out: str, emulator_url: str, spill: Path, *extra: str):
+def _start(args: list[str], emulator_url: str, spill: Path) -> subprocess.Popen:
+    """The CLI in its own process group (so that the test sees any child it leaves)."""
     env = dict(os.environ, STORAGE_EMULATOR_HOST=emulator_url, IMAGERECORDS_SPILL_DIR=str(spill))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.Popen(
-        [sys.executable, "-m", "beam_pipeline", "--input", url_in, "--output", url_out]
-        + ["--runner", "DirectRunner", "--local_processes", "2", *extra],
+        [sys.executable, "-m", "beam_pipeline", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
         cwd=ROOT,
+        start_new_session=True,
     )
 
 
-@pytest.mark.parametrize(
-    "where, drop_at, after, named",
-    [
-        ("reading images", MEDIA_DOWNLOAD, PER_CLASS, "gs://{bucket}/images/"),
-        ("writing the output", SHARD_UPLOAD, 1, "gs://{bucket}/out-writing/.imagerecords-tmp/"),
-    ],
-    ids=["reading", "writing"],
-)
-def test_gcs_lost_for_good_ends_the_run_in_one_line_and_the_rerun_resumes(
-    gcs_emulator, source, tmp_path, where, drop_at, after, named
-):
-    bucket, local, ids, work = source
-    out = f"gs://{bucket}/out-{where.split()[0]}"
-    spill = tmp_path / "spill"
-    proxy = DroppingProxy(gcs_emulator.url, drop_at, after)
+def _cli(url_in: str, url_out: str, emulator_url: str, spill: Path, *extra: str):
+    args = ["--input", url_in, "--output", url_out, "--runner", "DirectRunner"]
+    return _start([*args, "--local_processes", "2", *extra], emulator_url, spill)
+
+
+def _ends_once_lost(process: subprocess.Popen, proxy: DroppingProxy, where: str) -> str:
+    """Waits for the proxy to drop, then for the run to end; its stderr."""
     try:
-        process = _cli(f"gs://{bucket}/images", out, proxy.url, spill, "--gcs_timeout_s", "5")
         deadline = time.monotonic() + 300
         while not proxy.dropped.wait(0.1) and process.poll() is None:
             assert time.monotonic() < deadline, f"the run never got to {where}"
         assert proxy.dropped.is_set(), f"the run never got to {where}: {process.communicate()}"
         dropped = time.monotonic()
-        # The bound under test: well under the default (300 s), whatever the machine.
-        _, err = process.communicate(timeout=TIMEOUT_S + SLACK_S + 60)
-        took = time.monotonic() - dropped
+        # A generous ceiling on the bound docs/gcs.md promises (and measures).
+        _, err = process.communicate(timeout=CEILING_S)
+        print(f"the run ended {time.monotonic() - dropped:.1f} s after GCS was lost ({where})")
     finally:
         proxy.close()
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    # Nothing of the run is left (its conversion processes were waited for).
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)
+    return err
+
+
+def _the_one_error_line(process: subprocess.Popen, err: str) -> str:
     assert process.returncode == 1, err
     lines = err.strip().splitlines()
     assert "Traceback" not in err, err
@@ -94,9 +98,37 @@ def test_gcs_lost_for_good_ends_the_run_in_one_line_and_the_rerun_resumes(
     assert errors == [lines[-1]], err
     line = lines[-1]
     assert line.startswith("error: lost the connection to Google Cloud Storage: could not reach ")
-    assert named.format(bucket=bucket) in line, line
     assert "--gcs_timeout_s 5" in line and line.endswith("rerun the same command to resume")
-    assert took < TIMEOUT_S + SLACK_S, f"the run ended {took:.0f} s after GCS was lost"
+    return line
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["refused", "hanging"])
+@pytest.mark.parametrize(
+    "where, drop_at, after, named",
+    [
+        ("reading images", MEDIA_DOWNLOAD, PER_CLASS, "gs://{bucket}/images/"),
+        (
+            "writing the output",
+            SHARD_UPLOAD,
+            1,
+            "gs://{bucket}/out-writing-{mode}/.imagerecords-tmp/",
+        ),
+    ],
+    ids=["reading", "writing"],
+)
+def test_gcs_lost_for_good_ends_the_run_in_one_line_and_the_rerun_resumes(
+    gcs_emulator, source, tmp_path, where, drop_at, after, named, hang
+):
+    """Lost for good either way: connections refused, or accepted and never answered."""
+    bucket, local, ids, work = source
+    mode = "hanging" if hang else "refused"
+    out = f"gs://{bucket}/out-{where.split()[0]}-{mode}"
+    spill = tmp_path / "spill"
+    proxy = DroppingProxy(gcs_emulator.url, drop_at, after, hang=hang)
+    process = _cli(f"gs://{bucket}/images", out, proxy.url, spill, "--gcs_timeout_s", "5")
+    err = _ends_once_lost(process, proxy, where)
+    line = _the_one_error_line(process, err)
+    assert named.format(bucket=bucket, mode=mode) in line, line
     assert metadata.INFO_FILE not in gcs_emulator.list_names(out)
 
     # GCS is back (straight to the emulator): the same command finishes the job,
@@ -110,6 +142,43 @@ def test_gcs_lost_for_good_ends_the_run_in_one_line_and_the_rerun_resumes(
     by_split = contract.check_output(str(fetched), input_root=str(local))
     assert sorted(i for rows in by_split.values() for i in contract.ids(rows)) == sorted(ids)
     assert not [n for n in gcs_emulator.list_names(out) if n.startswith(".imagerecords-tmp")]
+
+
+@pytest.fixture(scope="module")
+def old_on_gcs(gcs_emulator, source):
+    """A finished dataset of the source's images on gs://, and its number of shards."""
+    from beam_pipeline.__main__ import main
+
+    bucket, local, _, work = source
+    made = work / "old"
+    assert main(["--input", str(local), "--output", str(made), "--quiet"]) == 0
+    gcs_emulator.upload_dir(made, f"gs://{bucket}/old")
+    return f"gs://{bucket}/old", len(list(made.glob("*.tfrecord")))
+
+
+# A read of one of OLD's shards (the index scan's, or one record's).
+OLD_SHARD_READ = re.compile(r"^GET /download/\S*/o/old%2F[^?/]*\.tfrecord\?\S*alt=media")
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["refused", "hanging"])
+@pytest.mark.parametrize("where", ["scanning OLD", "reading a record of OLD"])
+def test_gcs_lost_while_reusing_a_gcs_dataset_ends_the_run_in_one_line(
+    gcs_emulator, source, old_on_gcs, tmp_path, where, hang
+):
+    """``--reuse gs://OLD`` with GCS lost: the run stops, within the same bound, rather
+    than waiting out each record's read and converting the image instead."""
+    _, local, _, _ = source
+    old, shards = old_on_gcs
+    # The scan reads each (small) shard in one request before any record is read.
+    after = 1 if where == "scanning OLD" else shards + 1
+    proxy = DroppingProxy(gcs_emulator.url, OLD_SHARD_READ, after, hang=hang)
+    out = tmp_path / "new"
+    args = ["--input", str(local), "--output", str(out), "--reuse", old, "--gcs_timeout_s", "5"]
+    process = _start([*args, "--local_processes", "2"], proxy.url, tmp_path / "spill")
+    err = _ends_once_lost(process, proxy, where)
+    line = _the_one_error_line(process, err)
+    assert f"could not reach {old}/" in line, line
+    assert not (out / metadata.INFO_FILE).exists()
 
 
 def test_a_bad_gcs_timeout_is_refused(tmp_path, capsys):

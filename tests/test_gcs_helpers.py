@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from beam_pipeline.core.errors import UsageError
-from beam_pipeline.storage import gcs
+from beam_pipeline.storage import gcs, paths
 from tests import gcs_fixtures
 from tests.gcs_fixtures import REPO_ROOT
 
@@ -42,6 +42,23 @@ def test_split_url():
     assert gcs.split_url("gs://bucket") == ("bucket", "")
     with pytest.raises(ValueError):
         gcs.split_url("/local/path")
+
+
+@pytest.mark.parametrize(
+    "relative, hidden",
+    [
+        ("cat/a.jpg", False),
+        ("cat/.DS_Store", True),
+        (".cache/cat/a.jpg", True),
+        ("cat/.thumbs/a.jpg", True),
+        ("cat/back\\.slash.jpg", False),  # a backslash is part of the name, not a separator
+        ("cat\\.x/a.jpg", False),
+        ("cat/a.b.jpg", False),
+        ("/cat/a.jpg", False),
+    ],
+)
+def test_hidden_means_a_leading_dot_in_a_slash_separated_component(relative, hidden):
+    assert paths.is_hidden(relative) is hidden
 
 
 def test_folder_placeholders_are_names_ending_in_a_slash():
@@ -245,6 +262,43 @@ def test_gcs_timeout_bounds_the_clients_shared_retries(retry_policies, monkeypat
     from google.cloud.storage.retry import DEFAULT_RETRY_IF_GENERATION_SPECIFIED
 
     assert DEFAULT_RETRY_IF_GENERATION_SPECIFIED.retry_policy.timeout == 7.0
+
+
+@pytest.mark.parametrize(
+    "timeout, capped",
+    [
+        (60.0, 5.0),
+        (3.0, 3.0),
+        (None, 5.0),  # no limit at all: the cap
+        ((61.0, 60.0), (5.0, 5.0)),  # (connect, read)
+        ((2.0, None), (2.0, 5.0)),
+    ],
+)
+def test_an_attempts_time_limit_is_capped_at_the_gcs_timeout(timeout, capped):
+    assert gcs.capped_timeout(timeout, 5.0) == capped
+
+
+def test_read_range_reads_bytes_and_stops_the_run_when_gcs_hangs(
+    gcs_emulator, gcs_bucket, monkeypatch, retry_policies
+):
+    from beam_pipeline.core.errors import StorageUnreachable
+    from tests.gcs_faults import DroppingProxy
+
+    url = f"gs://{gcs_bucket}/old/a.tfrecord"
+    gcs_emulator.upload_bytes(url, b"0123456789")
+    monkeypatch.setattr(gcs, "_range_client", None)
+    assert gcs.read_range(url, 2, 5) == b"234"
+    proxy = DroppingProxy(gcs_emulator.url, hang=True)
+    try:
+        proxy.drop()  # from now on: connections accepted, requests read, nothing answered
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        monkeypatch.setenv(gcs.TIMEOUT_ENV, "1")
+        monkeypatch.setattr(gcs, "_range_client", None)
+        with pytest.raises(StorageUnreachable, match=rf"could not reach {url} within "):
+            gcs.read_range(url, 2, 5)
+    finally:
+        proxy.close()
+        monkeypatch.setattr(gcs, "_range_client", None)
 
 
 def test_only_a_lost_connection_counts_as_unreachable():

@@ -9,6 +9,7 @@ test writes as such a run would have left them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -120,13 +121,21 @@ def test_the_heartbeat_renews_the_lock_and_a_takeover_stops_the_run(
 
 def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, tmp_path):
     """A second run is refused while the first lives; once it is SIGKILLed (its lock
-    object left behind, its heartbeat fresh), the same command resumes it."""
+    object left behind, its heartbeat fresh), the same command resumes it.
+
+    Driven by events only: the first run is frozen (SIGSTOP, its whole group) as
+    soon as it says it runs, so however slowly the second run starts, the first
+    is still alive, holding its lock and no further on, when the second asks.
+    """
     images = tmp_path / "images"
     make_class_folders(str(images), per_class=400, nested=False, size_range=(200, 400))
     bucket = gcs_emulator.create_bucket()
     out = f"gs://{bucket}/out"
     env = dict(os.environ, IMAGERECORDS_SPILL_DIR=str(tmp_path / "spill"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    # A heartbeat period far longer than the test: the lock is never stale by age,
+    # so the takeover below can only come from the owner's process being gone.
+    env[lock.HEARTBEAT_ENV] = "3600"
     command = [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", out]
     command += ["--local_processes", "2"]
     first = subprocess.Popen(
@@ -139,14 +148,15 @@ def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, 
         start_new_session=True,
     )
     try:
-        for line in first.stderr:  # the lock is taken before this line
+        for line in first.stderr:  # the lock is taken and the marker written before it
             if line.startswith("imagerecords: running on"):
+                os.killpg(first.pid, signal.SIGSTOP)
                 break
-        assert first.poll() is None, "the first run ended too soon"
-        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-        assert first.poll() is None, "the first run ended before the second was refused"
+        assert first.poll() is None, "the first run ended before it said it runs"
+        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # (gone already: the asserts say why)
+            os.killpg(first.pid, signal.SIGKILL)  # a stopped process dies of SIGKILL too
         first.wait()
     assert second.returncode == 2, second.stderr
     assert second.stderr.startswith(
@@ -159,4 +169,64 @@ def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, 
     assert re.search(
         rf"took over the lock of --output from another run \(pid {first.pid} ", rerun.stderr
     )
+    assert "resuming the unfinished run" in rerun.stderr
     assert not [n for n in gcs_emulator.list_names(out) if n.startswith(".imagerecords-tmp")]
+
+
+def _generations(gcs_emulator, out: str) -> dict[str, int]:
+    """Every object under ``out`` but the lock, with its generation (a rewrite changes it)."""
+    bucket, prefix = out[len("gs://") :].split("/", 1)
+    blobs = gcs_emulator.client().list_blobs(bucket, prefix=prefix + "/")
+    return {b.name: b.generation for b in blobs if not b.name.endswith("/lock")}
+
+
+def test_a_run_that_lost_its_gs_lock_writes_nothing_more_into_that_output(gcs_emulator, tmp_path):
+    """Frozen (SIGSTOP) once it runs, its lock taken over meanwhile, then woken: the run
+    stops with one line before its next write, and that output is as it was left.
+
+    The run's heartbeat period is longer than the test, so the run cannot learn of
+    the takeover from its heartbeat: only the fence on its writes stops it.
+    """
+    images = tmp_path / "images"
+    make_class_folders(str(images), per_class=20, nested=False, size_range=(60, 120))
+    bucket = gcs_emulator.create_bucket()
+    out = f"gs://{bucket}/out"
+    env = dict(os.environ, IMAGERECORDS_SPILL_DIR=str(tmp_path / "spill"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env[lock.HEARTBEAT_ENV] = "3600"
+    command = [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", out]
+    run = subprocess.Popen(
+        [*command, "--local_processes", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        for line in run.stderr:  # the lock is taken and the marker written before it
+            if line.startswith("imagerecords: running on"):
+                os.killpg(run.pid, signal.SIGSTOP)
+                break
+        assert run.poll() is None, "the run ended before it said it runs"
+        before = _generations(gcs_emulator, out)
+        assert f"out/{lock.LOCK.rsplit('/', 1)[0]}/job.json" in before  # its marker
+        # Another run takes the lock over (as it would once this one's heartbeat is stale).
+        gcs_emulator.upload_bytes(_lock_url(out), json.dumps(_owner_elsewhere(0)))
+        os.killpg(run.pid, signal.SIGCONT)
+        err = run.stderr.read()
+        run.wait(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]], err
+    assert lines[-1].startswith(
+        f"error: this run lost its lock of --output {out} while it was stopped or out of "
+        "reach: it is held by another run (pid 4242 on elsewhere, "
+    ), err
+    assert _generations(gcs_emulator, out) == before
+    assert json.loads(gcs_emulator.read_bytes(_lock_url(out)))["host"] == "elsewhere"

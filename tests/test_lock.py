@@ -68,28 +68,53 @@ def _wait_converting(process: subprocess.Popen, out, at_least: int = 100) -> Non
         time.sleep(0.02)
 
 
-def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_path):
+def _frozen_while(process: subprocess.Popen):
+    """SIGSTOPs ``process``'s group (it and its conversion processes) for a block:
+    however slowly what the block starts comes up, the run is alive and no further on."""
+
+    @contextlib.contextmanager
+    def frozen():
+        os.killpg(process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGCONT)
+
+    return frozen()
+
+
+def _second_run(images, out) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*_command(images, out), "--local_processes", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("deleted", [False, True], ids=["lock-file-there", "lock-file-deleted"])
+def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_path, deleted):
+    """Refused while the first run lives, even when its lock file was deleted by
+    hand meanwhile (--output itself is locked too)."""
     out = tmp_path / "o"
     first = _start(images, out)
     try:
         _wait_converting(first, out)
         owner = json.loads((out / LOCK).read_text())
         assert owner["pid"] == first.pid
-        second = subprocess.run(
-            [*_command(images, out), "--local_processes", "2"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-        # Refused while the first run still converts: it did not wait for it.
-        assert first.poll() is None, "the first run ended before the second was refused"
+        with _frozen_while(first):
+            if deleted:
+                (out / LOCK).unlink()
+            second = _second_run(images, out)
     finally:
         _, err_first = first.communicate(timeout=300)
     assert second.returncode == 2, second.stderr
+    named = f"pid {first.pid} on {owner['host']}, started {owner['started']}"
     assert second.stderr.strip() == (
-        f"error: --output {out} is in use by another run (pid {first.pid} on "
-        f"{owner['host']}, started {owner['started']}); two runs must not write one output: "
+        f"error: --output {out} is in use by another run{'' if deleted else f' ({named})'}; "
+        "two runs must not write one output: "
         "wait for that run to end (or stop it), then run this command again"
     )
     # The first run was not disturbed, and a finished dataset has no temp folder.

@@ -172,9 +172,34 @@ def start(processes: int) -> Pool:
     return Pool(processes)
 
 
+def stop(executor: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Shuts ``executor`` down, and is done when its processes are gone.
+
+    With no work left (a run that got every result) its processes are
+    waited for. With work left (the run is ending early: an error, GCS out of
+    reach, Ctrl-C) the queued work is cancelled and the processes are ended
+    at once rather than waited for: a process waiting on a storage service
+    that does not answer would hold the run that long for each task queued
+    to it. A conversion process is disposable: what it wrote last to a spill
+    file is checked (and dropped when cut short) by the run that resumes.
+    """
+    # The executor's own books (ProcessPoolExecutor keeps them; Python 3.14 adds
+    # kill_workers): work not yet answered, and the processes.
+    if not getattr(executor, "_pending_work_items", None):
+        executor.shutdown(wait=True, cancel_futures=True)
+        return
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    executor.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join()
+    executor.shutdown(wait=True)  # its manager thread, which sees them gone
+
+
 def shutdown_all() -> None:
-    """Stops every pool, taken or not, and waits for its processes (idempotent)."""
+    """Stops every pool, taken or not (:func:`stop`; idempotent)."""
     for pool in list(_handles.values()):
         pool.drop_ahead()
     for executor in list(_all):
-        executor.shutdown(wait=True, cancel_futures=True)
+        stop(executor)

@@ -108,7 +108,8 @@ class PoolConverter:
             yield from self._next_outcomes()
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        """Ends the processes (at once when work is left: the run is ending early)."""
+        local_pool.stop(self._executor)
 
     def run_aside(self, fn, *args) -> concurrent.futures.Future:
         """Runs ``fn(*args)`` on a pool process beside the conversions (a quick count, say)."""

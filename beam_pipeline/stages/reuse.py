@@ -64,7 +64,7 @@ from typing import NamedTuple
 
 from beam_pipeline.core import errors, records, settings
 from beam_pipeline.core.errors import OldDatasetChanged, UsageError
-from beam_pipeline.stages.reuse_scan import HEADER, Index, OldRecord, OldShard, changed
+from beam_pipeline.stages.reuse_scan import HEADER, Index, OldRecord, OldShard, changed, read_old
 from beam_pipeline.storage import paths
 from imagerecords import info as info_lib
 from imagerecords import storage
@@ -279,7 +279,9 @@ def read_record(old: OldRecord) -> bytes:
         errors.StorageUnreachable: GCS out of reach for --gcs_timeout_s.
     """
     try:
-        framed = _files.read(old.shard, old.offset, old.offset + old.size)
+        framed = read_old(_files, old.shard, old.offset, old.offset + old.size)
+    except errors.RunStopped:
+        raise  # GCS out of reach (read_old's bound): not a change of OLD
     except Exception as error:
         if storage.is_gcs(old.shard):
             from beam_pipeline.storage import gcs

@@ -78,12 +78,23 @@ class _Windows:
         if end > self._start + len(self._buffer):
             stop = min(self._size, max(end, self.position + self._window))
             have = self._buffer[self.position - self._start :]
-            more = self._files.read(self._path, self._start + len(self._buffer), stop)
+            more = read_old(self._files, self._path, self._start + len(self._buffer), stop)
             self.digest.update(more)
             self._buffer, self._start = have + more, self.position
         data = self._buffer[self.position - self._start : end - self._start]
         self.position += len(data)
         return data
+
+
+def read_old(files: storage.Files, path: str, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of a file of OLD: from gs:// within --gcs_timeout_s
+    (``gcs.read_range`` stops the run when GCS does not answer, hanging or
+    refusing), else through ``files``."""
+    if storage.is_gcs(path):
+        from beam_pipeline.storage import gcs  # loads the storage client: gs:// only
+
+        return gcs.read_range(path, start, stop)
+    return files.read(path, start, stop)
 
 
 def _masked_crc(data: bytes) -> int:
@@ -104,6 +115,8 @@ def _read_window(stream: _Windows, n: int, shard: OldShard) -> bytes:
     """``stream.read``, a shard that cannot be read (gone since launch) stopping the run."""
     try:
         return stream.read(n)
+    except errors.RunStopped:
+        raise  # GCS out of reach (read_old's bound): not a change of OLD
     except Exception as error:
         if storage.is_gcs(shard.path):
             from beam_pipeline.storage import gcs

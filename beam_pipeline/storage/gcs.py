@@ -358,8 +358,15 @@ def bound_retries() -> None:
     which the conditional policies wrap, and Beam's
     DEFAULT_RETRY_WITH_THROTTLING_COUNTER) bound as default arguments
     throughout both libraries, so their budget is set on the objects
-    themselves. A request attempt in flight is not cut short: one attempt may
-    add the client's own per-request timeout (60 s) to the budget.
+    themselves.
+
+    A server that accepts a request and never answers (frozen, or behind a
+    black-holing firewall) is met by each attempt's own time limit, not by
+    the retries: the clients give every attempt 60 s, also bound as default
+    arguments, in every method. Every request of both passes through one
+    transport, google-auth's ``AuthorizedSession.request``; its time limits
+    are capped there (:func:`_cap_attempts`), so one attempt waits at most
+    --gcs_timeout_s for the server too.
 
     Call it before reading or writing gs:// in a process, once the clients'
     modules are loaded (cheap; it imports nothing).
@@ -370,6 +377,79 @@ def bound_retries() -> None:
         policy = getattr(sys.modules.get(module), name, None)
         if policy is not None and policy._timeout != seconds:
             policy._timeout = policy._deadline = seconds
+    session = getattr(sys.modules.get(_TRANSPORT), "AuthorizedSession", None)
+    if session is not None and not getattr(session.request, _CAPPED, False):
+        session.request = _cap_attempts(session.request)
+
+
+# Where the storage client's (and so GcsIO's) HTTP requests all pass.
+_TRANSPORT = "google.auth.transport.requests"
+_CAPPED = "_imagerecords_capped"
+
+
+def capped_timeout(timeout, seconds: float):
+    """A request's time limit (seconds, ``(connect, read)`` or None: none) capped at
+    ``seconds``: what one attempt may wait for a server that does not answer."""
+    if isinstance(timeout, (tuple, list)):
+        return tuple(seconds if t is None else min(t, seconds) for t in timeout)
+    return seconds if timeout is None else min(timeout, seconds)
+
+
+def _cap_attempts(request):
+    import functools
+
+    @functools.wraps(request)
+    def capped(self, method, url, data=None, headers=None, max_allowed_time=None, **kwargs):
+        # Absent: the transport's own default (120 s), capped all the same.
+        kwargs["timeout"] = capped_timeout(kwargs.get("timeout", 120.0), timeout_s())
+        return request(self, method, url, data, headers, max_allowed_time, **kwargs)
+
+    setattr(capped, _CAPPED, True)
+    return capped
+
+
+_range_client = None  # (pid, client): read_range's, opened again in a forked process
+
+
+def read_range(url: str, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of the object ``url``, within --gcs_timeout_s.
+
+    For what a run reads from an old dataset (``--reuse gs://OLD``): retried
+    for --gcs_timeout_s at most and each attempt as long at most, so GCS out
+    of reach (refusing, or hanging) stops the run instead of being waited out
+    once per record.
+
+    Raises:
+        errors.StorageUnreachable: GCS did not answer within --gcs_timeout_s.
+        Exception: what the storage client raised otherwise (the object is
+            gone, say): the caller decides.
+    """
+    global _range_client
+    from google.cloud.storage.constants import _DEFAULT_TIMEOUT as CLIENT_TIMEOUT
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    if _range_client is None or _range_client[0] != os.getpid():
+        _range_client = (os.getpid(), client())
+    bucket, name = split_url(url)
+    seconds = timeout_s()
+    try:
+        # checksum=None: a range has no whole-object hash (the caller checks the bytes).
+        return (
+            _range_client[1]
+            .bucket(bucket)
+            .blob(name)
+            .download_as_bytes(
+                start=start,
+                end=stop - 1,
+                checksum=None,
+                raw_download=True,
+                retry=DEFAULT_RETRY.with_timeout(seconds),
+                timeout=capped_timeout(CLIENT_TIMEOUT, seconds),
+            )
+        )
+    except Exception as error:
+        raise_if_unreachable(error, url)
+        raise
 
 
 # The shared retry policies of the storage client and of Beam's GcsIO.

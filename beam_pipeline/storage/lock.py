@@ -13,10 +13,15 @@ job's clean-ups leave it alone (``output.delete_temp_folder``); releasing it
 is the last thing a run does to --output, and takes the temporary folder
 with it when nothing else is left there.
 
-* **Local output**: the file is held with ``flock(2)``. The kernel releases
-  it when the process ends in any way (SIGKILL, a crash), so a killed run's
-  lock is taken over by the next run at once; NFS emulates flock with
-  byte-range locks, which also hold across machines.
+* **Local output**: the file is held with ``flock(2)``, and so is the
+  --output folder itself. The kernel releases both when the process ends in
+  any way (SIGKILL, a crash), so a killed run's lock is taken over by the
+  next run at once; NFS emulates flock with byte-range locks, which also
+  hold across machines. The folder's lock is what holds when the lock file
+  is deleted by hand (or its temporary folder with it) while the run lives:
+  a second run then finds the folder locked and is refused all the same. (A
+  filesystem that cannot lock a folder, as NFS cannot a descriptor opened
+  read-only, has the file's lock only.)
 * **gs:// output**: an object created only if none exists
   (``if_generation_match=0``). A thread rewrites it every
   :data:`HEARTBEAT_S` seconds, each time on the condition that it is still the
@@ -26,6 +31,17 @@ with it when nothing else is left there.
   run: it is taken over on the condition of the generation read, so of two
   runs taking over one lock only one wins. A run that finds its lock taken
   over (it could not renew it for that long) stops at once.
+
+  A run frozen (SIGSTOP, a suspended laptop, a stalled VM) outlives its
+  heartbeat without knowing it: another run may take the lock over, finish,
+  and the frozen one wake up mid-run. So every write into a gs:// output (a
+  file created, renamed or deleted there: ``output.py`` calls
+  :func:`check_fence`) is fenced on the lock first: it goes ahead only while
+  the lock object is still this run's (the generation it wrote last, or one
+  that holds its token), and otherwise stops the run (:class:`OutputTakenOver`)
+  before it writes. The run's processes find the lock in :data:`FENCE_ENV`.
+  GCS has no precondition on one object for a write of another, so what is
+  left is a write already past its check when the run froze.
 """
 
 from __future__ import annotations
@@ -42,7 +58,7 @@ import threading
 import time
 import uuid
 
-from beam_pipeline.core.errors import RunStopped, UsageError
+from beam_pipeline.core.errors import RESUME_HINT, RunStopped, UsageError
 from beam_pipeline.storage import output as output_files
 from beam_pipeline.storage import paths
 
@@ -53,6 +69,8 @@ HEARTBEAT_S = 30.0
 STALE_AFTER = 4
 # Tests shorten the period (the stale rule reads each owner's own period).
 HEARTBEAT_ENV = "IMAGERECORDS_LOCK_HEARTBEAT_S"
+# "URL TOKEN" of this run's gs:// lock, for check_fence in every process of the run.
+FENCE_ENV = "IMAGERECORDS_LOCK_FENCE"
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +143,9 @@ def acquire(output: str):
 class LocalLock:
     """``OUTPUT/.imagerecords-tmp/lock`` held with flock(2) for the life of this process."""
 
-    def __init__(self, output: str, path: str, fd: int, made: list[str]):
+    def __init__(self, output: str, path: str, fd: int, made: list[str], folder_fd: int | None):
         self.output, self.path, self._fd, self._made = output, path, fd, made
+        self._folder_fd = folder_fd  # --output itself, locked too (None: cannot be)
         self.lost = False  # a local lock cannot be taken over while this process lives
 
     @classmethod
@@ -135,8 +154,10 @@ class LocalLock:
         folder = os.path.dirname(path)
         # The folders this run creates go again with the lock when they are empty.
         made = [p for p in (folder, output) if not os.path.isdir(p)]
+        folder_fd = None
         try:
             os.makedirs(folder, exist_ok=True)
+            folder_fd = _lock_folder(output)
             while True:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 try:
@@ -157,12 +178,14 @@ class LocalLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(_owner(), sort_keys=True).encode() + b"\n", 0)
         except OutputInUse:
+            _close(folder_fd)
             raise
         except OSError as error:
+            _close(folder_fd)
             raise UsageError(
                 f"--output {output}: cannot create {path}: {error.strerror or error}"
             ) from None
-        return cls(output, path, fd, made)
+        return cls(output, path, fd, made, folder_fd)
 
     def start_heartbeat(self) -> None:
         """Nothing to renew: the kernel holds a local lock until this process ends."""
@@ -175,9 +198,58 @@ class LocalLock:
             os.remove(self.path)
         os.close(self._fd)
         self._fd = None
+        # Still holding --output's lock: a run waiting for it finds the folder
+        # gone (or still there) once it gets it, never half-removed.
         for folder in (os.path.dirname(self.path), *self._made):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only when empty: a failed run's files stay
+        _close(self._folder_fd)
+        self._folder_fd = None
+
+
+def _lock_folder(output: str) -> int | None:
+    """Holds ``output`` (a folder) with flock; its descriptor, or None where the
+    filesystem cannot lock a folder.
+
+    Raises:
+        OutputInUse: another live run holds it (its lock file, if still there,
+            names the run).
+    """
+    while True:
+        try:
+            fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None  # not a folder we can open: the file's lock says the rest
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _in_use(output, _owner_in(os.path.join(output, LOCK))) from None
+        except OSError:  # NFS: flock of a descriptor opened read-only
+            os.close(fd)
+            return None
+        # The run before removed the folder (empty, it made it) while it held it.
+        try:
+            current = os.stat(output).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            return fd
+        os.close(fd)
+        os.makedirs(os.path.dirname(os.path.join(output, LOCK)), exist_ok=True)
+
+
+def _owner_in(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as stream:
+            return _parse(stream.read(1 << 16))
+    except OSError:
+        return None
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def _parse(data: bytes | None) -> dict | None:
@@ -223,6 +295,8 @@ class GcsLock:
         self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        _fences[url] = self  # check_fence here: the generation this run wrote last
+        os.environ[FENCE_ENV] = f"{url} {owner['token']}"
 
     @classmethod
     def acquire(cls, output: str) -> GcsLock:
@@ -318,13 +392,19 @@ class GcsLock:
         period = self._owner["heartbeat_s"]
         if self._thread is not None:
             self._thread.join(_attempt_s(period) + 5)
+        _fences.pop(self.url, None)
+        if os.environ.get(FENCE_ENV, "").split(" ")[0] == self.url:
+            del os.environ[FENCE_ENV]
         if self.lost:
             return
+        from beam_pipeline.storage import gcs
+
+        seconds = min(_RELEASE_S, gcs.timeout_s())  # no longer than any other request
         with contextlib.suppress(Exception):
             self._blob.delete(
                 if_generation_match=self.generation,
-                retry=DEFAULT_RETRY.with_timeout(_RELEASE_S),
-                timeout=_RELEASE_S,
+                retry=DEFAULT_RETRY.with_timeout(seconds),
+                timeout=seconds,
             )
 
 
@@ -373,3 +453,65 @@ def _read(blob) -> tuple[dict | None, int, float | None] | None:
     except (api.NotFound, api.PreconditionFailed):
         return None  # gone, or changed while read: look again
     return _parse(data), generation, updated.timestamp() if updated else None
+
+
+# ------------------------------------------------------------------ fencing
+
+# url -> the GcsLock this process holds (the run's own process knows its generation).
+_fences: dict[str, GcsLock] = {}
+_fence_client = None  # (pid, client) of a process that only has FENCE_ENV
+
+
+def check_fence(path: str) -> None:
+    """Lets a write of ``path`` go ahead only while this run still holds the gs:// lock
+    of the output ``path`` lies in (no lock of this run: nothing to check).
+
+    Raises:
+        OutputTakenOver: the lock is gone or another run's: nothing more may be
+            written there.
+    """
+    fence = os.environ.get(FENCE_ENV, "")
+    url, _, token = fence.partition(" ")
+    output = url[: -len(LOCK)].rstrip("/")
+    if not token or not path.startswith(output + "/") or path == url:
+        return
+    held = _fences.get(url)
+    if held is not None and held.lost:
+        raise _taken_over(output, None)
+    # A blob of its own: a read sets a blob's fields, and the heartbeat reads its own.
+    blob = held._blob.bucket.blob(held._blob.name) if held is not None else _fence_blob(url)
+    found = _read_if(blob, held.generation if held is not None else None)
+    if found is None or not found[0] or found[0].get("token") != token:
+        raise _taken_over(output, found[0] if found else None)
+
+
+def _read_if(blob, generation: int | None):
+    """The lock as :func:`_read` gives it; one request when it is still ``generation``."""
+    from google.api_core import exceptions as api
+
+    if generation is not None:
+        try:
+            data = blob.download_as_bytes(if_generation_match=generation)
+            return _parse(data), generation, None
+        except (api.PreconditionFailed, api.NotFound):
+            pass  # renewed since (by this run's heartbeat?), or gone: read what is there
+    return _read(blob)
+
+
+def _fence_blob(url: str):
+    global _fence_client
+    from beam_pipeline.storage import gcs
+
+    if _fence_client is None or _fence_client[0] != os.getpid():
+        _fence_client = (os.getpid(), gcs.client())
+    bucket, name = gcs.split_url(url)
+    return _fence_client[1].bucket(bucket).blob(name)
+
+
+def _taken_over(output: str, owner: dict | None) -> OutputTakenOver:
+    who = _describe(owner) if owner else "another run (or by hand: the lock is gone)"
+    return OutputTakenOver(
+        f"this run lost its lock of --output {output} while it was stopped or out of reach: "
+        f"it is held by {who}; this run stopped without writing more there: let that run "
+        f"finish, or stop it and {RESUME_HINT}"
+    )

@@ -61,10 +61,13 @@ def is_ours(relative: str) -> bool:
     return bool(OURS.match(relative)) or relative.startswith(metadata.TMP_DIR + "/")
 
 
-def _filesystems():
-    from beam_pipeline.storage import gcs
+def _filesystems(path: str):
+    """Beam's FileSystems, for a write of ``path`` (not local): fenced on the run's
+    gs:// lock first (``lock.check_fence``), so a run that lost it writes no more."""
+    from beam_pipeline.storage import gcs, lock
 
     gcs.bound_retries()
+    lock.check_fence(path)
     return paths.filesystems()
 
 
@@ -133,7 +136,7 @@ def create(path: str) -> _Writing:
             return _Writing(path, open(path, "wb"))
         from apache_beam.io.filesystem import CompressionTypes
 
-        stream = _filesystems().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        stream = _filesystems(path).create(path, compression_type=CompressionTypes.UNCOMPRESSED)
         return _Writing(path, stream)
 
 
@@ -160,7 +163,7 @@ def _rename(moves: Sequence[tuple[str, str]]) -> None:
         return
     # One call for all: GCS has no rename (copy, then delete), batched by Beam.
     with naming(moves[0][1]):
-        _filesystems().rename([src for src, _ in moves], [dst for _, dst in moves])
+        _filesystems(moves[0][1]).rename([src for src, _ in moves], [dst for _, dst in moves])
 
 
 def files_under(folder: str) -> list[str]:
@@ -204,7 +207,7 @@ def delete(files: Sequence[str]) -> None:
             except FileNotFoundError:
                 pass
         return
-    _filesystems().delete(files)
+    _filesystems(files[0]).delete(files)
 
 
 def delete_ours(output: str, relative: Iterable[str]) -> None:

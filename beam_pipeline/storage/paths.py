@@ -77,7 +77,12 @@ def relative_id(root: str, path: str) -> str:
 
 
 def is_hidden(relative_path: str) -> bool:
-    return any(part.startswith(".") for part in relative_path.replace("\\", "/").split("/"))
+    """Whether a component of a ``/``-separated path starts with a dot.
+
+    Only ``/`` separates: a backslash is an ordinary character of a GCS object
+    name (and of a POSIX file name), so ``a/back\\.slash.jpg`` is not hidden.
+    """
+    return any(part.startswith(".") for part in relative_path.split("/"))
 
 
 def is_text(name: str) -> bool:
