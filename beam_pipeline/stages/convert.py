@@ -12,9 +12,10 @@ import mmap
 import os
 from typing import NamedTuple
 
-from beam_pipeline.core import deadline, images, keys, records, spill
+from beam_pipeline.core import deadline, images, keys, spill
 from beam_pipeline.stages import reuse
 from beam_pipeline.storage import gcs, paths
+from imagerecords import codec
 
 
 class SpillLocation(NamedTuple):
@@ -155,7 +156,7 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
     if decoded.converted is None:
         return Outcome(Rejection(image_id, path, split, decoded.reason), decoded.bytes_read, False)
     converted = decoded.converted
-    payload = records.image_record(
+    payload = codec.image_record(
         converted.jpeg,
         converted.height,
         converted.width,
@@ -164,7 +165,7 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
         image_id,
         decoded.sha256,
     )
-    framed = records.frame_record(payload)
+    framed = codec.frame_record(payload)
     key = keys.order_key(seed, image_id)
     entry = ShardEntry(key, image_id, label, len(framed), framed, path, decoded.sha256)
     return Outcome(

@@ -45,7 +45,6 @@ import logging
 import mmap
 import os
 import random
-import struct
 import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -53,18 +52,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from beam_pipeline.core import records, settings
+from beam_pipeline.core import settings
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import paths
+from imagerecords import codec, storage
 from imagerecords import info as info_lib
-from imagerecords import storage
 
 log = logging.getLogger(__name__)
 
 # Bytes read per request while scanning a shard (one request per window on gs://).
 SCAN_WINDOW_LOCAL = 1 << 20
 SCAN_WINDOW_GCS = 8 << 20
-_HEADER = 12  # TFRecord: length (8) + masked CRC32C of it (4)
 
 
 class OldRecord(NamedTuple):
@@ -215,10 +213,6 @@ class _Windows:
         return data
 
 
-def _masked_crc(data: bytes) -> int:
-    return records._masked_crc(data)
-
-
 def iter_shard(
     path: str, size: int, files: storage.Files | None = None
 ) -> Iterator[tuple[str, OldRecord]]:
@@ -232,20 +226,17 @@ def iter_shard(
     stream = _Windows(files or storage.Files(), path, size)
     while stream.position < size:
         offset = stream.position
-        header = stream.read(_HEADER)
+        header = stream.read(codec.FRAME_HEAD)
         problem = ""
-        if (
-            len(header) < _HEADER
-            or _masked_crc(header[:8]) != struct.unpack_from("<I", header, 8)[0]
-        ):
+        if not codec.header_intact(header):
             problem = "a damaged record header"
         else:
-            (length,) = struct.unpack_from("<Q", header)
+            length = codec.stated_length(header)
             payload = stream.read(length)
-            footer = stream.read(4)
-            if len(payload) != length or len(footer) != 4:
+            footer = stream.read(codec.FRAME_FOOT)
+            if len(payload) != length or len(footer) != codec.FRAME_FOOT:
                 problem = "a record cut short"
-            elif _masked_crc(payload) != struct.unpack("<I", footer)[0]:
+            elif not codec.data_intact(payload, footer):
                 problem = "a record whose data CRC does not match"
         if problem:
             log.warning(
@@ -255,7 +246,7 @@ def iter_shard(
                 offset,
             )
             return
-        names = records.Example.FromString(payload).features.feature["image/filename"]
+        names = codec.Example.FromString(payload).features.feature["image/filename"]
         try:
             image_id = names.bytes_list.value[0].decode("utf-8")
         except (IndexError, UnicodeDecodeError):
@@ -390,7 +381,7 @@ def read_record(old: OldRecord) -> bytes | None:
     except Exception as error:  # OLD went away, a network error: convert instead
         log.warning("--reuse: cannot read %s (%s); converting instead", old.shard, error)
         return None
-    return framed if records.is_intact(framed) else None
+    return framed if codec.is_intact(framed) else None
 
 
 def take(
@@ -407,7 +398,7 @@ def take(
     framed = read_record(old)
     if framed is None:
         return None
-    example = records.Example.FromString(framed[_HEADER:-4])
+    example = codec.Example.FromString(codec.payload(framed))
     features = example.features.feature
     if _value(features, "image/filename") != image_id.encode("utf-8") or _value(
         features, "image/key/sha256"
@@ -429,7 +420,7 @@ def _value(features, key: str):
 
 
 def _rebuilt(features, label: int, class_name: str) -> bytes:
-    payload = records.image_record(
+    payload = codec.image_record(
         _value(features, "image/encoded"),
         _value(features, "image/height"),
         _value(features, "image/width"),
@@ -438,13 +429,13 @@ def _rebuilt(features, label: int, class_name: str) -> bytes:
         _value(features, "image/filename"),
         _value(features, "image/key/sha256"),
     )
-    return records.frame_record(payload)
+    return codec.frame_record(payload)
 
 
 def relabel(framed: bytes, label: int, class_name: str) -> bytes:
     """The same record with another label and class name: the bytes a conversion
-    with them would write (``records.image_record`` builds both)."""
-    features = records.Example.FromString(framed[_HEADER:-4]).features.feature
+    with them would write (``codec.image_record`` builds both)."""
+    features = codec.Example.FromString(codec.payload(framed)).features.feature
     return _rebuilt(features, label, class_name)
 
 

@@ -92,7 +92,8 @@ def categorize(frames: list[str]) -> str:
 
 def stage_costs(files: list[Path]) -> dict[str, float]:
     """Milliseconds per image of each step, measured one step at a time."""
-    from beam_pipeline.core import images, keys, records
+    from beam_pipeline.core import images, keys
+    from imagerecords import codec
 
     totals: collections.Counter[str] = collections.Counter()
     spec = images.ImageSpec()
@@ -121,7 +122,7 @@ def stage_costs(files: list[Path]) -> dict[str, float]:
         t6 = time.perf_counter()
         digest = hashlib.sha256(data).hexdigest()
         t7 = time.perf_counter()
-        payload = records.make_example(
+        payload = codec.make_example(
             {
                 "image/encoded": jpeg,
                 "image/format": b"jpeg",
@@ -135,7 +136,7 @@ def stage_costs(files: list[Path]) -> dict[str, float]:
             }
         )
         t8 = time.perf_counter()
-        records.frame_record(payload)
+        codec.frame_record(payload)
         t9 = time.perf_counter()
         keys.order_key(42, str(path))
         t10 = time.perf_counter()
