@@ -9,7 +9,7 @@ import pytest
 
 from beam_pipeline.core import images, keys, metadata, spill
 from beam_pipeline.stages import convert
-from beam_pipeline.storage import discovery, listing
+from beam_pipeline.storage import discovery
 from imagerecords import codec
 from tests.image_factory import add_bad_files, make_class_folders
 
@@ -114,7 +114,7 @@ def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
     ids = make_class_folders(str(root), per_class=4, nested=False)
     bad = add_bad_files(str(root))
     layout = discovery.discover(str(root))
-    refs = listing.local_refs(layout, 100, 10**9, 42, {"train": 0.5, "val": 0.5})
+    refs = discovery.local_refs(layout, 100, 10**9, 42, {"train": 0.5, "val": 0.5})
     spill_dir = str(tmp_path / "spill")
     spec = images.ImageSpec(size=32)
     context = multiprocessing.get_context("fork")

@@ -286,7 +286,7 @@ def test_local_refs_for_converting_ahead_respect_both_bounds(folder):
     layout = discovery.discover(root)
 
     def paths(limit, max_bytes):
-        return [ref.path for ref in listing.local_refs(layout, limit, max_bytes, 42, {"t": 1.0})]
+        return [ref.path for ref in discovery.local_refs(layout, limit, max_bytes, 42, {"t": 1.0})]
 
     everything = paths(10**6, 10**12)
     assert sorted(os.path.relpath(p, root) for p in everything) == sorted(ids + list(bad))
