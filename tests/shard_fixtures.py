@@ -241,9 +241,9 @@ def record_spans(path: str | os.PathLike) -> list[tuple[int, int]]:
         data = f.read()
     spans, offset = [], 0
     while offset < len(data):
-        (length,) = struct.unpack("<Q", data[offset : offset + 8])
+        length = codec.stated_length(data[offset : offset + codec.FRAME_HEAD])
         spans.append((offset, length))
-        offset += 12 + length + 4
+        offset += length + codec.FRAME_OVERHEAD
     return spans
 
 

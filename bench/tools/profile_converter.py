@@ -59,7 +59,7 @@ TIER1 = [
     ("pillow convert/orient", r"\b(Image\.)?(convert|transpose|paste) \(.*PIL/|exif_transpose"),
     ("sha256 of source", r"hashlib|sha256\("),
     ("protobuf Example", r"make_example|google/protobuf"),
-    ("TFRecord framing/CRC", r"frame_record|_masked_crc|google_crc32c"),
+    ("TFRecord framing/CRC", r"frame_record|masked_crc|_crc32c|google_crc32c"),
     ("file I/O", r"read_bytes|apache_beam/io/(filesystem|localfilesystem)"),
     ("multiprocessing pool IPC", r"multiprocessing/(connection|pool|queues|reduction|synchronize)"),
     ("beam coders/pickling", r"apache_beam/coders|pickle|dill"),
