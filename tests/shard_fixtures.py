@@ -11,7 +11,7 @@ slow to start), so this module produces the same *files* in pure Python:
   ``[i*2^64/n, (i+1)*2^64/n)``, sorted inside the shard, empty shards dropped
   and the rest renumbered, so classes are interleaved inside every shard just
   as the real converter leaves them;
-* records built with ``beam_pipeline.core.records`` (the converter's own encoder);
+* records built with ``imagerecords.codec`` (the converter's own encoder);
 * ``labels.txt``, ``rejects.jsonl``, TFDS's three files (format version 2, by
   ``beam_pipeline.core.tfds_metadata``, the converter's own) and
   ``imagerecords.json`` written last.
