@@ -12,7 +12,7 @@ Where the stored JPEGs come from:
   (``bench.imageops.convert_to_jpeg``) are run again here on the sample;
 * the naive loop and imagerecords write TFRecords whose ``image/filename`` is
   the source's path relative to the input folder; they are read with
-  ``beam_pipeline.core.records`` (no TensorFlow).
+  ``imagerecords.codec`` (no TensorFlow).
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def stored_jpegs(out_dir: Path, names: set[str]) -> dict[str, bytes]:
     Raises:
         ValueError: a file under ``out_dir`` named like a TFRecord is not one.
     """
-    from beam_pipeline.core import records
+    from imagerecords import codec
 
     found: dict[str, bytes] = {}
     for path in sorted(out_dir.glob("*.tfrecord*")):
         with open(path, "rb") as stream:
-            for data in records.iter_records(stream):
-                example = records.parse_example(data)
+            for data in codec.iter_records(stream):
+                example = codec.parse_example(data)
                 name = example.get("image/filename", b"").decode("utf-8")
                 if name in names:
                     found[name] = example["image/encoded"]

@@ -16,15 +16,11 @@ index files when a dataset lives on GCS).
 
 from __future__ import annotations
 
-import struct
 from array import array
 
-from beam_pipeline.core.records import FRAME_OVERHEAD, _masked_crc
-from imagerecords import storage
+from imagerecords import codec, storage
 from imagerecords.info import Shard
 
-HEADER_BYTES = 12  # length (uint64) + masked CRC32C of the length
-FOOTER_BYTES = FRAME_OVERHEAD - HEADER_BYTES  # masked CRC32C of the data
 # Bytes per request when scanning a gs:// shard: few requests, bounded memory.
 GCS_SCAN_WINDOW = 8 << 20
 
@@ -40,7 +36,7 @@ def shard_offsets(files: storage.Files, shard: Shard) -> array:
         if data is None:
             raise IndexFileError(f"{shard.index_path} is missing (the metadata lists it)")
         return parse_index(data, shard)
-    window = GCS_SCAN_WINDOW if storage.is_gcs(shard.path) else HEADER_BYTES
+    window = GCS_SCAN_WINDOW if storage.is_gcs(shard.path) else codec.FRAME_HEAD
     return scan_offsets(files, shard, window)
 
 
@@ -51,7 +47,7 @@ def parse_index(data: bytes, shard: Shard) -> array:
         for number, line in enumerate(data.decode("ascii").splitlines(), 1):
             offset_text, length_text = line.split()
             offset, length = int(offset_text), int(length_text)
-            if offset != offsets[-1] or length < FRAME_OVERHEAD:
+            if offset != offsets[-1] or length < codec.FRAME_OVERHEAD:
                 raise ValueError(
                     f"line {number} says record at {offset} of {length} bytes, "
                     f"the previous one ended at {offsets[-1]}"
@@ -69,23 +65,21 @@ def scan_offsets(files: storage.Files, shard: Shard, window: int) -> array:
     buffer, buffer_start = b"", 0
     position = 0
     while position < shard.num_bytes:
-        if position + HEADER_BYTES > buffer_start + len(buffer):
-            stop = min(shard.num_bytes, position + max(window, HEADER_BYTES))
+        if position + codec.FRAME_HEAD > buffer_start + len(buffer):
+            stop = min(shard.num_bytes, position + max(window, codec.FRAME_HEAD))
             buffer, buffer_start = files.read(shard.path, position, stop), position
-        header = buffer[position - buffer_start : position - buffer_start + HEADER_BYTES]
-        if len(header) < HEADER_BYTES:
+        header = buffer[position - buffer_start : position - buffer_start + codec.FRAME_HEAD]
+        if len(header) < codec.FRAME_HEAD:
             raise IndexFileError(
                 f"{shard.path}: ends inside the header of record {len(offsets) - 1} "
                 f"at byte {position}, before the {shard.num_bytes} bytes the metadata gives"
             )
-        (length,) = struct.unpack_from("<Q", header)
-        (length_crc,) = struct.unpack_from("<I", header, 8)
-        if _masked_crc(header[:8]) != length_crc:
+        if not codec.header_intact(header):
             raise IndexFileError(
                 f"{shard.path}: record {len(offsets) - 1} at byte {position} has a "
                 "corrupt header (length CRC mismatch)"
             )
-        position += length + FRAME_OVERHEAD
+        position += codec.stated_length(header) + codec.FRAME_OVERHEAD
         offsets.append(position)
     _check(offsets, shard, shard.path)
     return offsets

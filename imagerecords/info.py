@@ -13,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from beam_pipeline.core import metadata  # pure: the file names the converter writes
-from imagerecords import storage
+from imagerecords import codec, storage
 
 # Newest name first (docs/format.md section 11).
-INFO_FILES = (metadata.INFO_FILE, metadata.V1_INFO_FILE)
+INFO_FILES = (codec.INFO_FILE, codec.V1_INFO_FILE)
 # The format versions this package reads; the same shard layout in both, only
 # the metadata file's name differs.
 SUPPORTED_FORMAT_VERSIONS = (1, 2)

@@ -28,10 +28,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 
-from beam_pipeline.core.records import Example, is_intact
+from imagerecords import codec, storage
 from imagerecords import index as index_lib
 from imagerecords import info as info_lib
-from imagerecords import storage
 from imagerecords.index import IndexFileError
 
 # Record key (docs/format.md section 6) -> name in the dict a read returns.
@@ -63,7 +62,7 @@ class CorruptRecordError(ValueError):
 
 def parse_record(data: bytes) -> dict:
     """A serialized ``tf.train.Example`` of this format -> the dict a read returns."""
-    features = Example.FromString(data).features.feature
+    features = codec.Example.FromString(data).features.feature
     # The format's keys in FIELD_NAMES order, then any newer ones.
     keys = [key for key in FIELD_NAMES if key in features]
     keys += sorted(key for key in features if key not in FIELD_NAMES)
@@ -197,7 +196,7 @@ class RecordSource:
 
     def _finish(self, shard: int, record: int, framed: bytes):
         """Checks a framed record's CRCs; returns its Example, parsed unless ``parse=False``."""
-        if not is_intact(framed):
+        if not codec.is_intact(framed):
             offsets = self._offsets[shard]
             raise CorruptRecordError(
                 f"{self.shards[shard].path}: record {record} (bytes {offsets[record]}-"
@@ -208,7 +207,7 @@ class RecordSource:
                     else "; file too short"
                 )
             )
-        payload = framed[index_lib.HEADER_BYTES : len(framed) - index_lib.FOOTER_BYTES]
+        payload = codec.payload(framed)
         return parse_record(payload) if self.parse else payload
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """imagerecords' reader: a fast ``tf.data`` input from imagerecords shards.
 
-Imports only TensorFlow and the standard library, so a training job (GPU, TPU)
-needs neither Beam nor Pillow. See ``docs/reader.md``.
+Imports only TensorFlow, the standard library and the format's codec
+(``imagerecords.codec``: protobuf, which TensorFlow brings), so a training job
+(GPU, TPU) needs neither Beam nor Pillow. See ``docs/reader.md``.
 
     import reader
     info = reader.load_info("gs://bucket/dataset")

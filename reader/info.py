@@ -19,10 +19,13 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-INFO_FILENAME = "imagerecords.json"
+from imagerecords import codec
+
+# The published files' names are the format's.
+INFO_FILENAME = codec.INFO_FILE
 # Where format_version 1 kept the metadata; in version 2 that name is TFDS's file.
-V1_INFO_FILENAME = "dataset_info.json"
-LABELS_FILENAME = "labels.txt"
+V1_INFO_FILENAME = codec.V1_INFO_FILE
+LABELS_FILENAME = codec.LABELS_FILE
 # The converter's marker of a run that has not finished (docs/format.md section
 # 5; beam_pipeline.storage.output.MARKER, which the reader cannot import: a test checks
 # that the two agree). A successful run deletes it last, after INFO_FILENAME.

@@ -12,8 +12,8 @@ statuses.
 
 Like the rest of ``reader`` it reads through ``tf.io.gfile`` (local, ``gs://``).
 Pillow is imported only when a picture is asked for, and ``google_crc32c``
-(installed with imagerecords) only by ``--verify``, so ``import reader`` still
-loads nothing but TensorFlow.
+(installed with imagerecords) only by ``--verify``'s first CRC (``imagerecords.codec``),
+so ``import reader`` still loads neither.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ and its byte offset are known at every step, so a problem names them, where
 
 from __future__ import annotations
 
-import struct
-
 import tensorflow as tf
+
+from imagerecords import codec
 
 
 class ShardReadError(Exception):
@@ -49,20 +49,20 @@ def walk_records(path: str, wanted: set[int] | None, limit: int | None = None):
         while limit is None or index < limit:
             if last is not None and index > last:
                 return
-            header = f.read(12)
+            header = f.read(codec.FRAME_HEAD)
             if not header:
                 break
             problem = framing_problem(header, size - offset, size)
             if problem:
                 raise ShardReadError(f"record {index} (byte {offset:,}): {problem}")
-            (length,) = struct.unpack("<Q", header[:8])
+            length = codec.stated_length(header)
             if wanted is None or index in wanted:
                 data = f.read(length)
-                f.read(4)
+                f.read(codec.FRAME_FOOT)
                 yield index, data
             else:
-                f.seek(length + 4, whence=1)
-            offset += 12 + length + 4
+                f.seek(length + codec.FRAME_FOOT, whence=1)
+            offset += length + codec.FRAME_OVERHEAD
             index += 1
     if wanted and index <= last:
         raise ShardReadError(f"it ends after {index:,} records, before record {last:,}")
@@ -71,13 +71,14 @@ def walk_records(path: str, wanted: set[int] | None, limit: int | None = None):
 def framing_problem(header: bytes, left: int, size: int) -> str | None:
     """Why the record whose header starts ``left`` bytes before the end of a
     ``size``-byte file cannot be read whole, or None."""
-    if len(header) < 12:
-        return f"truncated: {len(header)} of 12 header bytes"
-    (length,) = struct.unpack("<Q", header[:8])
+    if len(header) < codec.FRAME_HEAD:
+        return f"truncated: {len(header)} of {codec.FRAME_HEAD} header bytes"
+    length = codec.stated_length(header)
     if length > size:
         return f"corrupt framing: the length field says {length:,} bytes, the file has {size:,}"
-    if 12 + length + 4 > left:
-        return f"truncated: the record needs {length + 4:,} more bytes, the file has {left - 12:,}"
+    if length + codec.FRAME_OVERHEAD > left:
+        more, have = length + codec.FRAME_FOOT, left - codec.FRAME_HEAD
+        return f"truncated: the record needs {more:,} more bytes, the file has {have:,}"
     return None
 
 

@@ -7,8 +7,8 @@ shard the record count, size and SHA-256 and its ``.idx`` file against the
 frames read; per split the class counts. The other files the dataset
 publishes (TFDS's, ``labels.txt``, the lists, nothing foreign) are checked by
 ``reader/published.py``. Every problem is a line naming the file (for a
-shard, the record and its byte offset), never an exception. ``google_crc32c`` (installed with imagerecords) is imported only
-here, when a CRC is checked, so ``import reader`` does not load it.
+shard, the record and its byte offset), never an exception. The framing and
+its CRCs are the format's codec (``imagerecords.codec``).
 """
 
 from __future__ import annotations
@@ -17,24 +17,17 @@ import collections
 import concurrent.futures
 import dataclasses
 import hashlib
-import struct
 from array import array
 from collections.abc import Callable
 
 import tensorflow as tf
 
+from imagerecords import codec
 from reader import info as info_lib
 from reader import published, shard_file
 from reader.shard_file import ShardReadError
 
 _READ_CHUNK = 4 * 2**20
-
-
-def _masked_crc(data: bytes) -> int:
-    import google_crc32c  # imported by --verify only (see the module docstring)
-
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 @dataclasses.dataclass
@@ -172,26 +165,26 @@ def _read_shard_checked(shard: info_lib.ShardInfo, info: info_lib.DatasetInfo, c
         while True:
             start = offset
             where = f"{shard.file}: record {index} (byte {start:,})"
-            header = read(12)
+            header = read(codec.FRAME_HEAD)
             if not header:
                 check.complete = True
                 break
-            if len(header) == 12 and _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]:
+            if len(header) == codec.FRAME_HEAD and not codec.header_intact(header):
                 check.problems.append(f"{where}: length CRC mismatch: the framing is corrupt")
                 break
             problem = shard_file.framing_problem(header, size - start, size)
             if problem:
                 check.problems.append(f"{where}: {problem}")
                 break
-            (length,) = struct.unpack("<Q", header[:8])
+            length = codec.stated_length(header)
             data = read(length)
-            footer = read(4)
-            if len(data) < length or len(footer) < 4:  # the file shrank while it was read
+            footer = read(codec.FRAME_FOOT)
+            if len(data) < length or len(footer) < codec.FRAME_FOOT:  # the file shrank meanwhile
                 check.problems.append(f"{where}: truncated while it was read")
                 break
             check.records += 1
             check.frames.append(offset)
-            if _masked_crc(data) != struct.unpack("<I", footer)[0]:
+            if not codec.data_intact(data, footer):
                 check.problems.append(f"{where}: data CRC mismatch: the record's bytes changed")
             else:
                 _check_record(check, where, data, info)

@@ -11,7 +11,7 @@ slow to start), so this module produces the same *files* in pure Python:
   ``[i*2^64/n, (i+1)*2^64/n)``, sorted inside the shard, empty shards dropped
   and the rest renumbered, so classes are interleaved inside every shard just
   as the real converter leaves them;
-* records built with ``beam_pipeline.core.records`` (the converter's own encoder);
+* records built with ``imagerecords.codec`` (the converter's own encoder);
 * ``labels.txt``, ``rejects.jsonl``, TFDS's three files (format version 2, by
   ``beam_pipeline.core.tfds_metadata``, the converter's own) and
   ``imagerecords.json`` written last.
@@ -33,10 +33,10 @@ import struct
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-import google_crc32c
 from PIL import Image, ImageDraw
 
-from beam_pipeline.core import metadata, records, tfds_metadata
+from beam_pipeline.core import metadata, tfds_metadata
+from imagerecords import codec
 
 # Far apart in RGB, so a decoded image's mean colour names its class.
 CLASS_COLOURS = (
@@ -164,9 +164,7 @@ def write_dataset(
                 width=width,
                 colour=colour,
             )
-            payload = records.image_record(
-                jpeg, height, width, label, name, image_id, record.sha256
-            )
+            payload = codec.image_record(jpeg, height, width, label, name, image_id, record.sha256)
             split = _assign_split(seed, image_id, splits)
             by_split[split].append((_hash64(seed, "order", image_id), record, payload))
 
@@ -185,7 +183,7 @@ def write_dataset(
         ordered[split] = []
         for index, hash_range in enumerate(nonempty):
             file = f"{split}-{index:05d}-of-{len(nonempty):05d}.tfrecord"
-            data = b"".join(records.frame_record(payload) for _, payload in ranges[hash_range])
+            data = b"".join(codec.frame_record(payload) for _, payload in ranges[hash_range])
             with open(os.path.join(out_dir, file), "wb") as f:
                 f.write(data)
             shard_entries.append(
@@ -216,7 +214,7 @@ def write_dataset(
         "seed": seed,
         "classes": classes,
         "image": {"resize": "none", "size": max_side, "jpeg_quality": jpeg_quality},
-        "features": dict(records.FEATURE_TYPES),
+        "features": dict(codec.FEATURE_TYPES),
         "splits": info_splits,
         "rejected": {"count": 0, "file": "rejects.jsonl"},
     }
@@ -237,21 +235,15 @@ def write_dataset(
 # real files, changed the way a disk, a copy or a buggy writer would.
 
 
-def _masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC32C (docs/format.md section 3)."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def record_spans(path: str | os.PathLike) -> list[tuple[int, int]]:
     """``(offset of the record's 12-byte header, its data length)`` per record of a shard."""
     with open(path, "rb") as f:
         data = f.read()
     spans, offset = [], 0
     while offset < len(data):
-        (length,) = struct.unpack("<Q", data[offset : offset + 8])
+        length = codec.stated_length(data[offset : offset + codec.FRAME_HEAD])
         spans.append((offset, length))
-        offset += 12 + length + 4
+        offset += length + codec.FRAME_OVERHEAD
     return spans
 
 
@@ -264,7 +256,7 @@ def set_length_field(path: str | os.PathLike, index: int, length: int, valid_crc
         f.seek(start)
         f.write(field)
         if valid_crc:
-            f.write(struct.pack("<I", _masked_crc32c(field)))
+            f.write(struct.pack("<I", codec.masked_crc(field)))
 
 
 def replace_record(path: str | os.PathLike, index: int, payload: bytes) -> None:
@@ -274,7 +266,7 @@ def replace_record(path: str | os.PathLike, index: int, payload: bytes) -> None:
         data = f.read()
     end = start + 12 + length + 4
     with open(path, "wb") as f:
-        f.write(data[:start] + records.frame_record(payload) + data[end:])
+        f.write(data[:start] + codec.frame_record(payload) + data[end:])
 
 
 def flip_data_byte(path: str | os.PathLike, index: int) -> int:

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_pipeline.core import records
 from bench import quality
 from bench.data import ImageSet
 from bench.imageops import convert_to_jpeg
+from imagerecords import codec
 
 
 def _photo_like(seed: int, size=(400, 300)) -> Image.Image:
@@ -38,7 +38,7 @@ def _write_records(path, image_set, convert):
         for source in quality.sample_sources(image_set):
             name = str(source.relative_to(image_set.path))
             jpeg = convert(source.read_bytes())
-            f.write(records.frame_record(records.make_example(
+            f.write(codec.frame_record(codec.make_example(
                 {"image/encoded": jpeg, "image/filename": name, "image/class/label": 0}
             )))  # fmt: skip
 

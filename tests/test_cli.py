@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.core import keys, records
+from beam_pipeline.core import keys
+from imagerecords import codec
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
@@ -430,8 +431,8 @@ def test_index_files_locate_every_record(dataset, tmp_path):
             for line in lines:
                 offset, length = map(int, line.split())
                 assert offset == end  # records are back to back
-                (record,) = records.iter_records(io.BytesIO(data[offset : offset + length]))
-                assert len(record) == length - records.FRAME_OVERHEAD
+                (record,) = codec.iter_records(io.BytesIO(data[offset : offset + length]))
+                assert len(record) == length - codec.FRAME_OVERHEAD
                 end = offset + length
             assert end == len(data)
     # The reader ignores the extra files and keys.

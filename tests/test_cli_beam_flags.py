@@ -136,7 +136,7 @@ def test_the_dry_run_reports_the_runner_and_processes_the_job_would_use(
 def test_the_dry_run_of_a_gcs_input_reports_beam_as_the_job_would_run_it(
     gcs_emulator, images, tmp_path, capsys
 ):
-    """No Beam flag, but a gs:// input: the job runs on Beam (job.choose_engine), so
+    """No Beam flag, but a gs:// input: the job runs on Beam (choice.choose_engine), so
     the dry run's estimate is Beam's, not the local engine's."""
     bucket = gcs_emulator.create_bucket()
     gcs_emulator.upload_dir(images, f"gs://{bucket}/images")

@@ -34,6 +34,18 @@ def test_container_beam_version_matches_setup_py():
     assert "pip install tensorflow" not in dockerfile.lower()
 
 
+def test_container_copies_every_package_setup_py_installs():
+    """The workers run the container's install: a package setup.py lists but the
+    Dockerfile does not copy is silently left out (the converter frames its
+    records with imagerecords' codec)."""
+    setup = (ROOT / "setup.py").read_text()
+    include = re.search(r"find_packages\(\s*include=\[([^\]]*)\]", setup).group(1)
+    packages = {name.split(".")[0] for name in re.findall(r'"([\w.*]+)"', include)}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (DEPLOY / "Dockerfile").read_text(), re.M))
+    assert packages == {"beam_pipeline", "reader", "imagerecords"}
+    assert packages <= copied, f"deploy/Dockerfile does not copy {sorted(packages - copied)}"
+
+
 def _install_requires() -> list[Requirement]:
     """setup.py's INSTALL_REQUIRES, read from its source (nothing installed is consulted)."""
     tree = ast.parse((ROOT / "setup.py").read_text())

@@ -3,7 +3,8 @@
 import re
 from pathlib import Path
 
-from beam_pipeline.core import metadata, records
+from beam_pipeline.core import metadata
+from imagerecords import codec
 from reader import info as reader_info
 
 FORMAT_MD = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read_text()
@@ -25,7 +26,7 @@ def test_document_version_is_the_written_and_the_read_version():
 
 def test_every_record_key_is_documented_with_its_type():
     table = _section(6)
-    for key, kind in records.FEATURE_TYPES.items():
+    for key, kind in codec.FEATURE_TYPES.items():
         row = next((line for line in table.splitlines() if f"`{key}`" in line), None)
         assert row is not None, f"{key} missing from docs/format.md section 6"
         assert f"| {kind} |" in row, f"{key}: documented type is not {kind}"

@@ -17,7 +17,8 @@ import sys
 import pytest
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.core import records, tfds_metadata
+from beam_pipeline.core import tfds_metadata
+from imagerecords import codec
 from tests.image_factory import make_class_folders
 from tests.shard_fixtures import write_dataset
 
@@ -124,9 +125,9 @@ def converted(gcs_emulator, tmp_path_factory):
     truth = {}
     for split, entry in info["splits"].items():
         truth[split] = [
-            records.parse_example(record)["image/filename"].decode()
+            codec.parse_example(record)["image/filename"].decode()
             for shard in entry["shards"]
-            for record in records.iter_records(
+            for record in codec.iter_records(
                 io.BytesIO(gcs_emulator.read_bytes(f"{out}/{shard['file']}"))
             )
         ]

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.cli import job, summary
-from beam_pipeline.engines import local_engine, pooled
+from beam_pipeline.cli import summary
+from beam_pipeline.engines import choice, local_engine, pooled
 from beam_pipeline.storage import discovery, listing
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
@@ -121,17 +121,17 @@ def test_which_engine_runs(messy, tmp_path):
     root, _ = messy
     layout = discovery.discover(root)
     out = str(tmp_path / "o")
-    assert job.choose_engine([], layout, out) == job.LOCAL_ENGINE
+    assert choice.choose_engine([], layout, out) == choice.LOCAL_ENGINE
     for beam_flags in (["--runner", "DirectRunner"], ["--direct_running_mode=in_memory"]):
-        assert job.choose_engine(beam_flags, layout, out) == job.BEAM
-    assert job.choose_engine([], layout, "gs://bucket/out") == job.BEAM
+        assert choice.choose_engine(beam_flags, layout, out) == choice.BEAM
+    assert choice.choose_engine([], layout, "gs://bucket/out") == choice.BEAM
     manifest = tmp_path / "m.csv"
     manifest.write_text("path,label\ncat/cat_0000.jpg,cat\n")
     local_manifest = discovery.discover(root, str(manifest))
-    assert job.choose_engine([], local_manifest, out) == job.LOCAL_ENGINE
-    assert job.choose_engine([], local_manifest, "gs://bucket/out") == job.BEAM
+    assert choice.choose_engine([], local_manifest, out) == choice.LOCAL_ENGINE
+    assert choice.choose_engine([], local_manifest, "gs://bucket/out") == choice.BEAM
     manifest.write_text("path,label\ncat/cat_0000.jpg,cat\ngs://bucket/dog/1.jpg,dog\n")
-    assert job.choose_engine([], discovery.discover(root, str(manifest)), out) == job.BEAM
+    assert choice.choose_engine([], discovery.discover(root, str(manifest)), out) == choice.BEAM
 
 
 def test_a_manifest_of_local_files_runs_locally_and_writes_what_beam_writes(messy, tmp_path):
@@ -148,7 +148,10 @@ def test_a_manifest_of_local_files_runs_locally_and_writes_what_beam_writes(mess
         '{"path": "cat/batch1/cat_0003.jpg", "label": "cat", "split": "val"}',
     ]
     manifest.write_text("\n".join(rows) + "\n")
-    assert job.choose_engine([], discovery.discover(root, str(manifest)), "out") == job.LOCAL_ENGINE
+    assert (
+        choice.choose_engine([], discovery.discover(root, str(manifest)), "out")
+        == choice.LOCAL_ENGINE
+    )
     local, beam = _run_both(root, tmp_path, "--manifest", str(manifest), "--seed", "5")
     written = contract.all_files(local)
     assert written == contract.all_files(beam)

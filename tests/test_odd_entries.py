@@ -204,7 +204,7 @@ def test_the_files_converted_ahead_are_only_regular_files(odd):
     """The conversion processes open these while Beam loads, before the pipeline lists."""
     root, ids, _ = odd
     layout = discovery.discover(root, skip_unreadable_folders=True)
-    refs = listing.local_refs(layout, 1000, 1 << 30, 42, keys.parse_splits(keys.DEFAULT_SPLITS))
+    refs = discovery.local_refs(layout, 1000, 1 << 30, 42, keys.parse_splits(keys.DEFAULT_SPLITS))
     found = {ref.image_id for ref in refs}
     # (this process, unlike the CLI runs above, may read the locked folders: root can)
     assert set(ids) <= found <= set(ids) | {"cat/locked/in.jpg", "locked_class/in.jpg"}

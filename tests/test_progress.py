@@ -86,7 +86,7 @@ def test_the_estimate_counts_what_listing_lists(folder):
         for row in layout.rows(source)
         if not isinstance(row, listing.Skipped)
     ]
-    assert listing.estimate_image_count(layout) == len(listed) == IMAGES
+    assert discovery.estimate_image_count(layout) == len(listed) == IMAGES
 
 
 def test_a_run_logged_to_a_file_says_each_phase(folder, tmp_path):

@@ -28,8 +28,9 @@ from PIL import Image
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
-from beam_pipeline.core import errors, images, metadata, records, settings, tfds_metadata
+from beam_pipeline.core import errors, images, metadata, settings, tfds_metadata
 from beam_pipeline.stages import convert, reuse, reuse_scan
+from imagerecords import codec
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
 
@@ -330,7 +331,7 @@ def test_a_shard_is_scanned_without_decoding_and_refused_whole_at_damage(tmp_pat
 
 def test_a_shard_of_intact_frames_that_are_not_examples_gives_no_record(tmp_path):
     shard = tmp_path / "train-00000-of-00001.tfrecord"
-    shard.write_bytes(_record(0, "dog", "dog/0.jpg") + records.frame_record(b"\xff\xff\xff"))
+    shard.write_bytes(_record(0, "dog", "dog/0.jpg") + codec.frame_record(b"\xff\xff\xff"))
     scanned = reuse_scan.scan_records(_old_shard(shard, 2))
     assert (scanned.records, scanned.distrusted) == ([], 2)
     assert "a record that is not a tf.train.Example at byte" in scanned.problem
@@ -368,7 +369,7 @@ def test_take_checks_the_id_and_the_source_and_relabels(tmp_path):
     shard.write_bytes(framed)
     old = reuse_scan.scan_records(_old_shard(shard, 1)).records[0][1]
     assert old == reuse.OldRecord(str(shard), 0, len(framed), int.from_bytes(framed[-4:], "little"))
-    sha256 = records.parse_example(framed[12:-4])["image/key/sha256"].decode()
+    sha256 = codec.parse_example(codec.payload(framed))["image/key/sha256"].decode()
     assert reuse.take(old, "dog/a.jpg", sha256, 1, "dog") == (framed, True)
     assert reuse.take(old, "dog/a.jpg", sha256, 3, "dog") == (_record(3, "dog"), False)
     assert reuse.take(old, "dog/b.jpg", sha256, 1, "dog") is None  # another image's record
@@ -446,8 +447,8 @@ def test_a_reused_record_is_not_decoded(history, monkeypatch):
     outcome = convert.convert_ref(ref, images.ImageSpec(size=64), 42, classes, found)
     assert outcome.reused
     entry = outcome.result.entry
-    assert records.is_intact(entry.data)
-    assert records.parse_example(entry.data[12:-4])["image/class/label"] == 3
+    assert codec.is_intact(entry.data)
+    assert codec.parse_example(codec.payload(entry.data))["image/class/label"] == 3
     assert os.path.exists(history.after / image_id)
 
 

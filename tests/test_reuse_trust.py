@@ -22,9 +22,10 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
-from beam_pipeline.core import metadata, records
+from beam_pipeline.core import metadata
 from beam_pipeline.engines import local_engine
 from beam_pipeline.storage import paths
+from imagerecords import codec
 from tests import contract
 from tests.image_factory import make_class_folders
 
@@ -185,11 +186,11 @@ def _launder(shard: Path, which: int = 0) -> None:
     for _ in range(which):
         offset += 16 + int.from_bytes(data[offset : offset + 8], "little")
     length = int.from_bytes(data[offset : offset + 8], "little")
-    fields = records.parse_example(bytes(data[offset + 12 : offset + 12 + length]))
+    fields = codec.parse_example(bytes(data[offset + 12 : offset + 12 + length]))
     jpeg = bytearray(fields["image/encoded"])
     jpeg[len(jpeg) // 2] ^= 0x55  # in the entropy-coded data: still decodes
-    framed = records.frame_record(
-        records.image_record(
+    framed = codec.frame_record(
+        codec.image_record(
             bytes(jpeg),
             fields["image/height"],
             fields["image/width"],
@@ -199,7 +200,7 @@ def _launder(shard: Path, which: int = 0) -> None:
             fields["image/key/sha256"],
         )
     )
-    assert len(framed) == length + 16 and records.is_intact(framed)
+    assert len(framed) == length + 16 and codec.is_intact(framed)
     data[offset : offset + len(framed)] = framed
     shard.write_bytes(bytes(data))
 

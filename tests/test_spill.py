@@ -7,14 +7,15 @@ import os
 
 import pytest
 
-from beam_pipeline.core import images, keys, metadata, records, spill
+from beam_pipeline.core import images, keys, metadata, spill
 from beam_pipeline.stages import convert
-from beam_pipeline.storage import discovery, listing
+from beam_pipeline.storage import discovery
+from imagerecords import codec
 from tests.image_factory import add_bad_files, make_class_folders
 
 
 def _entries():
-    framed = [records.frame_record(f"record {i}".encode() * (i + 1)) for i in range(4)]
+    framed = [codec.frame_record(f"record {i}".encode() * (i + 1)) for i in range(4)]
     items = [
         spill.encode(spill.RECORD, "train", f"cat/{i}.jpg", 1000 + i, i % 2, data)
         for i, data in enumerate(framed)
@@ -97,9 +98,7 @@ def test_index_over_files_takes_the_first_copy_and_is_read_once(tmp_path):
     assert sorted(index) == ["cat/0.jpg", "cat/1.jpg", "cat/2.jpg", "cat/3.jpg", "dog/x.jpg"]
     assert {item.path for item in index.values()} == {first}
     writer = spill.Writer(str(tmp_path))
-    writer.append(
-        [spill.encode(spill.RECORD, "train", "new.jpg", 5, 0, records.frame_record(b"x"))]
-    )
+    writer.append([spill.encode(spill.RECORD, "train", "new.jpg", 5, 0, codec.frame_record(b"x"))])
     assert "new.jpg" not in spill.load_index(str(tmp_path))  # this run's files: not in it
     spill.forget_indexes()
     assert "new.jpg" in spill.load_index(str(tmp_path))  # read again once forgotten
@@ -115,7 +114,7 @@ def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
     ids = make_class_folders(str(root), per_class=4, nested=False)
     bad = add_bad_files(str(root))
     layout = discovery.discover(str(root))
-    refs = listing.local_refs(layout, 100, 10**9, 42, {"train": 0.5, "val": 0.5})
+    refs = discovery.local_refs(layout, 100, 10**9, 42, {"train": 0.5, "val": 0.5})
     spill_dir = str(tmp_path / "spill")
     spec = images.ImageSpec(size=32)
     context = multiprocessing.get_context("fork")
@@ -136,8 +135,8 @@ def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
         where = item.entry.data
         assert isinstance(where, convert.SpillLocation) and where.path in files
         framed = reader.read(where.path, where.offset, item.entry.size)
-        (payload,) = records.iter_records(__import__("io").BytesIO(framed))
-        assert records.parse_example(payload)["image/filename"].decode() == item.entry.image_id
+        (payload,) = codec.iter_records(__import__("io").BytesIO(framed))
+        assert codec.parse_example(payload)["image/filename"].decode() == item.entry.image_id
         assert item.entry.key == keys.order_key(42, item.entry.image_id)
     reader.close()
     # The index a resumed run would read has every image, rejections included.
@@ -195,7 +194,7 @@ def _spill_many(directory, count, copies_from=0):
             )
         else:
             sha = hashlib.sha256(image_id.encode()).hexdigest()
-            framed = records.frame_record(image_id.encode() * 3)
+            framed = codec.frame_record(image_id.encode() * 3)
             entries.append(
                 spill.encode(
                     spill.RECORD, ("train", "test")[i % 2], image_id, 10 * i, i % 3, framed, "", sha

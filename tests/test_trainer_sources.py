@@ -38,6 +38,7 @@ from imagerecords import (
     IndexFileError,
     RecordSource,
     UnknownSplitError,
+    codec,
     storage,
 )
 from imagerecords import index as index_lib
@@ -124,7 +125,7 @@ def test_every_record_once_with_tensorflows_values(converted, variant):
 
 
 def test_every_record_key_has_a_field_name():
-    from beam_pipeline.core.records import FEATURE_TYPES
+    from imagerecords.codec import FEATURE_TYPES
     from imagerecords.source import FIELD_NAMES
 
     assert set(FIELD_NAMES) == set(FEATURE_TYPES)
@@ -138,7 +139,7 @@ def test_scanned_offsets_equal_the_index_files(converted):
     for split in _split_names(converted.indexed):
         for shard in info_lib.split_shards(str(converted.indexed), info_path, info, split):
             from_file = index_lib.shard_offsets(files, shard)
-            scanned = index_lib.scan_offsets(files, shard, window=index_lib.HEADER_BYTES)
+            scanned = index_lib.scan_offsets(files, shard, window=codec.FRAME_HEAD)
             wide = index_lib.scan_offsets(files, shard, window=1000)  # windows cut records
             assert list(from_file) == list(scanned) == list(wide)
             assert len(from_file) == shard.num_examples + 1

@@ -11,13 +11,14 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline.core import books, images, keys, metadata, records, spill
+from beam_pipeline.core import books, images, keys, metadata, spill
 from beam_pipeline.engines import pipeline
 from beam_pipeline.stages import shards as shards_lib
 from beam_pipeline.stages.convert import RecordBatch, ShardEntry
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery, listing
 from beam_pipeline.storage import output as output_files
+from imagerecords import codec
 from tests.image_factory import add_bad_files, make_class_folders
 
 SPLITS = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -73,8 +74,8 @@ def test_convert_images_batches_records_and_tags_rejections(folder):
 
     def names(batch):
         for entry in batch.entries:
-            (payload,) = records.iter_records(io.BytesIO(entry.data))
-            yield entry.image_id, records.parse_example(payload)["image/filename"].decode()
+            (payload,) = codec.iter_records(io.BytesIO(entry.data))
+            yield entry.image_id, codec.parse_example(payload)["image/filename"].decode()
 
     with BeamTestPipeline() as p:
         out = p | beam.Create(refs) | pipeline.ConvertImages(config)
@@ -88,7 +89,7 @@ def test_convert_images_batches_records_and_tags_rejections(folder):
 
 
 def _entry(image_id, size=100):
-    framed = records.frame_record(b"x" * (size - records.FRAME_OVERHEAD))
+    framed = codec.frame_record(b"x" * (size - codec.FRAME_OVERHEAD))
     return ShardEntry(keys.order_key(42, image_id), image_id, 0, len(framed), framed)
 
 
@@ -149,7 +150,7 @@ def test_write_shards_cuts_exactly_the_planned_number_of_nonempty_shards(tmp_pat
     assert sorted(s["file"] for s in placed) == [
         keys.shard_filename("train", i, 5) for i in range(5)
     ] + ["val-00000-of-00001.tfrecord"]
-    read = [list(records.iter_records(open(out_dir / s["file"], "rb"))) for s in placed]
+    read = [list(codec.iter_records(open(out_dir / s["file"], "rb"))) for s in placed]
     assert [len(r) for r in read] == [10, 10, 10, 10, 10, 3]
     output_files.delete_temp_files(config.output)
     assert not list((out_dir / metadata.TMP_DIR).glob("*")), "temp files left behind"
@@ -212,7 +213,7 @@ def test_a_retried_shard_write_is_kept_once(tmp_path):
     out_dir = tmp_path / "out"
     assert sorted(os.listdir(out_dir)) == [metadata.TMP_DIR] + sorted(s["file"] for s in placed)
     assert not list((out_dir / metadata.TMP_DIR).iterdir())
-    total = sum(len(list(records.iter_records(open(out_dir / s["file"], "rb")))) for s in placed)
+    total = sum(len(list(codec.iter_records(open(out_dir / s["file"], "rb")))) for s in placed)
     assert total == 9
 
 
@@ -258,8 +259,8 @@ def test_a_retried_conversion_bundle_does_not_duplicate_records(folder, tmp_path
     reader = spill.Reader()
     for entry in entries:
         framed = reader.read(entry.data.path, entry.data.offset, entry.size)
-        (payload,) = records.iter_records(io.BytesIO(framed))
-        assert records.parse_example(payload)["image/filename"].decode() == entry.image_id
+        (payload,) = codec.iter_records(io.BytesIO(framed))
+        assert codec.parse_example(payload)["image/filename"].decode() == entry.image_id
     reader.close()
 
 
@@ -271,8 +272,8 @@ def test_config_image_spec_decides_the_stored_size(folder):
 
     def stored_sizes(batch):
         for entry in batch.entries:  # inline conversion: the framed record travels
-            (payload,) = records.iter_records(io.BytesIO(entry.data))
-            example = records.parse_example(payload)
+            (payload,) = codec.iter_records(io.BytesIO(entry.data))
+            example = codec.parse_example(payload)
             yield example["image/height"], example["image/width"]
 
     with BeamTestPipeline() as p:
@@ -285,7 +286,7 @@ def test_local_refs_for_converting_ahead_respect_both_bounds(folder):
     layout = discovery.discover(root)
 
     def paths(limit, max_bytes):
-        return [ref.path for ref in listing.local_refs(layout, limit, max_bytes, 42, {"t": 1.0})]
+        return [ref.path for ref in discovery.local_refs(layout, limit, max_bytes, 42, {"t": 1.0})]
 
     everything = paths(10**6, 10**12)
     assert sorted(os.path.relpath(p, root) for p in everything) == sorted(ids + list(bad))

@@ -539,4 +539,3 @@ def test_foreign_problems(entries, folders, problems):
 def test_the_reader_names_the_files_tfds_metadata_writes():
     assert published.TFDS_FILES == tfds_metadata.FILES
     assert published.TFDS_FILE_FORMAT == tfds_metadata.FILE_FORMAT
-    assert info_lib.LABELS_FILENAME == metadata.LABELS_FILE

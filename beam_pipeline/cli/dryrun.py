@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from beam_pipeline.cli import arguments
 from beam_pipeline.core import groups, images, keys, settings
 from beam_pipeline.core.errors import UsageError
+from beam_pipeline.engines import choice
 from beam_pipeline.stages import convert, reuse, reuse_scan
-from beam_pipeline.storage import discovery, listing, paths
+from beam_pipeline.storage import discovery, listing, paths, reading
 
 SAMPLE_SIZE = 300
 # Stop converting the sample after this much CPU (with SAMPLE_MIN images at
@@ -285,7 +286,7 @@ class Sample:
 def _read_all(paths: Sequence[str]) -> list[bytes | Exception]:
     def read(path):
         try:
-            return convert.read_bytes(path)
+            return reading.read_bytes(path)
         except Exception as error:  # unreadable: the job rejects it the same way
             return error
 
@@ -409,14 +410,12 @@ def _fmt_usd(usd: float) -> str:
 
 def local_run(args, beam, layout) -> tuple[str, int, bool]:
     """How the job would convert here: (what runs it, its conversion processes,
-    whether on Beam), decided as the job decides (``job.choose_engine``,
+    whether on Beam), decided as the job decides (``choice.choose_engine``,
     ``arguments.with_local_defaults``). A job for another runner (Dataflow,
     Dask) is estimated on the local engine, for comparison."""
-    from beam_pipeline.cli import job
-
-    engine = job.choose_engine(beam, layout, paths.normalize_root(args.output))
+    engine = choice.choose_engine(beam, layout, paths.normalize_root(args.output))
     local_beam, processes = arguments.with_local_defaults(beam, args.local_processes)
-    if engine == job.LOCAL_ENGINE:
+    if engine == choice.LOCAL_ENGINE:
         return "local engine", processes, False
     if local_beam.on_direct_runner:
         mode = local_beam.direct_running_mode

@@ -4,7 +4,7 @@
 layout, checks ``--output`` and an earlier run's leftovers (``resume.py``),
 starts the local conversion processes, turns the arguments into a
 :class:`~beam_pipeline.stages.job_config.JobConfig` (:func:`config_from_args`),
-runs it on the engine :func:`choose_engine` picks (the local engine, or the
+runs it on the engine :func:`choice.choose_engine` picks (the local engine, or the
 Beam graph: :func:`build_and_run`) and prints the summary (``summary.py``).
 Beam's flags are read once, by ``arguments.parse_args``
 (:class:`~beam_pipeline.beam_internals.beam_options.BeamFlags`); everything
@@ -31,10 +31,10 @@ from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.cli import arguments, summary
 from beam_pipeline.core import errors, metadata, settings, spill
 from beam_pipeline.core.errors import UsageError
-from beam_pipeline.engines import local_engine, local_pool, progress
-from beam_pipeline.stages import convert, resume, reuse
+from beam_pipeline.engines import choice, local_engine, local_pool, progress
+from beam_pipeline.stages import resume, reuse
 from beam_pipeline.stages.job_config import JobConfig
-from beam_pipeline.storage import discovery, gcs, listing, paths
+from beam_pipeline.storage import discovery, gcs, paths, reading
 from beam_pipeline.storage import lock as output_lock
 
 # Images converted while Beam loads (enough to cover its start-up on web-size
@@ -232,35 +232,6 @@ def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None =
     return result
 
 
-def _all_local(layout, output: str) -> bool:
-    """Every input image and the output are local (a manifest may name gs:// images)."""
-
-    if layout.kind == "manifest":
-        return layout.manifest_all_local and paths.is_local(output)
-    return paths.is_local(layout.root) and paths.is_local(output)
-
-
-LOCAL_ENGINE = "local"
-BEAM = "beam"
-
-
-def choose_engine(beam, layout, output: str) -> str:
-    """:data:`LOCAL_ENGINE` for a job that names no Beam option and whose input
-    images (a folder, or every path of a manifest) and output are local;
-    :data:`BEAM` for every other job.
-
-    The local engine runs the same stages with the same code as the Beam
-    graph, without Beam (local_engine.py): the same bytes, ~2.5 s of CPU
-    sooner. Any Beam flag (``--runner DirectRunner`` is the simplest) runs the
-    job on Beam instead.
-
-    ``beam``: Beam's flags (``arguments.parse_args``'s), true when any is given.
-    """
-    if beam:
-        return BEAM
-    return LOCAL_ENGINE if _all_local(layout, output) else BEAM
-
-
 def _run_local_engine(args, layout, pool, say) -> dict[str, int]:
     """Runs the job on the local engine with the conversion processes ``pool``; its counters."""
 
@@ -294,7 +265,7 @@ def _convert_ahead(args, layout, pool, spill_dir: str | None, done: dict) -> Non
 
     # (Under --reuse most images need no conversion: none is begun ahead.)
     if layout.kind != "manifest" and paths.is_local(layout.root) and not args.reuse:
-        refs = listing.local_refs(
+        refs = discovery.local_refs(
             layout,
             CONVERT_AHEAD_LIMIT,
             CONVERT_AHEAD_BYTES,
@@ -344,9 +315,13 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     check_reuse(args, output, say)
     check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)
-    engine = choose_engine(given_beam, layout, output)
-    spill_dir = spill.default_dir(output) if processes > 1 or engine == LOCAL_ENGINE else None
-    workers_log = None if args.verbose or engine == LOCAL_ENGINE else _workers_log_path(output)
+    engine = choice.choose_engine(given_beam, layout, output)
+    spill_dir = (
+        spill.default_dir(output) if processes > 1 or engine == choice.LOCAL_ENGINE else None
+    )
+    workers_log = (
+        None if args.verbose or engine == choice.LOCAL_ENGINE else _workers_log_path(output)
+    )
     template = beam.given("template_location")
     # A template build writes nothing to --output: it neither locks nor prepares it.
     with _owning(output, lock=not template) as held:
@@ -359,18 +334,20 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         try:
             try:
                 pool = None
-                if engine == LOCAL_ENGINE or processes > 1:
+                if engine == choice.LOCAL_ENGINE or processes > 1:
                     # Fork the conversion processes before the resume index is read
                     # (children that inherit it would each map, and count, its pages)
                     # and before Beam's runner and gRPC start threads (see local_pool).
                     pool = local_pool.start(processes)
                 done = _report_leftovers(found, output, spill_dir, say)
-                if engine == LOCAL_ENGINE:
+                if engine == choice.LOCAL_ENGINE:
                     counted = _run_local_engine(args, layout, pool, say)
                     return _finish(output, started, cpu_started, counted, True)
                 if pool is not None:
                     _convert_ahead(args, layout, pool, spill_dir, done)
-                    uses_gcs = not _all_local(layout, output) or paths.is_gcs(args.reuse or "")
+                    uses_gcs = not choice.all_local(layout, output) or paths.is_gcs(
+                        args.reuse or ""
+                    )
                     beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
                 if held is not None:
                     held.start_heartbeat()  # a thread: only once the pool has forked
@@ -431,7 +408,7 @@ def _finish(output: str, started: float, cpu_started: float, counted, local: boo
     """Prints the summary of a finished run; its imagerecords.json, parsed."""
 
     seconds = time.monotonic() - started
-    info = json.loads(convert.read_bytes(paths.join(output, metadata.INFO_FILE)))
+    info = json.loads(reading.read_bytes(paths.join(output, metadata.INFO_FILE)))
     cpu = summary.cpu_seconds() - cpu_started if local else None
     print(summary.format_summary(info, seconds, counted, cpu), flush=True)
     return info

@@ -7,18 +7,18 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from beam_pipeline import __version__
-from beam_pipeline.core.records import FEATURE_TYPES
+from imagerecords import codec
 
 # The contract version (docs/format.md section 11): change it only when an old
 # reader could misread the new output, and change that document with it.
 # 2: the metadata file is imagerecords.json, beside TFDS's own files.
 FORMAT_VERSION = 2
-INFO_FILE = "imagerecords.json"
-# Where format_version 1 kept it; in version 2 that name is TFDS's file.
-V1_INFO_FILE = "dataset_info.json"
-LABELS_FILE = "labels.txt"
-REJECTS_FILE = "rejects.jsonl"
-SKIPPED_FILE = "skipped.jsonl"
+# The published files' names are the format's (imagerecords.codec declares them).
+INFO_FILE = codec.INFO_FILE
+V1_INFO_FILE = codec.V1_INFO_FILE
+LABELS_FILE = codec.LABELS_FILE
+REJECTS_FILE = codec.REJECTS_FILE
+SKIPPED_FILE = codec.SKIPPED_FILE
 # What every stored image is, whatever the settings: dataset_info.json's
 # "image" block ends with these, after the settings (settings.info_values).
 IMAGE_FACTS = {
@@ -90,7 +90,7 @@ def build_info(
         "seed": seed,
         "classes": list(classes),
         "image": dict(image),
-        "features": dict(FEATURE_TYPES),
+        "features": dict(codec.FEATURE_TYPES),
         "splits": per_split,
         "rejected": {
             "count": sum(rejected_by_split.values()),

@@ -32,7 +32,8 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from beam_pipeline.core import errors, metadata, records
+from beam_pipeline.core import errors, metadata
+from imagerecords import codec
 
 # The spill files' format, part of the resume key (resume.key): a rerun never
 # reads another format's files. 2: records carry their source's sha256
@@ -88,7 +89,7 @@ def encode(
     """One entry's bytes: the framed header, then ``framed`` (a record's TFRecord)."""
     text = "\0".join((split, image_id, reason, sha256)).encode("utf-8")
     head = _HEAD.pack(kind, key, label, len(framed)) + text
-    return records.frame_record(head) + framed
+    return codec.frame_record(head) + framed
 
 
 class Writer:
@@ -143,10 +144,10 @@ def scan(path: str) -> Iterator[Spilled]:
                 return
             kind, key, label, size = _HEAD.unpack_from(head)
             split, image_id, reason, sha256 = head[_HEAD.size :].decode("utf-8").split("\0", 3)
-            offset += records.FRAME_HEAD + len(head) + 4
+            offset += codec.FRAME_OVERHEAD + len(head)
             if kind == RECORD:
                 framed = stream.read(size)
-                if len(framed) != size or not records.is_intact(framed):
+                if len(framed) != size or not codec.is_intact(framed):
                     return
                 yield Spilled(image_id, split, key, label, size, path, offset, "", sha256)
                 offset += size
@@ -160,8 +161,8 @@ def _read_frame(stream) -> bytes | None:
     """The data of the next frame, or None at the end or at a damaged frame (a run
     killed mid-write leaves one at the end; what follows it is not trusted)."""
     try:
-        data = records.read_frame(stream, max_length=_MAX_HEAD)
-    except records.DamagedRecord:
+        data = codec.read_frame(stream, max_length=_MAX_HEAD)
+    except codec.DamagedRecord:
         return None
     return data if data is None or len(data) >= _HEAD.size else None
 

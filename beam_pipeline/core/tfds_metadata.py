@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from beam_pipeline import __version__
 from beam_pipeline.core import keys, metadata
-from beam_pipeline.core.records import FEATURE_TYPES
+from imagerecords.codec import FEATURE_TYPES
 
 DATASET_INFO_FILE = "dataset_info.json"
 FEATURES_FILE = "features.json"

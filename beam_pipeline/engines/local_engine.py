@@ -1,7 +1,7 @@
 """The local engine: the Beam graph's job, run in this process and its local pool, no Beam.
 
 A job whose input folder and output are both on this machine, and that names
-no Beam option, runs here by default (``job.choose_engine``). It calls the
+no Beam option, runs here by default (``choice.choose_engine``). It calls the
 same stage code as ``pipeline.build``, in the same order (:func:`run` is the
 whole flow), so its output is byte for byte what Beam's DirectRunner writes
 for the same arguments, and its counters are the same (tests/test_local_engine.py,
@@ -26,7 +26,7 @@ from beam_pipeline.stages.convert import Converted, RecordBatch, Rejection
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import ShardInfo, by_shard, sort_entries, write_shard
-from beam_pipeline.storage import listing
+from beam_pipeline.storage import discovery, listing
 
 
 def run(
@@ -136,7 +136,7 @@ def _convert(
     """
     # The total comes from a quick count on a pool process: listing itself only
     # runs as fast as conversion pulls it.
-    estimate = converter.run_aside(listing.estimate_image_count, config.layout)
+    estimate = converter.run_aside(discovery.estimate_image_count, config.layout)
     entries, rejects = collections.defaultdict(list), []
 
     def collect(finished):

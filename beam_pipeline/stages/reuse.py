@@ -57,17 +57,16 @@ import dataclasses
 import logging
 import os
 import random
-import struct
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from beam_pipeline.core import errors, records, settings
+from beam_pipeline.core import errors, settings
 from beam_pipeline.core.errors import OldDatasetChanged, UsageError
-from beam_pipeline.stages.reuse_scan import HEADER, Index, OldRecord, OldShard, changed, read_old
+from beam_pipeline.stages.reuse_scan import Index, OldRecord, OldShard, changed, read_old
 from beam_pipeline.storage import paths
+from imagerecords import codec, storage
 from imagerecords import info as info_lib
-from imagerecords import storage
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +289,7 @@ def read_record(old: OldRecord) -> bytes:
         raise changed(old.shard, f"cannot be read ({type(error).__name__}: {error})") from None
     if len(framed) != old.size:
         raise changed(old.shard, f"ends before byte {old.offset + old.size}")
-    if struct.unpack_from("<I", framed, old.size - 4)[0] != old.crc or not records.is_intact(
-        framed
-    ):
+    if codec.frame_crc(framed[-codec.FRAME_FOOT :]) != old.crc or not codec.is_intact(framed):
         raise changed(old.shard, f"holds another record at byte {old.offset} than it did")
     return framed
 
@@ -313,7 +310,7 @@ def take(
         OldDatasetChanged: the record is not the one the scan checked.
     """
     framed = read_record(old)
-    example = records.Example.FromString(framed[HEADER:-4])
+    example = codec.Example.FromString(codec.payload(framed))
     features = example.features.feature
     if _value(features, "image/filename") != image_id.encode("utf-8") or _value(
         features, "image/key/sha256"
@@ -335,7 +332,7 @@ def _value(features, key: str):
 
 
 def _rebuilt(features, label: int, class_name: str) -> bytes:
-    payload = records.image_record(
+    payload = codec.image_record(
         _value(features, "image/encoded"),
         _value(features, "image/height"),
         _value(features, "image/width"),
@@ -344,13 +341,13 @@ def _rebuilt(features, label: int, class_name: str) -> bytes:
         _value(features, "image/filename"),
         _value(features, "image/key/sha256"),
     )
-    return records.frame_record(payload)
+    return codec.frame_record(payload)
 
 
 def relabel(framed: bytes, label: int, class_name: str) -> bytes:
     """The same record with another label and class name: the bytes a conversion
-    with them would write (``records.image_record`` builds both)."""
-    features = records.Example.FromString(framed[HEADER:-4]).features.feature
+    with them would write (``codec.image_record`` builds both)."""
+    features = codec.Example.FromString(codec.payload(framed)).features.feature
     return _rebuilt(features, label, class_name)
 
 

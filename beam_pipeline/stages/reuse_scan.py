@@ -22,7 +22,6 @@ import collections
 import hashlib
 import logging
 import mmap
-import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -30,16 +29,15 @@ from typing import NamedTuple
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from beam_pipeline.core import errors, records
+from beam_pipeline.core import errors
 from beam_pipeline.core.errors import OldDatasetChanged
-from imagerecords import storage
+from imagerecords import codec, storage
 
 log = logging.getLogger(__name__)
 
 # Bytes read per request while scanning a shard (one request per window on gs://).
 SCAN_WINDOW_LOCAL = 1 << 20
 SCAN_WINDOW_GCS = 8 << 20
-HEADER = 12  # TFRecord: length (8) + masked CRC32C of it (4)
 
 
 class OldRecord(NamedTuple):
@@ -97,10 +95,6 @@ def read_old(files: storage.Files, path: str, start: int, stop: int) -> bytes:
     return files.read(path, start, stop)
 
 
-def _masked_crc(data: bytes) -> int:
-    return records._masked_crc(data)
-
-
 def changed(shard: str, what: str) -> OldDatasetChanged:
     """The error that stops a run whose OLD changed under it: names OLD and what to do."""
     folder, _, name = shard.rpartition("/")
@@ -139,23 +133,22 @@ def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) ->
     stream = _Windows(files or storage.Files(), shard.path, shard.num_bytes)
     while stream.position < shard.num_bytes:
         offset = stream.position
-        header = _read_window(stream, HEADER, shard)
-        if len(header) < HEADER:
+        header = _read_window(stream, codec.FRAME_HEAD, shard)
+        if len(header) < codec.FRAME_HEAD:
             raise changed(shard.path, f"ends at byte {stream.position}, not {shard.num_bytes}")
-        if _masked_crc(header[:8]) != struct.unpack_from("<I", header, 8)[0]:
+        if not codec.header_intact(header):
             return f"a damaged record header at byte {offset}"
-        (length,) = struct.unpack_from("<Q", header)
-        if offset + HEADER + length + 4 > shard.num_bytes:
+        length = codec.stated_length(header)
+        if offset + codec.FRAME_OVERHEAD + length > shard.num_bytes:
             return f"a record at byte {offset} that runs past the shard's end"
         payload = _read_window(stream, length, shard)
-        footer = _read_window(stream, 4, shard)
-        if len(payload) != length or len(footer) != 4:
+        footer = _read_window(stream, codec.FRAME_FOOT, shard)
+        if len(payload) != length or len(footer) != codec.FRAME_FOOT:
             raise changed(shard.path, f"ends at byte {stream.position}, not {shard.num_bytes}")
-        (crc,) = struct.unpack("<I", footer)
-        if _masked_crc(payload) != crc:
+        if not codec.data_intact(payload, footer):
             return f"a record whose data CRC does not match at byte {offset}"
         try:
-            example = records.Example.FromString(payload)
+            example = codec.Example.FromString(payload)
         except DecodeError:
             return f"a record that is not a tf.train.Example at byte {offset}"
         names = example.features.feature["image/filename"]
@@ -163,7 +156,12 @@ def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) ->
             image_id = names.bytes_list.value[0].decode("utf-8")
         except (IndexError, UnicodeDecodeError):
             continue  # not a record of this format: never reused
-        found.append((image_id, OldRecord(shard.path, offset, stream.position - offset, crc)))
+        found.append(
+            (
+                image_id,
+                OldRecord(shard.path, offset, stream.position - offset, codec.frame_crc(footer)),
+            )
+        )
     found_sha256 = stream.digest.hexdigest()
     if found_sha256 != shard.sha256:
         return f"SHA-256 {found_sha256[:12]}..., not the {shard.sha256[:12]}... its metadata gives"

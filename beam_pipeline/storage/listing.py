@@ -12,15 +12,15 @@ a device can never block a worker.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import posixpath
 import stat
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from beam_pipeline.core import groups
 from beam_pipeline.storage.paths import (
     as_text,
     filesystems,
@@ -29,9 +29,6 @@ from beam_pipeline.storage.paths import (
     is_text,
     relative_id,
 )
-
-if TYPE_CHECKING:  # discovery builds these and imports this module
-    from beam_pipeline.storage.discovery import ClassFolder, Layout
 
 # Files that sit next to images in real folders (licences, notes, label lists,
 # scraping leftovers) and are clearly not images: skipped and listed, never
@@ -56,6 +53,19 @@ IN_NOT_TEXT_FOLDER = "inside a folder whose name is not valid UTF-8"
 SYMLINKED_FOLDER = "symbolic link to a folder (not followed)"
 BROKEN_SYMLINK = "broken symbolic link (its target does not exist)"
 _PATH_MAX = 4096  # Linux's PATH_MAX, where os.pathconf cannot say
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassFolder:
+    """A folder whose files (at any depth) all belong to one class."""
+
+    path: str
+    label: int
+    split: str | None  # fixed by a pre-split layout, else None (assigned by hash)
+    # Why the folder could not be read at discovery (only with --skip_unreadable_folders):
+    # listing it then yields just that one Skipped row. A split folder of a pre-split
+    # layout that could not be read (its classes unknown) has label -1.
+    unreadable: str | None = None
 
 
 def unreadable_folder_reason(error: OSError) -> str:
@@ -291,70 +301,3 @@ def sized_folder_rows(
             yield Skipped(as_text(path), reason)
             continue
         yield relative_id(root, path), path, folder.label, folder.split, size
-
-
-def local_refs(
-    layout: Layout,
-    limit: int,
-    max_bytes: int,
-    seed: int,
-    splits: dict[str, float],
-    group_by: str | None = None,
-) -> list[ImageRef]:
-    """The ImageRefs the pipeline will list first, found without Beam, up to
-    ``limit`` images or ``max_bytes`` of source data, whichever comes first.
-
-    Used only to start converting while Beam loads: a file listed here that
-    the pipeline does not list costs a wasted conversion, never a wrong record.
-    The byte bound keeps the results waiting for the pipeline small even for
-    ``--resize none`` on large photos.
-    """
-    refs = []
-    for path, folder in _local_files(layout, limit, max_bytes):
-        image_id = relative_id(layout.root, path)
-        group = groups.group_of(group_by, image_id)
-        split = folder.split or groups.split_of(seed, image_id, group, splits)
-        refs.append(ImageRef(image_id, path, folder.label, split))
-    return refs
-
-
-def _local_files(layout: Layout, limit: int, max_bytes: int) -> list[tuple[str, ClassFolder]]:
-    # The same walk as the pipeline's listing: the workers converting ahead open
-    # these files, so a FIFO must not be among them.
-    found: list[tuple[str, ClassFolder]] = []
-    total = 0
-    for folder in layout.folders:
-        if folder.unreadable:
-            continue
-        for row in walk_class_folder(folder.path, sizes=True):
-            if isinstance(row, Skipped) or skip_reason(row[0]) is not None:
-                continue
-            path, size = row
-            total += size or 0
-            if total > max_bytes or len(found) >= limit:
-                return found
-            found.append((path, folder))
-    return found
-
-
-def estimate_image_count(layout: Layout) -> int:
-    """About how many images listing will yield: for a progress total, not for the books.
-
-    A plain walk, about 1 µs a file against listing's 13 µs (no stat, no
-    per-file checks beyond the name), so that a total is known long before
-    the listing, which runs only as fast as conversion pulls it, is done.
-    Files that listing skips for what a stat shows (not regular, unreadable)
-    are counted; the progress total is set to the exact count at the end.
-    """
-    if layout.kind == "manifest":
-        return layout.num_manifest_rows
-    if not is_local(layout.root):
-        return 0
-    count = 0
-    for folder in layout.folders:
-        for _, dirnames, filenames in os.walk(folder.path):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            count += sum(
-                1 for name in filenames if not name.startswith(".") and skip_reason(name) is None
-            )
-    return count

@@ -1,10 +1,19 @@
-"""tf.train.Example and TFRecord bytes without TensorFlow.
+"""The format's codec: TFRecord framing, the Example schema and the published file names.
+
+Everything that writes or reads a shard's bytes goes through this module: the
+converter frames its records and spill entries here, ``--reuse`` scans an old
+dataset's shards, ``reader.inspect`` follows and checks every frame, and
+:class:`imagerecords.RecordSource` locates and checks records. It sits in the
+bottom package, which imports nothing of ``beam_pipeline`` or ``reader``.
 
 The Example messages are built with the ``protobuf`` library from a descriptor
 equivalent to ``tensorflow/core/example/{example,feature}.proto`` that lives in
 a private descriptor pool, so it never clashes with TensorFlow's own copy when
-both are imported in one process (as in the tests). TFRecord framing uses
-``google_crc32c`` (the maintained C implementation Google's clients use).
+both are imported in one process (the reader, the tests). The CRCs use
+``google_crc32c`` (the maintained C implementation Google's clients use),
+imported on the first CRC: the reader imports this module for the file names
+and the framing constants, and a training job that only reads through
+``tf.data`` never computes a CRC in Python.
 """
 
 from __future__ import annotations
@@ -12,9 +21,119 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Mapping
 
-import google_crc32c
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+# ------------------------------------------------------------ published files
+# The names docs/format.md sections 5, 7 and 11 give.
+INFO_FILE = "imagerecords.json"
+# Where format_version 1 kept it; in version 2 that name is TFDS's file.
+V1_INFO_FILE = "dataset_info.json"
+LABELS_FILE = "labels.txt"
+REJECTS_FILE = "rejects.jsonl"
+SKIPPED_FILE = "skipped.jsonl"
+
+# ------------------------------------------------------------- TFRecord frames
+# A frame (docs/format.md section 5): the data's length (uint64, little
+# endian), the masked CRC32C of those 8 bytes, the data, its masked CRC32C.
+FRAME_HEAD = 12  # length (8) + its masked CRC (4)
+FRAME_FOOT = 4  # the data's masked CRC
+FRAME_OVERHEAD = FRAME_HEAD + FRAME_FOOT  # bytes frame_record adds to each record
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+def _crc32c(data: bytes) -> int:
+    """CRC32C of ``data``; replaces itself by ``google_crc32c.value`` on the first call."""
+    global _crc32c
+    import google_crc32c  # on first use: see the module docstring
+
+    _crc32c = google_crc32c.value
+    return _crc32c(data)
+
+
+def masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC32C of ``data``."""
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One TFRecord: length, masked CRC32C of length, data, masked CRC32C of data."""
+    length = _LENGTH.pack(len(data))
+    return b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
+
+
+def stated_length(header: bytes) -> int:
+    """The data length a frame's header gives, unchecked (``header``: 8 bytes or more)."""
+    return _LENGTH.unpack_from(header)[0]
+
+
+def header_intact(header: bytes) -> bool:
+    """Whether ``header`` is a whole frame header whose length matches its CRC."""
+    return len(header) == FRAME_HEAD and masked_crc(header[:8]) == _CRC.unpack_from(header, 8)[0]
+
+
+def data_intact(data: bytes, footer: bytes) -> bool:
+    """Whether ``footer`` is the 4-byte masked CRC of ``data``."""
+    return len(footer) == FRAME_FOOT and masked_crc(data) == _CRC.unpack(footer)[0]
+
+
+def frame_crc(footer: bytes) -> int:
+    """The masked CRC a frame's 4-byte footer states (unchecked)."""
+    return _CRC.unpack(footer)[0]
+
+
+def is_intact(framed: bytes) -> bool:
+    """Whether ``framed`` is exactly one whole TFRecord with both CRCs right."""
+    if len(framed) < FRAME_OVERHEAD or len(framed) != stated_length(framed) + FRAME_OVERHEAD:
+        return False
+    return header_intact(framed[:FRAME_HEAD]) and data_intact(
+        framed[FRAME_HEAD:-FRAME_FOOT], framed[-FRAME_FOOT:]
+    )
+
+
+def payload(framed: bytes) -> bytes:
+    """The data of one whole frame (unchecked: :func:`is_intact` checks it)."""
+    return framed[FRAME_HEAD:-FRAME_FOOT]
+
+
+class DamagedRecord(ValueError):
+    """A TFRecord frame that is truncated or fails a CRC."""
+
+
+def read_frame(stream, max_length: int | None = None) -> bytes | None:
+    """The data of the next TFRecord frame of a binary stream, or None at its end.
+
+    Raises:
+        DamagedRecord: a truncated frame, a CRC that does not match, or a length
+            over ``max_length`` (a reader that knows its records are small).
+    """
+    header = stream.read(FRAME_HEAD)
+    if not header:
+        return None
+    if len(header) != FRAME_HEAD:
+        raise DamagedRecord("truncated TFRecord header")
+    if not header_intact(header):
+        raise DamagedRecord("TFRecord length CRC mismatch")
+    length = stated_length(header)
+    if max_length is not None and length > max_length:
+        raise DamagedRecord(f"TFRecord length {length} over {max_length}")
+    data = stream.read(length)
+    footer = stream.read(FRAME_FOOT)
+    if len(data) != length or len(footer) != FRAME_FOOT:
+        raise DamagedRecord("truncated TFRecord")
+    if not data_intact(data, footer):
+        raise DamagedRecord("TFRecord data CRC mismatch")
+    return data
+
+
+def iter_records(stream) -> Iterator[bytes]:
+    """Reads framed records from a binary stream, checking both CRCs (see :func:`read_frame`)."""
+    while (data := read_frame(stream)) is not None:
+        yield data
+
+
+# ------------------------------------------------------------ Example schema
 # The record keys of docs/format.md section 6, with their value types.
 FEATURE_TYPES: dict[str, str] = {
     "image/encoded": "bytes",
@@ -145,72 +264,3 @@ def parse_example(data: bytes) -> dict[str, bytes | int]:
         values = list(getattr(feature, kind).value)
         out[key] = values[0] if len(values) == 1 else values
     return out
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame_record(data: bytes) -> bytes:
-    """One TFRecord: length, masked CRC32C of length, data, masked CRC32C of data."""
-    length = struct.pack("<Q", len(data))
-    return b"".join(
-        (length, struct.pack("<I", _masked_crc(length)), data, struct.pack("<I", _masked_crc(data)))
-    )
-
-
-FRAME_OVERHEAD = 16  # bytes frame_record adds to each record
-
-
-FRAME_HEAD = 12  # length (8) + its masked CRC (4)
-
-
-class DamagedRecord(ValueError):
-    """A TFRecord frame that is truncated or fails a CRC."""
-
-
-def read_frame(stream, max_length: int | None = None) -> bytes | None:
-    """The data of the next TFRecord frame of a binary stream, or None at its end.
-
-    Raises:
-        DamagedRecord: a truncated frame, a CRC that does not match, or a length
-            over ``max_length`` (a reader that knows its records are small).
-    """
-    header = stream.read(FRAME_HEAD)
-    if not header:
-        return None
-    if len(header) != FRAME_HEAD:
-        raise DamagedRecord("truncated TFRecord header")
-    (length,) = struct.unpack("<Q", header[:8])
-    if _masked_crc(header[:8]) != struct.unpack("<I", header[8:])[0]:
-        raise DamagedRecord("TFRecord length CRC mismatch")
-    if max_length is not None and length > max_length:
-        raise DamagedRecord(f"TFRecord length {length} over {max_length}")
-    data = stream.read(length)
-    footer = stream.read(4)
-    if len(data) != length or len(footer) != 4:
-        raise DamagedRecord("truncated TFRecord")
-    if _masked_crc(data) != struct.unpack("<I", footer)[0]:
-        raise DamagedRecord("TFRecord data CRC mismatch")
-    return data
-
-
-def iter_records(stream) -> Iterator[bytes]:
-    """Reads framed records from a binary stream, checking both CRCs (see :func:`read_frame`)."""
-    while (data := read_frame(stream)) is not None:
-        yield data
-
-
-def is_intact(framed: bytes) -> bool:
-    """Whether ``framed`` is exactly one whole TFRecord with both CRCs right."""
-    if len(framed) < FRAME_OVERHEAD:
-        return False
-    (length,) = struct.unpack_from("<Q", framed)
-    if len(framed) != length + FRAME_OVERHEAD:
-        return False
-    (length_crc,) = struct.unpack_from("<I", framed, 8)
-    (data_crc,) = struct.unpack_from("<I", framed, 12 + length)
-    return (
-        _masked_crc(framed[:8]) == length_crc and _masked_crc(framed[12 : 12 + length]) == data_crc
-    )
