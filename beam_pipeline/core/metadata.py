@@ -31,6 +31,8 @@ IMAGE_FACTS = {
 CREATED_BY = f"imagerecords {__version__}"
 # A job's temporary files live under OUTPUT/TMP_DIR (hidden: readers never list it).
 TMP_DIR = ".imagerecords-tmp"
+# The live run's lock (storage/lock.py): removed by its owner alone, last.
+LOCK = f"{TMP_DIR}/lock"
 
 
 def split_order(configured: Iterable[str], present: Iterable[str]) -> list[str]:

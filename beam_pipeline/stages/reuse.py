@@ -64,7 +64,7 @@ from typing import NamedTuple
 from beam_pipeline.core import errors, settings
 from beam_pipeline.core.errors import OldDatasetChanged, UsageError
 from beam_pipeline.stages.reuse_scan import Index, OldRecord, OldShard, changed, read_old
-from beam_pipeline.storage import paths
+from beam_pipeline.storage import paths, reading
 from imagerecords import codec, storage
 from imagerecords import info as info_lib
 
@@ -405,11 +405,9 @@ class Forecast:
 
 def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> tuple[bool, bool]:
     """(reused, with a new label) for one image, as a conversion process decides."""
-    from beam_pipeline.stages import convert
-
     image_id, path, label, _ = ref
     try:
-        sha256, _, _ = convert.hash_source(path)
+        sha256, _, _ = reading.hash_source(path)
     except Exception:  # unreadable: the run rejects it (converted, in the count)
         return False, False
     taken = take(old, image_id, sha256, label, classes[label])

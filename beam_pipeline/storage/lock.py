@@ -7,7 +7,7 @@ with orphans. So the CLI takes this lock before it touches --output
 after the summary; a second run into the same output is refused at once,
 with the owner named (:class:`OutputInUse`, exit status 2).
 
-The lock is ``OUTPUT/.imagerecords-tmp/lock`` (:data:`output.LOCK`), one of
+The lock is ``OUTPUT/.imagerecords-tmp/lock`` (:data:`metadata.LOCK`), one of
 the job's own files. It names its owner (host, process, start time). The
 job's clean-ups leave it alone (``output.delete_temp_folder``); releasing it
 is the last thing a run does to --output, and takes the temporary folder
@@ -59,10 +59,9 @@ import time
 import uuid
 
 from beam_pipeline.core.errors import RESUME_HINT, RunStopped, UsageError
-from beam_pipeline.storage import output as output_files
+from beam_pipeline.core.metadata import LOCK
 from beam_pipeline.storage import paths
 
-LOCK = output_files.LOCK
 # How often a gs:// lock's heartbeat is renewed, and how many periods without
 # one make it a killed run's. Only gs:// needs them (flock dies with its process).
 HEARTBEAT_S = 30.0

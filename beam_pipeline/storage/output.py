@@ -33,12 +33,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
 from beam_pipeline.core import duplicates, errors, metadata, spill, tfds_metadata
+from beam_pipeline.core.metadata import LOCK
 from beam_pipeline.storage import listing, paths
 
 # The job's marker (resume.py): the last file a successful run deletes.
 MARKER = f"{metadata.TMP_DIR}/{spill.SETTINGS_FILE}"
-# The live run's lock (lock.py): removed by its owner alone, last.
-LOCK = f"{metadata.TMP_DIR}/lock"
 # What a run writes directly under OUTPUT (a final name, or its temporary name
 # while write_atomically runs); everything under metadata.TMP_DIR is the job's too.
 _FILES = (
