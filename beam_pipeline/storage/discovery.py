@@ -113,8 +113,8 @@ def list_level(path: str) -> tuple[list[str], list[str]]:
     elif is_local(path):
         with os.scandir(path) as entries:
             entries = list(entries)
-        names = [e.name for e in entries if e.is_dir()]
-        files = [e.path for e in entries if not e.is_dir()]
+        names = [e.name for e in entries if _is_local_folder(e)]
+        files = [e.path for e in entries if not _is_local_folder(e)]
     else:
         # Any other Beam filesystem: derive the first level from a full match.
         root = path.rstrip("/") + "/"
@@ -128,6 +128,19 @@ def list_level(path: str) -> tuple[list[str], list[str]]:
         names = list(names)
     visible = sorted(f for f in files if not posixpath.basename(f).startswith("."))
     return sorted(n for n in names if n and not n.startswith(".")), visible
+
+
+def _is_local_folder(entry: os.DirEntry) -> bool:
+    """Whether a listed entry is a folder (a link to one counts).
+
+    A link that cannot be followed (a loop, a link to itself: ELOOP) is no
+    folder; it is listed with the files, so one stray link outside the class
+    folders is a skipped row, not the end of the job.
+    """
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def _has_any_file(path: str) -> bool:
