@@ -88,6 +88,7 @@ BAD_FLAGS = [
     (["--direct_running_mode", "fast"], "--direct_running_mode must be one of"),
     (["--local_processes", "0"], "--local_processes must be at least 1"),
     (["--quiet=maybe"], "expected true or false"),
+    (["--splits", "all=0.9,test=0.1"], "'all' is reserved by TFDS"),
 ]
 
 
@@ -402,6 +403,28 @@ def test_jsonl_manifest_with_a_non_string_split(images, tmp_path, capsys, split)
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: --manifest {manifest}:1: split must be a string"), err
+
+
+@pytest.mark.parametrize(
+    "splits, message",
+    [
+        (["train", "all"], ":2: the split name 'all' is reserved by TFDS"),
+        (["train", "Train"], "the splits 'train' and 'Train' differ only in case"),
+    ],
+)
+def test_a_manifest_split_tfds_cannot_carry_is_refused_before_work(
+    images, tmp_path, capsys, monkeypatch, splits, message
+):
+    forked = []
+    monkeypatch.setattr(local_pool, "start", lambda n: forked.append(n))
+    manifest = tmp_path / "list.csv"
+    rows = [f"{images / 'cat' / f'cat_000{n}.jpg'},cat,{split}" for n, split in enumerate(splits)]
+    manifest.write_text("\n".join(rows) + "\n")
+    assert main(["--manifest", str(manifest), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --manifest ") and len(err.splitlines()) == 1, err
+    assert message in err and "rename" in err
+    assert not forked and not (tmp_path / "o").exists()
 
 
 # ----------------------------------------------------- Beam flags without Beam

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--splits",
         default=keys.DEFAULT_SPLITS,
-        help="NAME=FRACTION,... summing to 1 (default %(default)s)",
+        help="NAME=FRACTION,... summing to 1; names of letters, digits and _, not 'all' "
+        "(TFDS reserves it) (default %(default)s)",
     )
     add("--seed", type=int, default=42, help="Seed of the split and shuffle hashes (default 42)")
     add("--image_size", type=int, default=256, help="Target size in pixels (default 256)")

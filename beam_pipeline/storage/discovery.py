@@ -15,6 +15,7 @@ import posixpath
 import unicodedata
 from collections.abc import Iterator
 
+from beam_pipeline.core import keys
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import gcs
 from beam_pipeline.storage.listing import (
@@ -315,6 +316,7 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
     # IDs checked for duplicates here are the IDs the records get.
     root = normalize_root(input_path) if input_path else manifest_folder(manifest)
     labels: set[str] = set()
+    splits: set[str] = set()
     seen: set[str] = set()
     duplicates: list[str] = []
     count = 0
@@ -324,6 +326,11 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         if row.label_name not in labels:
             check_class_name(row.label_name, f"--manifest {manifest}: label")
         labels.add(row.label_name)
+        if row.split and row.split not in splits:
+            clash = keys.case_clash(splits, row.split)
+            if clash is not None:
+                raise UsageError(f"--manifest {manifest}: {clash}; rename one")
+            splits.add(row.split)
         if row.image_id in seen:
             duplicates.append(row.image_id)
         seen.add(row.image_id)
