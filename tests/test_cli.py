@@ -452,3 +452,34 @@ def test_local_default_skips_construction_type_checks_unless_asked():
     assert beam.args.count("--no_pipeline_type_check") == 1
     beam, processes = with_local_defaults(check(["--runner=DataflowRunner"]), None)
     assert beam.args == ("--runner=DataflowRunner",) and processes == 1
+
+
+@pytest.mark.parametrize(
+    "requested, cpus, expected",
+    [(1, 1, 1), (2, 1, 2), (3, 1, 2), (16, 8, 16), (17, 8, 16), (100000, 2, 4)],
+)
+def test_local_processes_beyond_two_per_core_are_capped(requested, cpus, expected):
+    from beam_pipeline.cli.arguments import capped_processes
+
+    processes, note = capped_processes(requested, cpus)
+    assert processes == expected
+    if requested == expected:
+        assert note is None
+    else:
+        assert f"--local_processes {requested} is more than {expected}" in note
+        assert note.endswith(f"running {expected}")
+
+
+def test_too_many_local_processes_are_capped_with_one_line_and_the_run_finishes(tmp_path, capsys):
+    from beam_pipeline.cli import arguments
+
+    root = tmp_path / "in"
+    ids = make_class_folders(str(root), classes=("a", "b"), per_class=3, nested=False)
+    cap = arguments.MAX_PROCESSES_PER_CORE * (os.cpu_count() or 1)
+    argv = ["--input", str(root), "--output", str(tmp_path / "o")]
+    assert main([*argv, "--local_processes", str(cap + 1)]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"imagerecords: --local_processes {cap + 1} is more than {cap}")
+    assert first.endswith(f"running {cap}")
+    written = contract.check_output(str(tmp_path / "o"), str(root))
+    assert sorted(i for rows in written.values() for i in contract.ids(rows)) == sorted(ids)

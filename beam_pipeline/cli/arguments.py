@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.core import images, keys, tfds_metadata
@@ -24,6 +25,27 @@ EXAMPLE = (
     "example: python -m beam_pipeline --input ./flowers --output ./flowers-records "
     "--splits train=0.9,val=0.1 --image_size 256"
 )
+
+
+# Conversion is CPU work (decode, resize, encode): a second process per core
+# covers the time the first waits on its file (gs:// reads included); more
+# only share the same cores, and each holds its own memory.
+MAX_PROCESSES_PER_CORE = 2
+
+
+def capped_processes(requested: int, cpus: int) -> tuple[int, str | None]:
+    """``--local_processes`` as run on ``cpus`` cores, and the line saying it was capped.
+
+    Each conversion process is forked up front; a count far beyond the cores
+    would fork until the kernel's out-of-memory killer ends the run.
+    """
+    cap = MAX_PROCESSES_PER_CORE * max(1, cpus)
+    if requested <= cap:
+        return requested, None
+    return cap, (
+        f"--local_processes {requested} is more than {cap} ({MAX_PROCESSES_PER_CORE} per core "
+        f"on this machine's {cpus} cores); running {cap}"
+    )
 
 
 def _boolean(text: str) -> bool:
@@ -152,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Convert images in this many local processes, at least 1, on a local run: "
         "the local engine or Beam's DirectRunner in_memory (default: all cores; 1 when "
-        "--direct_running_mode is given)",
+        f"--direct_running_mode is given; at most {MAX_PROCESSES_PER_CORE} per core, a "
+        "larger number is capped with one line)",
     )
     add(
         "--dry_run",
@@ -243,6 +266,10 @@ def parse_args(argv: list[str]):
         raise UsageError(f"--target_shard_mb must be positive, got {args.target_shard_mb:g}")
     if args.local_processes is not None and args.local_processes < 1:
         raise UsageError(f"--local_processes must be at least 1, got {args.local_processes}")
+    if args.local_processes is not None:
+        args.local_processes, note = capped_processes(args.local_processes, os.cpu_count() or 1)
+        if note and not args.quiet:
+            print(f"imagerecords: {note}", file=sys.stderr, flush=True)
     if not args.gcs_timeout_s > 0:
         raise UsageError(f"--gcs_timeout_s must be positive, got {args.gcs_timeout_s:g}")
     if args.min_shards < 1:
