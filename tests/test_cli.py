@@ -456,9 +456,9 @@ def test_local_default_skips_construction_type_checks_unless_asked():
 
 @pytest.mark.parametrize(
     "requested, cpus, expected",
-    [(1, 1, 1), (2, 1, 2), (3, 1, 2), (16, 8, 16), (17, 8, 16), (100000, 2, 4)],
+    [(1, 1, 1), (4, 1, 4), (5, 1, 4), (32, 8, 32), (33, 8, 32), (100000, 2, 8)],
 )
-def test_local_processes_beyond_two_per_core_are_capped(requested, cpus, expected):
+def test_local_processes_beyond_four_per_core_are_capped(requested, cpus, expected):
     from beam_pipeline.cli.arguments import capped_processes
 
     processes, note = capped_processes(requested, cpus)

@@ -27,10 +27,10 @@ EXAMPLE = (
 )
 
 
-# Conversion is CPU work (decode, resize, encode): a second process per core
-# covers the time the first waits on its file (gs:// reads included); more
+# Conversion is CPU work (decode, resize, encode): a few processes per core
+# cover the time each waits on its file (gs:// reads included); many more
 # only share the same cores, and each holds its own memory.
-MAX_PROCESSES_PER_CORE = 2
+MAX_PROCESSES_PER_CORE = 4
 
 
 def capped_processes(requested: int, cpus: int) -> tuple[int, str | None]:
