@@ -235,6 +235,10 @@ def _check_beam_args(beam_args: list[str]) -> beam_options.BeamFlags:
     lenient = bool(os.environ.get("IMAGERECORDS_LENIENT_OPTIONS"))
     beam = beam_options.check(beam_args, _OWN_FLAGS, lenient=lenient)
     _require_dask(beam)
+    # (A Flex Template launcher passes the project, region and locations itself.)
+    missing = None if lenient else beam_options.missing_runner_options(beam)
+    if missing is not None:
+        raise UsageError(missing)
     return beam
 
 
