@@ -248,6 +248,18 @@ class BeamFlags:
         )
 
 
+def closest_flag(name: str, known) -> str | None:
+    """The known flag ``name`` was most likely meant to be (a typo, ``-`` for ``_``), or None."""
+    import difflib
+
+    underscored = "--" + name[2:].replace("-", "_")
+    known = sorted(set(known))
+    if underscored in known:
+        return underscored
+    found = difflib.get_close_matches(underscored, known, n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
 def _value_of(kind: str, value: str | None, const):
     if value is None:
         return const
@@ -287,11 +299,8 @@ def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) ->
         # Beam's parser takes no abbreviation (allow_abbrev=False): an exact name or nothing.
         name, has_value, value = arg.partition("=")
         if name not in options:
-            hint = ""
-            underscored = "--" + name[2:].replace("-", "_")
-            if underscored in options or underscored in own_flags:
-                hint = f" (did you mean {underscored}?)"
-            message = f"unknown option {name}{hint}"
+            near = closest_flag(name, (*own_flags, *options))
+            message = f"unknown option {name}" + (f" (did you mean {near}?)" if near else "")
             if lenient:
                 import logging
 

@@ -21,9 +21,8 @@ from beam_pipeline.core import images, keys, tfds_metadata
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, gcs
 
-EXAMPLE = (
-    "example: python -m beam_pipeline --input ./flowers --output ./flowers-records "
-    "--splits train=0.9,val=0.1 --image_size 256"
+EXAMPLE_ARGS = (
+    "--input ./flowers --output ./flowers-records --splits train=0.9,val=0.1 --image_size 256"
 )
 
 
@@ -62,12 +61,22 @@ def _boolean(text: str) -> bool:
 _FLAG = {"nargs": "?", "const": True, "default": False, "type": _boolean, "metavar": "BOOL"}
 
 
+def program_name(argv0: str) -> str:
+    """How the user started the converter: the ``imagerecords`` command (its own
+    name), else ``python -m beam_pipeline``."""
+    name = os.path.basename(argv0)
+    if not name or name.endswith(".py") or name.startswith("-"):  # -m: .../__main__.py
+        return "python -m beam_pipeline"
+    return name
+
+
 def build_parser() -> argparse.ArgumentParser:
+    prog = program_name(sys.argv[0] if sys.argv else "")
     parser = argparse.ArgumentParser(
-        prog="python -m beam_pipeline",
+        prog=prog,
         description="Convert an image-folder dataset into shuffled, split TFRecord shards. "
         "Any other flag is an Apache Beam pipeline option (--runner, --project, ...).",
-        epilog=EXAMPLE,
+        epilog=f"example: {prog} {EXAMPLE_ARGS}",
         allow_abbrev=False,
     )
     add = parser.add_argument
@@ -254,11 +263,20 @@ def parse_args(argv: list[str]):
     """
     parser = build_parser()
     parser.__class__ = _Parser
+    # A required flag is checked after the unknown ones: `--ouput x` is a typo
+    # to name, not a missing --output. (--help still shows it as required.)
+    asks_help = bool({"-h", "--help"} & set(argv))
+    required = [action for action in parser._actions if action.required and not asks_help]
+    for action in required:
+        action.required = False
     try:
         args, beam_args = parser.parse_known_args(argv)
     except _ArgumentError as error:
         raise UsageError(str(error)) from None
     beam = _check_beam_args(beam_args)
+    missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)}")
     if not args.input and not args.manifest:
         raise UsageError("--input is required (or --manifest FILE)")
     try:
