@@ -483,3 +483,40 @@ def test_too_many_local_processes_are_capped_with_one_line_and_the_run_finishes(
     assert first.endswith(f"running {cap}")
     written = contract.check_output(str(tmp_path / "o"), str(root))
     assert sorted(i for rows in written.values() for i in contract.ids(rows)) == sorted(ids)
+
+
+@pytest.mark.parametrize(
+    "total, resumed, seconds, cpu, expected",
+    [
+        (
+            100,
+            0,
+            10.0,
+            None,
+            "100 images read in 10.0 s wall time: 10.0 images/s (CPU time not measured: the "
+            "work ran on the runner's workers)",
+        ),
+        (
+            100,
+            90,
+            10.0,
+            5.0,
+            "10 images read in 10.0 s wall time: 1.0 images/s (90 more taken from the "
+            "unfinished run, not counted), 0.5000 CPU-s/image (5.0 CPU-s in this process and "
+            "its local worker processes)",
+        ),
+        (
+            5,
+            5,
+            0.0,
+            0.0,
+            "0 images read in 0.0 s wall time: 0.0 images/s (5 more taken from the unfinished "
+            "run, not counted), 0.0000 CPU-s/image (0.0 CPU-s in this process and its local "
+            "worker processes)",
+        ),
+    ],
+)
+def test_the_summary_rate_counts_only_this_runs_images(total, resumed, seconds, cpu, expected):
+    from beam_pipeline.cli import summary
+
+    assert summary.rate_line(total, resumed, seconds, cpu) == expected
