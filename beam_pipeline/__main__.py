@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in (beam_private.STEP_ERRORS_LOGGER, beam_private.JOB_SERVICE_LOGGER):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
         if not parsed[0].quiet:
-            # Progress lines from the conversion step ("converted N images (R images/s)").
+            # A remote worker's progress line ("converted N images so far (R images/s)").
             logging.getLogger("beam_pipeline").setLevel(logging.INFO)
         with ctrl_c:
             job.run(argv, parsed)
