@@ -300,11 +300,33 @@ def test_bad_arguments_exit_2_with_one_line(good, tmp_path):
         ([good.path, "--samples", "0"], "--samples must be at least 1"),
         ([good.path, "--contact_sheet", "sheet.jpg"], "must name a .png file"),
         ([good.path, "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        ([good.path, "--verfy"], "unrecognized arguments: --verfy (did you mean --verify?)"),
+        ([good.path, "--contact-sheet=x.png"], "(did you mean --contact_sheet?)"),
     ]
     for argv, message in cases:
         status, text = _run(*argv)
         assert status == 2, (argv, text)
         assert text.startswith("error: ") and message in text and text.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, status",
+    [(["--verfy"], 2), (["--samples", "0"], 2), (["--help"], 0)],
+)
+def test_bad_arguments_are_answered_before_tensorflow_loads(good, argv, status):
+    code = (
+        "import sys\n"
+        "from reader import inspect\n"
+        "try:\n"
+        f"    code = inspect.main([{str(good.path)!r}, *{argv!r}])\n"
+        "except SystemExit as done:  # --help\n"
+        "    code = done.code\n"
+        "print(code, 'tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout.strip().splitlines()[-1] == f"{status} False", result.stderr
 
 
 def _records_by_filename(path) -> dict[str, bytes]:
