@@ -19,8 +19,12 @@ loads nothing but TensorFlow.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Sequence
 
 # TensorFlow loads with the modules that read the dataset, imported once the
@@ -51,6 +55,44 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
             if near:
                 return f" (did you mean {near[0]}?)"
     return ""
+
+
+# What TensorFlow prints on stderr as it loads, before anything is asked of it:
+# absl's notice that logging is not set up yet, and INFO lines (oneDNN is on,
+# the CPU could use more instructions), each twice on TensorFlow 2.21: two of
+# its libraries (libtensorflow_framework.so.2 and the profiler plugin's
+# _pywrap_profiler_plugin.so) carry their own copy of absl's logging and of the
+# code that logs them. A warning or an error is kept.
+_START_UP_NOTICE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:.]+ +\d+ \w+\.cc:\d+\] "
+    r"|To enable the following instructions: "
+)
+
+
+def without_start_up_notices(text: str) -> str:
+    """``text`` (what went to stderr while TensorFlow loaded) less TensorFlow's notices."""
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not _START_UP_NOTICE.match(line))
+
+
+@contextlib.contextmanager
+def _start_up_notices_dropped():
+    """Everything written to file descriptor 2 in the block goes to stderr after
+    it, without :func:`without_start_up_notices`'s lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            sys.stderr.write(without_start_up_notices(caught.read().decode("utf-8", "replace")))
+            sys.stderr.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    from reader import info as info_lib
+    with _start_up_notices_dropped():
+        from reader import info as info_lib
 
     try:
         return _run(args)
