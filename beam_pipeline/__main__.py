@@ -9,6 +9,7 @@ end into one ``error:`` line and an exit status.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import sys
@@ -31,6 +32,11 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 __all__ = ["build_parser", "main", "parse_args", "run"]
+
+# Dask's configuration of its own loggers, read from the environment when Dask
+# loads (here and in a local cluster's worker processes): a local cluster
+# logs each start, connection and close at INFO, ~35 lines a run.
+DASK_LOG_LEVEL_ENV = "DASK_LOGGING__DISTRIBUTED"
 
 
 def _wrapped_message(error: BaseException, *kinds: type[BaseException]) -> str | None:
@@ -168,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             # re-raising it; the CLI reports it in one line instead.
             for name in (beam_private.STEP_ERRORS_LOGGER, beam_private.JOB_SERVICE_LOGGER):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
+            os.environ.setdefault(DASK_LOG_LEVEL_ENV, "warning")  # a value set by the user wins
         if not parsed[0].quiet:
-            # Progress lines from the conversion step ("converted N images (R images/s)").
+            # A remote worker's progress line ("converted N images so far (R images/s)").
             logging.getLogger("beam_pipeline").setLevel(logging.INFO)
         with ctrl_c:
             job.run(argv, parsed)

@@ -18,29 +18,44 @@ from its module: ``reader.info`` (``SplitInfo``, ``ShardInfo``,
 ``reader.inspect`` (``python -m reader.inspect``).
 """
 
+import importlib
+import importlib.util
+
 from reader.allocator import prefer_bfc_cpu_allocator
 
 # Before any TensorFlow op creates the CPU allocator (see reader/allocator.py).
 prefer_bfc_cpu_allocator()
 
-from reader.config import AugmentConfig, ReaderConfig  # noqa: E402
-from reader.dataset import distributed_dataset, make_dataset  # noqa: E402
-from reader.info import (  # noqa: E402
-    DatasetInfo,
-    DatasetInfoError,
-    IncompleteDatasetError,
-    UnknownSplitError,
-    load_info,
-)
+# The public names and their modules, imported (TensorFlow with them) on first
+# use: `python -m reader.inspect` imports this package first, and checks its
+# arguments before TensorFlow takes seconds to load.
+_EXPORTS = {
+    "AugmentConfig": "reader.config",
+    "ReaderConfig": "reader.config",
+    "distributed_dataset": "reader.dataset",
+    "make_dataset": "reader.dataset",
+    "DatasetInfo": "reader.info",
+    "DatasetInfoError": "reader.info",
+    "IncompleteDatasetError": "reader.info",
+    "UnknownSplitError": "reader.info",
+    "load_info": "reader.info",
+}
 
-__all__ = [
-    "AugmentConfig",
-    "DatasetInfo",
-    "DatasetInfoError",
-    "IncompleteDatasetError",
-    "ReaderConfig",
-    "UnknownSplitError",
-    "distributed_dataset",
-    "load_info",
-    "make_dataset",
-]
+
+def __getattr__(name: str):
+    """A public name, or a submodule (``reader.info``), imported on first use."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+__all__ = sorted(_EXPORTS)

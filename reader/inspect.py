@@ -19,13 +19,16 @@ so ``import reader`` still loads neither.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Sequence
 
-from reader import info as info_lib
-from reader import overview, pictures, verify
-from reader.shard_file import ShardReadError
-
+# TensorFlow loads with the modules that read the dataset, imported once the
+# arguments are checked: a typo is answered at once, not after seconds.
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
 
@@ -35,7 +38,61 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one clear line, no usage dump
-        raise UsageError(message)
+        raise UsageError(message + _suggestion(self, message))
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """`` (did you mean --verify?)`` for an unrecognized flag close to a known one."""
+    prefix = "unrecognized arguments: "
+    if not message.startswith(prefix):
+        return ""
+    known = [name for action in parser._actions for name in action.option_strings]
+    for given in message[len(prefix) :].split():
+        name = given.split("=", 1)[0]
+        if name.startswith("--"):
+            underscored = "--" + name[2:].replace("-", "_")
+            near = difflib.get_close_matches(underscored, known, n=1, cutoff=0.8)
+            if near:
+                return f" (did you mean {near[0]}?)"
+    return ""
+
+
+# What TensorFlow prints on stderr as it loads, before anything is asked of it:
+# absl's notice that logging is not set up yet, and INFO lines (oneDNN is on,
+# the CPU could use more instructions), each twice on TensorFlow 2.21: two of
+# its libraries (libtensorflow_framework.so.2 and the profiler plugin's
+# _pywrap_profiler_plugin.so) carry their own copy of absl's logging and of the
+# code that logs them. A warning or an error is kept.
+_START_UP_NOTICE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:.]+ +\d+ \w+\.cc:\d+\] "
+    r"|To enable the following instructions: "
+)
+
+
+def without_start_up_notices(text: str) -> str:
+    """``text`` (what went to stderr while TensorFlow loaded) less TensorFlow's notices."""
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not _START_UP_NOTICE.match(line))
+
+
+@contextlib.contextmanager
+def _start_up_notices_dropped():
+    """Everything written to file descriptor 2 in the block goes to stderr after
+    it, without :func:`without_start_up_notices`'s lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            sys.stderr.write(without_start_up_notices(caught.read().decode("utf-8", "replace")))
+            sys.stderr.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(argv: Sequence[str] | None) -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The checked arguments (imports no TensorFlow). Raises UsageError."""
     args = build_parser().parse_args(argv)
     if args.samples < 1:
         raise UsageError(f"--samples must be at least 1, got {args.samples}")
@@ -75,6 +133,14 @@ def _run(argv: Sequence[str] | None) -> int:
         value = getattr(args, option)
         if value is not None and not value.lower().endswith(".png"):
             raise UsageError(f"--{option} must name a .png file, got {value}")
+    return args
+
+
+def _run(args: argparse.Namespace) -> int:
+    from reader import info as info_lib
+    from reader import overview, pictures
+    from reader.shard_file import ShardReadError
+
     try:
         info = info_lib.load_info(args.path)
     except info_lib.IncompleteDatasetError as error:
@@ -109,8 +175,10 @@ def _run(argv: Sequence[str] | None) -> int:
     return status
 
 
-def _verify_and_report(info: info_lib.DatasetInfo, workers: int) -> int:
+def _verify_and_report(info, workers: int) -> int:
     """Runs :func:`reader.verify.verify`, prints one ``FAIL`` line per problem; returns the exit status."""
+    from reader import verify
+
     shards = sum(len(s.shards) for s in info.splits.values())
     print(f"\nverify: re-reading {shards} shards with {workers} workers", flush=True)
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if shards > 10 else None
@@ -134,7 +202,15 @@ def _verify_and_report(info: info_lib.DatasetInfo, workers: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``imagerecords-inspect``); returns the exit status."""
     try:
-        return _run(argv)
+        args = parse_args(argv)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    with _start_up_notices_dropped():
+        from reader import info as info_lib
+
+    try:
+        return _run(args)
     except (UsageError, info_lib.UnknownSplitError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE

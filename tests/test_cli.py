@@ -453,3 +453,71 @@ def test_local_default_skips_construction_type_checks_unless_asked():
     assert beam.args.count("--no_pipeline_type_check") == 1
     beam, processes = with_local_defaults(check(["--runner=DataflowRunner"]), None)
     assert beam.args == ("--runner=DataflowRunner",) and processes == 1
+
+
+@pytest.mark.parametrize(
+    "requested, cpus, expected",
+    [(1, 1, 1), (4, 1, 4), (5, 1, 4), (32, 8, 32), (33, 8, 32), (100000, 2, 8)],
+)
+def test_local_processes_beyond_four_per_core_are_capped(requested, cpus, expected):
+    from beam_pipeline.cli.arguments import capped_processes
+
+    processes, note = capped_processes(requested, cpus)
+    assert processes == expected
+    if requested == expected:
+        assert note is None
+    else:
+        assert f"--local_processes {requested} is more than {expected}" in note
+        assert note.endswith(f"running {expected}")
+
+
+def test_too_many_local_processes_are_capped_with_one_line_and_the_run_finishes(tmp_path, capsys):
+    from beam_pipeline.cli import arguments
+
+    root = tmp_path / "in"
+    ids = make_class_folders(str(root), classes=("a", "b"), per_class=3, nested=False)
+    cap = arguments.MAX_PROCESSES_PER_CORE * (os.cpu_count() or 1)
+    argv = ["--input", str(root), "--output", str(tmp_path / "o")]
+    assert main([*argv, "--local_processes", str(cap + 1)]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"imagerecords: --local_processes {cap + 1} is more than {cap}")
+    assert first.endswith(f"running {cap}")
+    written = contract.check_output(str(tmp_path / "o"), str(root))
+    assert sorted(i for rows in written.values() for i in contract.ids(rows)) == sorted(ids)
+
+
+@pytest.mark.parametrize(
+    "total, resumed, seconds, cpu, expected",
+    [
+        (
+            100,
+            0,
+            10.0,
+            None,
+            "100 images read in 10.0 s wall time: 10.0 images/s (CPU time not measured: the "
+            "work ran on the runner's workers)",
+        ),
+        (
+            100,
+            90,
+            10.0,
+            5.0,
+            "10 images read in 10.0 s wall time: 1.0 images/s (90 more taken from the "
+            "unfinished run, not counted), 0.5000 CPU-s/image (5.0 CPU-s in this process and "
+            "its local worker processes)",
+        ),
+        (
+            5,
+            5,
+            0.0,
+            0.0,
+            "0 images read in 0.0 s wall time: 0.0 images/s (5 more taken from the unfinished "
+            "run, not counted), 0.0000 CPU-s/image (0.0 CPU-s in this process and its local "
+            "worker processes)",
+        ),
+    ],
+)
+def test_the_summary_rate_counts_only_this_runs_images(total, resumed, seconds, cpu, expected):
+    from beam_pipeline.cli import summary
+
+    assert summary.rate_line(total, resumed, seconds, cpu) == expected

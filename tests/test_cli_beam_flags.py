@@ -80,7 +80,10 @@ def test_no_flag_is_abbreviated_neither_here_nor_by_beam(abbreviated):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     assert PipelineOptions([abbreviated, "x"]).get_all_options()["runner"] is None
-    with pytest.raises(UsageError, match=f"unknown option {abbreviated}$"):
+    # Refused (a close one suggested, never taken).
+    with pytest.raises(
+        UsageError, match=rf"unknown option {abbreviated}( \(did you mean --\w+\?\))?$"
+    ):
         beam_options.check([abbreviated, "x"])
 
 
@@ -222,3 +225,106 @@ def test_a_usage_error_shows_its_traceback_as_the_last_verbose_says(capsys, verb
     err = capsys.readouterr().err
     assert ("Traceback" in err) == traceback, err
     assert re.search(r"^error: .*--seed", err, re.M), err
+
+
+# ------------------------------------------------- what a runner needs, before work
+
+GS = "gs://b/tmp"
+
+
+@pytest.mark.parametrize(
+    "args, environ, gcloud, missing",
+    [
+        (["--runner", "DirectRunner"], {}, None, None),
+        ([], {}, None, None),
+        (
+            ["--runner", "DataflowRunner"],
+            {},
+            None,
+            "needs --project PROJECT, --region REGION and --temp_location gs://BUCKET/PATH",
+        ),
+        (["--runner=dataflow", "--project", "p", "--region", "r"], {}, None, "--temp_location"),
+        (["--runner=Dataflow", "--project=p", "--temp_location", GS], {}, None, "--region"),
+        (["--runner=dataflow", "--region", "r", "--staging_location", GS], {}, None, "--project"),
+        # Beam takes the region from the environment, then from gcloud.
+        (
+            ["--runner=dataflow", "--project=p", "--temp_location", GS],
+            {"CLOUDSDK_COMPUTE_REGION": "r"},
+            None,
+            None,
+        ),
+        (["--runner=dataflow", "--project=p", "--temp_location", GS], {}, "europe-west4", None),
+        # A temporary folder that is not in GCS is none to Dataflow.
+        (
+            ["--runner=dataflow", "--project=p", "--region=r", "--temp_location=/tmp/x"],
+            {},
+            None,
+            "--temp_location",
+        ),
+        (
+            ["--runner=dataflow", "--project=p", "--region=r", "--staging_location", GS],
+            {},
+            None,
+            None,
+        ),
+        (["--runner", "DaskRunner"], {}, None, None),  # Beam starts a local Dask cluster
+        (["--runner", "DaskRunner", "--dask_client_address=tcp://h:8786"], {}, None, None),
+        (["--runner", "DaskRunner", "--dask_client_address="], {}, None, "is empty"),
+        (
+            ["--runner", "DaskRunner", "--dask_client_address=tcp://h:8786"]
+            + ["--dask_scheduler_file", __file__],
+            {},
+            None,
+            "give one of them",
+        ),
+        (["--runner", "DaskRunner", "--dask_scheduler_file", __file__], {}, None, None),
+        (
+            ["--runner", "DaskRunner", "--dask_scheduler_file", "/no/such.json"],
+            {},
+            None,
+            "does not exist",
+        ),
+    ],
+)
+def test_what_the_runner_needs_is_named_in_one_line(args, environ, gcloud, missing):
+    found = beam_options.missing_runner_options(
+        beam_options.check(args), environ, default_region=lambda: gcloud
+    )
+    if missing is None:
+        assert found is None
+    else:
+        assert missing in found and "\n" not in found
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--runner", "Dataflow"], "error: --runner DataflowRunner needs --project PROJECT"),
+        (
+            ["--runner", "DataflowRunner", "--project", "p", "--region", "r"],
+            "error: --runner DataflowRunner needs --temp_location gs://BUCKET/PATH",
+        ),
+        (
+            ["--runner", "DaskRunner", "--dask_scheduler_file", "/no/such.json"],
+            "error: --dask_scheduler_file /no/such.json does not exist",
+        ),
+    ],
+)
+def test_a_runner_without_what_it_needs_is_refused_before_the_input_is_listed(
+    images, tmp_path, capsys, flags, message
+):
+    assert main(["--input", str(images), "--output", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    # The one line: no "imagerecords: N classes ..." and no "running on" before it.
+    assert err.startswith(message) and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_flex_template_launch_leaves_the_runner_options_to_its_launcher(monkeypatch):
+    from beam_pipeline.cli import arguments
+
+    monkeypatch.setenv("IMAGERECORDS_LENIENT_OPTIONS", "1")
+    _, beam = arguments.parse_args(
+        ["--input", "gs://b/i", "--output", "gs://b/o", "--runner=dataflow"]
+    )
+    assert beam.runner == "DataflowRunner"

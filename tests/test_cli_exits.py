@@ -88,6 +88,10 @@ BAD_FLAGS = [
     (["--direct_running_mode", "fast"], "--direct_running_mode must be one of"),
     (["--local_processes", "0"], "--local_processes must be at least 1"),
     (["--quiet=maybe"], "expected true or false"),
+    (["--splits", "all=0.9,test=0.1"], "'all' is reserved by TFDS"),
+    (["--image_siz", "128"], "unknown option --image_siz (did you mean --image_size?)"),
+    (["--dryrun"], "unknown option --dryrun (did you mean --dry_run?)"),
+    (["--num_worker=3"], "unknown option --num_worker (did you mean --num_workers?)"),
 ]
 
 
@@ -102,6 +106,61 @@ def test_a_bad_flag_forks_nothing(images, tmp_path, capsys, monkeypatch, flags, 
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
     assert not forked, "conversion processes were forked before the flags were checked"
     assert not (tmp_path / "o").exists()
+
+
+def test_a_misspelt_output_is_named_not_called_missing(images, capsys):
+    assert main(["--input", str(images), "--ouput", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown option --ouput (did you mean --output?)"
+
+
+def test_a_missing_output_is_still_called_missing(images, capsys):
+    assert main(["--input", str(images)]) == 2
+    assert (
+        capsys.readouterr().err.strip() == "error: the following arguments are required: --output"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, near",
+    [
+        ("--ouput", "--output"),
+        ("--image-size", "--image_size"),
+        ("--dryrun", "--dry_run"),
+        ("--Output", "--output"),
+        ("--xyz", None),
+        ("--bogus_flag", None),
+    ],
+)
+def test_closest_flag(name, near):
+    known = ["--output", "--image_size", "--dry_run", "--input", "--runner"]
+    assert beam_options.closest_flag(name, known) == near
+
+
+@pytest.mark.parametrize(
+    "argv0, name",
+    [
+        ("/venv/bin/imagerecords", "imagerecords"),
+        ("/repo/beam_pipeline/__main__.py", "python -m beam_pipeline"),
+        ("-c", "python -m beam_pipeline"),
+        ("", "python -m beam_pipeline"),
+    ],
+)
+def test_the_usage_names_the_command_the_user_typed(argv0, name):
+    from beam_pipeline.cli import arguments
+
+    assert arguments.program_name(argv0) == name
+
+
+def test_the_console_script_prints_its_own_name_in_usage(tmp_path):
+    script = tmp_path / "imagerecords"
+    script.write_text("import sys\nfrom beam_pipeline.__main__ import main\nsys.exit(main())\n")
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: imagerecords ")
+    assert "example: imagerecords --input" in done.stdout and "python -m" not in done.stdout
 
 
 @pytest.mark.parametrize("flags", [["--bogus_flag", "3"], ["--direct_num_workers=abc"]])
@@ -402,6 +461,28 @@ def test_jsonl_manifest_with_a_non_string_split(images, tmp_path, capsys, split)
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: --manifest {manifest}:1: split must be a string"), err
+
+
+@pytest.mark.parametrize(
+    "splits, message",
+    [
+        (["train", "all"], ":2: the split name 'all' is reserved by TFDS"),
+        (["train", "Train"], "the splits 'train' and 'Train' differ only in case"),
+    ],
+)
+def test_a_manifest_split_tfds_cannot_carry_is_refused_before_work(
+    images, tmp_path, capsys, monkeypatch, splits, message
+):
+    forked = []
+    monkeypatch.setattr(local_pool, "start", lambda n: forked.append(n))
+    manifest = tmp_path / "list.csv"
+    rows = [f"{images / 'cat' / f'cat_000{n}.jpg'},cat,{split}" for n, split in enumerate(splits)]
+    manifest.write_text("\n".join(rows) + "\n")
+    assert main(["--manifest", str(manifest), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --manifest ") and len(err.splitlines()) == 1, err
+    assert message in err and "rename" in err
+    assert not forked and not (tmp_path / "o").exists()
 
 
 # ----------------------------------------------------- Beam flags without Beam

@@ -149,6 +149,27 @@ def test_a_grouped_folder_on_dask_is_what_the_local_engine_and_directrunner_writ
     assert len(set(found.values())) == 3
 
 
+def test_a_local_dask_run_logs_nothing_of_dask_without_verbose(images, tmp_path):
+    """Without --dask_client_address Beam starts a local cluster in the command's
+    process; its scheduler and workers log every start and close at INFO."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    command = [sys.executable, "-m", "beam_pipeline", "--input", str(images)]
+    command += [
+        "--output",
+        str(tmp_path / "o"),
+        "--runner",
+        "DaskRunner",
+        "--max_reject_fraction",
+        "0.2",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "imagerecords: running on DaskRunner (a new local Dask cluster)" in done.stderr
+    # (A warning Dask has reason for, such as an event loop stalled by a loaded machine, shows.)
+    assert "INFO distributed" not in done.stderr, done.stderr
+    assert contract.all_files(str(tmp_path / "o"))
+
+
 def test_dask_wait_false_is_refused_before_work(dask_cluster, images, tmp_path, capsys):
     status = _convert(
         images,

@@ -300,11 +300,33 @@ def test_bad_arguments_exit_2_with_one_line(good, tmp_path):
         ([good.path, "--samples", "0"], "--samples must be at least 1"),
         ([good.path, "--contact_sheet", "sheet.jpg"], "must name a .png file"),
         ([good.path, "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        ([good.path, "--verfy"], "unrecognized arguments: --verfy (did you mean --verify?)"),
+        ([good.path, "--contact-sheet=x.png"], "(did you mean --contact_sheet?)"),
     ]
     for argv, message in cases:
         status, text = _run(*argv)
         assert status == 2, (argv, text)
         assert text.startswith("error: ") and message in text and text.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, status",
+    [(["--verfy"], 2), (["--samples", "0"], 2), (["--help"], 0)],
+)
+def test_bad_arguments_are_answered_before_tensorflow_loads(good, argv, status):
+    code = (
+        "import sys\n"
+        "from reader import inspect\n"
+        "try:\n"
+        f"    code = inspect.main([{str(good.path)!r}, *{argv!r}])\n"
+        "except SystemExit as done:  # --help\n"
+        "    code = done.code\n"
+        "print(code, 'tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout.strip().splitlines()[-1] == f"{status} False", result.stderr
 
 
 def _records_by_filename(path) -> dict[str, bytes]:
@@ -455,3 +477,41 @@ def test_inspect_and_verify_on_gcs(good, tmp_path, gcs_emulator, tf_gcs_env):
     status, text = seen["damaged"]
     assert status == 1
     assert "train-00003-of-00004.tfrecord: record 1 " in text and "data CRC mismatch" in text
+
+
+@pytest.mark.parametrize(
+    "text, kept",
+    [
+        (
+            "WARNING: All log messages before absl::InitializeLog() is called are written to "
+            "STDERR\n"
+            "I0000 00:00:1796155662.096300   21659 port.cc:153] oneDNN custom operations are on.\n"
+            "I0000 00:00:1796155662.178347   21659 cpu_feature_guard.cc:227] This TensorFlow "
+            "binary is optimized to use available CPU instructions.\n"
+            "To enable the following instructions: AVX2 FMA, in other operations, rebuild.\n",
+            "",
+        ),
+        # A warning or an error TensorFlow prints is kept, and so is anything else.
+        (
+            "W0000 00:00:1796155662.1 21659 gpu_device.cc:2342] Cannot dlopen some GPU libraries.\n",
+            "W0000 00:00:1796155662.1 21659 gpu_device.cc:2342] Cannot dlopen some GPU libraries.\n",
+        ),
+        ("E0000 00:00:1.0 1 x.cc:1] broken\nTraceback (most recent call last):\n", None),
+        ("a line that names port.cc:153] in the middle\n", None),
+    ],
+)
+def test_without_start_up_notices_drops_only_tensorflows_info_lines(text, kept):
+    assert inspect_tool.without_start_up_notices(text) == (text if kept is None else kept)
+
+
+def test_inspect_prints_no_tensorflow_start_up_notices(good):
+    result = subprocess.run(
+        [sys.executable, "-m", "reader.inspect", str(good.path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "absl::InitializeLog" not in result.stderr, result.stderr
+    assert "] oneDNN" not in result.stderr and "cpu_feature_guard" not in result.stderr

@@ -69,7 +69,10 @@ def test_parse_splits_accepts(spec, expected):
         ("train", "NAME=FRACTION"),
         ("train=abc", "not a number"),
         ("train=0.5,train=0.5", "twice"),
-        ("tr-ain=1", "NAME=FRACTION"),
+        ("tr-ain=1", "is not letters, digits and _"),
+        ("all=0.9,test=0.1", "'all' is reserved by TFDS"),
+        ("Train=0.5,train=0.5", "differ only in case"),
+        ("a" * 101 + "=1", "longer than 100 characters"),
         ("train=1.5,val=-0.5", "[0, 1]"),
         ("", "no splits"),
     ],
@@ -77,6 +80,33 @@ def test_parse_splits_accepts(spec, expected):
 def test_parse_splits_rejects(spec, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         keys.parse_splits(spec)
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("train", None),
+        ("ALL", None),  # TFDS reserves "all" exactly
+        ("all_images", None),
+        ("a" * 100, None),
+        ("all", "reserved by TFDS"),
+        ("a" * 101, "longer than"),
+        ("train[:10%]", "is not letters"),  # TFDS would read it as a slice of train
+        ("a+b", "is not letters"),  # TFDS would read it as two splits
+        ("val-1", "is not letters"),
+        ("", "is not letters"),
+        ("caf\u00e9", "is not letters"),
+    ],
+)
+def test_split_name_problem(name, problem):
+    found = keys.split_name_problem(name)
+    assert found is None if problem is None else problem in found
+
+
+def test_case_clash():
+    assert keys.case_clash(["train", "val"], "test") is None
+    assert keys.case_clash(["train"], "train") is None  # the same split again
+    assert "differ only in case" in keys.case_clash(["train", "val"], "VAL")
 
 
 def test_assign_split_matches_fractions_and_is_stable():

@@ -157,6 +157,48 @@ def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path, 
     assert re.search(rf"imagerecords: writing \d+ shards: 100%\|[^\r]*\| {IMAGES}/{IMAGES} ", shown)
 
 
+BEAM = ("--runner", "DirectRunner")
+
+
+def test_a_beam_run_in_a_terminal_gets_the_live_line_with_total_and_time_left(folder, tmp_path):
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen(
+        _cli(folder, tmp_path / "out", *BEAM),
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+    )
+    os.close(follower)
+    try:
+        shown = _read_all(leader, process).decode("utf-8", "replace")
+    finally:
+        os.close(leader)
+        process.wait(timeout=300)
+    assert process.returncode == 0, shown
+    assert "imagerecords: running on DirectRunner (in_memory" in shown
+    assert "\rimagerecords: converting: 100%|" in shown
+    assert f"| {IMAGES}/{IMAGES} [" in shown and " images/s" in shown
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])  # converted in the step, or on the pool
+def test_a_beam_run_in_a_log_says_done_total_percentage_and_time_left(
+    folder, tmp_path, capsys, monkeypatch, processes
+):
+    from beam_pipeline.__main__ import main
+
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL_S", 0.0)  # a line per image, not per 15 s
+    argv = ["--input", str(folder), "--output", str(tmp_path / "out"), *BEAM]
+    assert main([*argv, "--local_processes", processes]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("imagerecords: converting")]
+    pattern = rf"imagerecords: converting (\d+)/{IMAGES} images \(\d+\.\d%\), [\d,]+ images/s, \d\d:\d\d left"
+    counts = [int(re.fullmatch(pattern, line).group(1)) for line in lines[:-1]]
+    assert counts == list(range(1, IMAGES + 1)), lines
+    assert re.fullmatch(rf"imagerecords: converting: {IMAGES} images in \d\d:\d\d", lines[-1])
+    assert "images so far" not in err
+
+
 def test_a_terminal_line_leaves_work_found_done_out_of_its_rate_and_time_left():
     """A resumed run's first images come back at once: no rate, no time left, from them.
 

@@ -128,6 +128,11 @@ def test_a_killed_run_resumes_with_the_same_command_to_the_same_bytes(images, tm
     assert counters["images_resumed"] >= min(spilled, 1100)
     assert counters.get("images_converted", 0) < len(ids) - 1000  # fewer the second time
     assert contract.all_files(str(out)) == contract.all_files(str(reference))
+    # The rate counts what this run read, not what it took from the first one.
+    resumed = counters["images_resumed"]
+    (rate,) = [line for line in result.stdout.splitlines() if " images read in " in line]
+    assert rate.startswith(f"{len(ids) + len(bad) - resumed} images read in ")
+    assert f"({resumed} more taken from the unfinished run, not counted)" in rate
 
 
 def test_a_changed_image_size_after_a_kill_does_not_reuse_the_records(images, tmp_path):

@@ -90,6 +90,24 @@ def test_presplit_files_outside_class_folders_are_skipped(tmp_path):
     assert sum(s["num_examples"] for s in info["splits"].values()) == 12
 
 
+@pytest.mark.parametrize("layout", ["classes", "presplit"])
+def test_a_symlink_loop_outside_the_class_folders_is_a_skipped_row(tmp_path, layout):
+    root = tmp_path / "in"
+    top = root / "train" if layout == "presplit" else root
+    make_class_folders(str(top), classes=("a", "b"), per_class=3, nested=False)
+    if layout == "presplit":
+        make_class_folders(str(root / "val"), classes=("a", "b"), per_class=1, nested=False)
+    os.symlink("loop", top / "loop")  # a link to itself: following it fails with ELOOP
+    assert main(["--input", str(root), "--output", str(tmp_path / "o"), "--quiet"]) == 0
+    with open(tmp_path / "o" / "skipped.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert rows == [{"path": str(top / "loop"), "reason": "not inside a class folder"}]
+    info = contract.load_info(str(tmp_path / "o"))
+    assert sum(s["num_examples"] for s in info["splits"].values()) == (
+        8 if layout == "presplit" else 6
+    )
+
+
 def test_a_folder_of_only_non_images_is_refused_before_work(tmp_path, capsys):
     root = tmp_path / "in"
     _write(str(root / "cat" / "LICENSE.txt"), b"x")

@@ -211,3 +211,9 @@ def test_builder_from_directory_on_gcs(dataset, gcs_emulator, tf_gcs_env):
     assert [r[1] for r in rows["train"]] == [r["label"] for r in local]
     assert all(shape[2] == 3 for _, _, shape in rows["train"])
     assert 0 < len(rows["train[:10%]"]) < len(rows["train"])
+
+
+def test_the_split_names_the_converter_refuses_are_the_ones_tfds_reserves():
+    tfds = _tfds()
+    assert keys.TFDS_RESERVED_SPLITS == (str(tfds.Split.ALL),)
+    assert keys.split_name_problem(str(tfds.Split.ALL)) is not None

@@ -39,6 +39,10 @@ from beam_pipeline.core.errors import UsageError
 DASK_RUNNER_NAMES = ("DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner")
 DASK = "DaskRunner"
 DIRECT = "DirectRunner"
+DATAFLOW = "DataflowRunner"
+# Where Beam's DataflowRunner looks for a region not given as --region, after
+# the environment: gcloud's configuration.
+_GCLOUD_REGION = ("gcloud", "config", "get-value", "compute/region")
 
 # kind of a flag's value: "flag" (no value), "optional" (nargs="?"), "int",
 # "float", "json", "text"
@@ -244,6 +248,18 @@ class BeamFlags:
         )
 
 
+def closest_flag(name: str, known) -> str | None:
+    """The known flag ``name`` was most likely meant to be (a typo, ``-`` for ``_``), or None."""
+    import difflib
+
+    underscored = "--" + name[2:].replace("-", "_")
+    known = sorted(set(known))
+    if underscored in known:
+        return underscored
+    found = difflib.get_close_matches(underscored, known, n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
 def _value_of(kind: str, value: str | None, const):
     if value is None:
         return const
@@ -283,11 +299,8 @@ def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) ->
         # Beam's parser takes no abbreviation (allow_abbrev=False): an exact name or nothing.
         name, has_value, value = arg.partition("=")
         if name not in options:
-            hint = ""
-            underscored = "--" + name[2:].replace("-", "_")
-            if underscored in options or underscored in own_flags:
-                hint = f" (did you mean {underscored}?)"
-            message = f"unknown option {name}{hint}"
+            near = closest_flag(name, (*own_flags, *options))
+            message = f"unknown option {name}" + (f" (did you mean {near}?)" if near else "")
             if lenient:
                 import logging
 
@@ -313,6 +326,70 @@ def check(beam_args: list[str], own_flags=frozenset(), lenient: bool = False) ->
         read = _value_of(kind, value, const)
         values[dest] = values.get(dest, ()) + (read,) if gathers else read
     return BeamFlags(tuple(beam_args), types.MappingProxyType(values), runner)
+
+
+def _gcloud_region() -> str | None:
+    """The region gcloud is configured with, as Beam's DataflowRunner asks it; None without one."""
+    import shutil
+    import subprocess
+
+    if shutil.which(_GCLOUD_REGION[0]) is None:
+        return None
+    try:
+        done = subprocess.run(
+            _GCLOUD_REGION, capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def missing_runner_options(
+    flags: BeamFlags, environ: Mapping[str, str] = os.environ, default_region=_gcloud_region
+) -> str | None:
+    """What the chosen runner needs that the flags do not give, as one line; None if nothing.
+
+    Beam checks these only once the pipeline runs, after the input is listed
+    and the conversion processes started; this reads the same rules from the
+    flags alone. DataflowRunner needs a project, a region (``--region``, else
+    ``$CLOUDSDK_COMPUTE_REGION`` or gcloud's, as Beam finds it) and a gs://
+    folder for its temporary and staged files (``--temp_location`` or
+    ``--staging_location``: Beam fills in the other one; it would otherwise
+    try to create a bucket of its own). Dask needs the scheduler file it is
+    told to read to exist (Dask would wait for it to appear), and one way to
+    find the scheduler, not two. ``default_region``: gcloud's region, asked
+    only when no other is given.
+    """
+    if flags.runner == DATAFLOW:
+        needed = []
+        if not flags.get("project"):
+            needed.append("--project PROJECT")
+        if not (flags.get("region") or environ.get("CLOUDSDK_COMPUTE_REGION") or default_region()):
+            needed.append("--region REGION")
+        locations = [flags.get("temp_location"), flags.get("staging_location")]
+        if not any(str(where or "").startswith("gs://") for where in locations):
+            needed.append("--temp_location gs://BUCKET/PATH")
+        if needed:
+            listed = ", ".join(needed[:-1]) + (" and " if len(needed) > 1 else "") + needed[-1]
+            return (
+                f"--runner {DATAFLOW} needs {listed} (see deploy/README.md); add "
+                f"{'them' if len(needed) > 1 else 'it'} to the command"
+            )
+    if flags.on_dask:
+        address, scheduler_file = flags.get("address"), flags.get("scheduler_file")
+        if address is not None and not address.strip():
+            return "--dask_client_address is empty: give the scheduler's tcp://HOST:PORT"
+        if address and scheduler_file:
+            return (
+                "--dask_client_address and --dask_scheduler_file both name a Dask scheduler: "
+                "give one of them"
+            )
+        if scheduler_file and "://" not in scheduler_file and not os.path.isfile(scheduler_file):
+            return (
+                f"--dask_scheduler_file {scheduler_file} does not exist (Dask would wait for "
+                "it): start the scheduler with --scheduler-file first, or fix the path"
+            )
+    return None
 
 
 def main() -> None:

@@ -14,16 +14,37 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.core import groups, images, keys, tfds_metadata
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, gcs
 
-EXAMPLE = (
-    "example: python -m beam_pipeline --input ./flowers --output ./flowers-records "
-    "--splits train=0.9,val=0.1 --image_size 256"
+EXAMPLE_ARGS = (
+    "--input ./flowers --output ./flowers-records --splits train=0.9,val=0.1 --image_size 256"
 )
+
+
+# Conversion is CPU work (decode, resize, encode): a few processes per core
+# cover the time each waits on its file (gs:// reads included); many more
+# only share the same cores, and each holds its own memory.
+MAX_PROCESSES_PER_CORE = 4
+
+
+def capped_processes(requested: int, cpus: int) -> tuple[int, str | None]:
+    """``--local_processes`` as run on ``cpus`` cores, and the line saying it was capped.
+
+    Each conversion process is forked up front; a count far beyond the cores
+    would fork until the kernel's out-of-memory killer ends the run.
+    """
+    cap = MAX_PROCESSES_PER_CORE * max(1, cpus)
+    if requested <= cap:
+        return requested, None
+    return cap, (
+        f"--local_processes {requested} is more than {cap} ({MAX_PROCESSES_PER_CORE} per core "
+        f"on this machine's {cpus} cores); running {cap}"
+    )
 
 
 def _boolean(text: str) -> bool:
@@ -40,12 +61,22 @@ def _boolean(text: str) -> bool:
 _FLAG = {"nargs": "?", "const": True, "default": False, "type": _boolean, "metavar": "BOOL"}
 
 
+def program_name(argv0: str) -> str:
+    """How the user started the converter: the ``imagerecords`` command (its own
+    name), else ``python -m beam_pipeline``."""
+    name = os.path.basename(argv0)
+    if not name or name.endswith(".py") or name.startswith("-"):  # -m: .../__main__.py
+        return "python -m beam_pipeline"
+    return name
+
+
 def build_parser() -> argparse.ArgumentParser:
+    prog = program_name(sys.argv[0] if sys.argv else "")
     parser = argparse.ArgumentParser(
-        prog="python -m beam_pipeline",
+        prog=prog,
         description="Convert an image-folder dataset into shuffled, split TFRecord shards. "
         "Any other flag is an Apache Beam pipeline option (--runner, --project, ...).",
-        epilog=EXAMPLE,
+        epilog=f"example: {prog} {EXAMPLE_ARGS}",
         allow_abbrev=False,
     )
     add = parser.add_argument
@@ -63,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--splits",
         default=keys.DEFAULT_SPLITS,
-        help="NAME=FRACTION,... summing to 1 (default %(default)s)",
+        help="NAME=FRACTION,... summing to 1; names of letters, digits and _, not 'all' "
+        "(TFDS reserves it) (default %(default)s)",
     )
     add("--seed", type=int, default=42, help="Seed of the split and shuffle hashes (default 42)")
     add(
@@ -159,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Convert images in this many local processes, at least 1, on a local run: "
         "the local engine or Beam's DirectRunner in_memory (default: all cores; 1 when "
-        "--direct_running_mode is given)",
+        f"--direct_running_mode is given; at most {MAX_PROCESSES_PER_CORE} per core, a "
+        "larger number is capped with one line)",
     )
     add(
         "--dry_run",
@@ -219,6 +252,10 @@ def _check_beam_args(beam_args: list[str]) -> beam_options.BeamFlags:
     lenient = bool(os.environ.get("IMAGERECORDS_LENIENT_OPTIONS"))
     beam = beam_options.check(beam_args, _OWN_FLAGS, lenient=lenient)
     _require_dask(beam)
+    # (A Flex Template launcher passes the project, region and locations itself.)
+    missing = None if lenient else beam_options.missing_runner_options(beam)
+    if missing is not None:
+        raise UsageError(missing)
     return beam
 
 
@@ -234,11 +271,20 @@ def parse_args(argv: list[str]):
     """
     parser = build_parser()
     parser.__class__ = _Parser
+    # A required flag is checked after the unknown ones: `--ouput x` is a typo
+    # to name, not a missing --output. (--help still shows it as required.)
+    asks_help = bool({"-h", "--help"} & set(argv))
+    required = [action for action in parser._actions if action.required and not asks_help]
+    for action in required:
+        action.required = False
     try:
         args, beam_args = parser.parse_known_args(argv)
     except _ArgumentError as error:
         raise UsageError(str(error)) from None
     beam = _check_beam_args(beam_args)
+    missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)}")
     if not args.input and not args.manifest:
         raise UsageError("--input is required (or --manifest FILE)")
     try:
@@ -251,6 +297,10 @@ def parse_args(argv: list[str]):
         raise UsageError(f"--target_shard_mb must be positive, got {args.target_shard_mb:g}")
     if args.local_processes is not None and args.local_processes < 1:
         raise UsageError(f"--local_processes must be at least 1, got {args.local_processes}")
+    if args.local_processes is not None:
+        args.local_processes, note = capped_processes(args.local_processes, os.cpu_count() or 1)
+        if note and not args.quiet:
+            print(f"imagerecords: {note}", file=sys.stderr, flush=True)
     if not args.gcs_timeout_s > 0:
         raise UsageError(f"--gcs_timeout_s must be positive, got {args.gcs_timeout_s:g}")
     if args.min_shards < 1:

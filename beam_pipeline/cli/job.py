@@ -159,7 +159,15 @@ def _collector_skips_the_graph():
         gc.unfreeze()
 
 
-def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None = None, pool=None):
+def build_and_run(
+    config,
+    beam_flags,
+    wait: bool,
+    say,
+    workers_log: str | None = None,
+    pool=None,
+    shown: progress.Reporter = progress.SILENT,
+):
     """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
     or None when not waiting (``wait`` false, or a Dataflow template was written).
 
@@ -167,6 +175,7 @@ def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None =
     ``workers_log``: a local file for the stderr of DirectRunner's
     multi_processing worker processes (None: they share this process's stderr).
     ``pool``: the local conversion processes (``local_pool.Pool``) for the pooled path.
+    ``shown``: where the conversion's progress goes when it runs in this process.
     """
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -208,7 +217,8 @@ def build_and_run(config, beam_flags, wait: bool, say, workers_log: str | None =
         p = beam.Pipeline(runner=runner, options=options)
     except (ImportError, ValueError, AttributeError) as error:  # a runner Beam cannot make
         raise UsageError(f"--runner {runner_name}: {error}") from None
-    pipeline.build(p, config, pool)
+    in_process = beam_flags.on_direct_runner and beam_flags.direct_running_mode == "in_memory"
+    pipeline.build(p, config, pool, shown if in_process else None)
 
     gcs.bound_retries()  # Beam's GCS client is loaded now
     with _collector_skips_the_graph():
@@ -355,7 +365,8 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
                 config = config_from_args(args, layout, processes)
                 _describe_input(layout, say)
                 try:
-                    result = build_and_run(config, beam, args.wait, say, workers_log, pool)
+                    shown = progress.Reporter(enabled=not args.quiet)
+                    result = build_and_run(config, beam, args.wait, say, workers_log, pool, shown)
                 except BaseException:
                     _point_to_workers_log(workers_log)
                     raise

@@ -10,7 +10,7 @@ import re
 import resource
 
 from beam_pipeline.core import duplicates, groups, images, settings
-from beam_pipeline.core.counters import NAMESPACE
+from beam_pipeline.core.counters import NAMESPACE, RESUMED
 
 # The summary's last line: "counters: bytes_read=288368, images_converted=60, ...".
 COUNTERS_PREFIX = "counters: "
@@ -51,15 +51,7 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
         f"{sum(len(s['shards']) for s in info['splits'].values()):>8}"
         f"{sum(s['num_bytes'] for s in info['splits'].values()) / 1e6:>10.1f}"
     )
-    rate = f"{total} images read in {seconds:.1f} s wall time: {total / max(seconds, 1e-9):.1f} images/s"
-    if cpu is None:
-        lines.append(f"{rate} (CPU time not measured: the work ran on the runner's workers)")
-    else:
-        # What a small local run tells about the cost of a big one (docs/scale.md).
-        lines.append(
-            f"{rate}, {cpu / max(total, 1):.4f} CPU-s/image "
-            f"({cpu:.1f} CPU-s in this process and its local worker processes)"
-        )
+    lines.append(rate_line(total, counted.get(RESUMED, 0), seconds, cpu))
     stored = settings.image_settings_from_info(info, images.ImageSpec)
     if stored:
         lines.append(f"images stored with {settings.describe(stored)}")
@@ -84,6 +76,27 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
         shown = ", ".join(f"{k}={v}" for k, v in sorted(counted.items()))
         lines.append(COUNTERS_PREFIX + shown)
     return "\n".join(lines)
+
+
+def rate_line(total: int, resumed: int, seconds: float, cpu: float | None) -> str:
+    """How fast this run went: the images it read itself per second, and their CPU cost.
+
+    A resumed run took ``resumed`` images from the unfinished run's spill files
+    in moments; counting them would promise a rate the next run will not see.
+    """
+    done = max(total - resumed, 0)
+    line = (
+        f"{done} images read in {seconds:.1f} s wall time: {done / max(seconds, 1e-9):.1f} images/s"
+    )
+    if resumed:
+        line = f"{line} ({resumed} more taken from the unfinished run, not counted)"
+    if cpu is None:
+        return f"{line} (CPU time not measured: the work ran on the runner's workers)"
+    # What a small local run tells about the cost of a big one (docs/scale.md).
+    return (
+        f"{line}, {cpu / max(done, 1):.4f} CPU-s/image "
+        f"({cpu:.1f} CPU-s in this process and its local worker processes)"
+    )
 
 
 def read_counters(printed: str) -> dict[str, int]:

@@ -18,6 +18,17 @@ KEY_SPACE = 1 << KEY_BITS
 
 DEFAULT_SPLITS = "train=0.8,val=0.1,test=0.1"
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+# TFDS reads split="all" as every split together (tfds.Split.ALL), never as a
+# split of that name; a dataset with one cannot be read through TFDS.
+TFDS_RESERVED_SPLITS = ("all",)
+# Every file a split gets starts with its name (train-00000-of-00004.tfrecord.idx,
+# and the temporary names beside them) and must fit the 255 bytes file systems allow.
+MAX_SPLIT_NAME = 100
+SPLIT_NAME_RULE = (
+    f"letters, digits and _, at most {MAX_SPLIT_NAME}, not "
+    + ", ".join(TFDS_RESERVED_SPLITS)
+    + " (TFDS reserves it)"
+)
 FRACTION_TOLERANCE = 1e-6
 
 
@@ -69,10 +80,16 @@ def parse_splits(spec: str) -> dict[str, float]:
             continue
         name, sep, value = part.partition("=")
         name = name.strip()
-        if not sep or not _SPLIT_NAME.match(name):
-            raise ValueError(f"--splits: {part!r} is not NAME=FRACTION (names: letters, digits, _)")
+        if not sep:
+            raise ValueError(f"--splits: {part!r} is not NAME=FRACTION ({SPLIT_NAME_RULE})")
+        problem = split_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"--splits: {part!r}: the split name {problem}; rename it")
         if name in fractions:
             raise ValueError(f"--splits: split {name!r} is given twice")
+        clash = case_clash(fractions, name)
+        if clash is not None:
+            raise ValueError(f"--splits: {clash}; rename one")
         try:
             fraction = float(value)
         except ValueError:
@@ -151,5 +168,31 @@ def shard_filename(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 
 
-def is_valid_split_name(name: str) -> bool:
-    return bool(_SPLIT_NAME.match(name))
+def case_clash(names, name: str) -> str | None:
+    """Why split ``name`` cannot join ``names``, the splits so far, or None.
+
+    Two names that differ only in case would give their shards one file name
+    where case does not count (macOS, Windows).
+    """
+    for other in names:
+        if other != name and other.lower() == name.lower():
+            return (
+                f"the splits {other!r} and {name!r} differ only in case (their shards "
+                "would share file names where case does not count: macOS, Windows)"
+            )
+    return None
+
+
+def split_name_problem(name: str) -> str | None:
+    """What keeps ``name`` from being a split of the dataset, or None.
+
+    A split's name starts its shards' file names and is the name TFDS and
+    the readers load it by (``as_dataset(split=NAME)``).
+    """
+    if not _SPLIT_NAME.match(name):
+        return f"{name!r} is not {SPLIT_NAME_RULE}"
+    if len(name) > MAX_SPLIT_NAME:
+        return f"is longer than {MAX_SPLIT_NAME} characters (its files' names must fit)"
+    if name in TFDS_RESERVED_SPLITS:
+        return f"{name!r} is reserved by TFDS (split={name!r} reads every split together)"
+    return None

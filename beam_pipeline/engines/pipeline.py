@@ -29,7 +29,7 @@ from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipeline.core import counters, groups
-from beam_pipeline.engines import local_pool, pooled
+from beam_pipeline.engines import local_pool, pooled, progress
 from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
 from beam_pipeline.stages.convert import (
     Converted,
@@ -186,15 +186,50 @@ class _ConvertFn(beam.DoFn):
     Under --reuse the elements are reuse.Candidates, and each bundle sends the
     number of records it took from OLD to the ``reused`` output (exact, unlike
     a metric: a retried bundle's outputs are dropped with it).
+
+    ``shown``: where the progress goes when the step runs in the launching
+    process (DirectRunner ``in_memory``): the local engine's ``converting``
+    phase, with the total :func:`listing.estimate_image_count` finds, the
+    percentage and the time left. None elsewhere (a worker sees only its own
+    part): a plain log line of its count now and then.
     """
 
-    def __init__(self, config: JobConfig):
+    def __init__(self, config: JobConfig, shown: progress.Reporter | None = None):
         self._args = (config.image, config.seed, config.layout.classes)
         self._counters = {name: _counter(name) for name in counters.MEANING}
+        self._layout = config.layout
+        # (Beam pickles the step: the reporter's stream is found again in setup.)
+        self._show = None if shown is None else (shown.enabled, shown.interactive)
 
     def setup(self):
         self._count = 0
         self._started = self._last_log = time.monotonic()
+        self._phase = None
+        if self._show is not None:
+            enabled, interactive = self._show
+            reporter = progress.Reporter(
+                enabled=enabled, interactive=interactive, plain_interval_s=progress.PLAIN_INTERVAL_S
+            )
+            # Counted here before the first image (a plain walk, about 1 us a file;
+            # 0 where it cannot count, a gs:// input), so every line has its total.
+            total = listing.estimate_image_count(self._layout) or None
+            self._phase = reporter.phase("converting", total, "images")
+
+    def _show_progress(self, counted: dict[str, int]) -> None:
+        phase = self._phase
+        if phase.total is not None and phase.done >= phase.total:
+            phase.set_total(phase.done + 1)  # more than the estimate found
+        resumed = counted.get(counters.RESUMED, 0)
+        rejected, reused = counted.get(counters.REJECTED, 0), counted.get(counters.REUSED, 0)
+        phase.update(1, skipped=resumed, resumed=resumed, rejected=rejected, reused=reused)
+
+    def teardown(self):
+        if getattr(self, "_phase", None) is not None:
+            # Every image went through this one step: the exact count, as the
+            # local engine's listing gives it.
+            self._phase.set_total(self._phase.done)
+            self._phase.close()
+            self._phase = None
 
     def start_bundle(self):
         self._batcher = _Batcher()
@@ -206,14 +241,17 @@ class _ConvertFn(beam.DoFn):
 
     def _emit(self, outcome: Outcome, how: str = outcomes.CONVERTED):
         """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
-        for name, count in outcomes.counts(outcome, how).items():
+        counted = outcomes.counts(outcome, how)
+        for name, count in counted.items():
             self._counters[name].inc(count)
+        if self._phase is not None:
+            self._show_progress(counted)
         result = outcome.result
         if isinstance(result, Rejection):
             yield TaggedOutput(REJECTED, result)
             return
         self._reused += outcome.reused
-        if how != outcomes.RESUMED:
+        if how != outcomes.RESUMED and self._phase is None:
             self._count += 1
             now = time.monotonic()
             if now - self._last_log >= _LOG_EVERY_S:
@@ -240,8 +278,14 @@ class _PooledConvertFn(_ConvertFn):
     (:class:`pooled.PoolConverter`, which the local engine uses too).
     """
 
-    def __init__(self, config: JobConfig, processes: int, pool: local_pool.Pool | None = None):
-        super().__init__(config)
+    def __init__(
+        self,
+        config: JobConfig,
+        processes: int,
+        pool: local_pool.Pool | None = None,
+        shown: progress.Reporter | None = None,
+    ):
+        super().__init__(config, shown)
         self._processes = processes
         self._spill_dir = config.spill_directory
         self._pool = pool  # pickled as a handle: the same Pool in this process
@@ -273,6 +317,7 @@ class _PooledConvertFn(_ConvertFn):
         yield from super().finish_bundle()
 
     def teardown(self):
+        super().teardown()
         converter = getattr(self, "_converter", None)
         if converter is not None:
             converter.close()
@@ -335,17 +380,23 @@ class ConvertImages(beam.PTransform):
     """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output (and, under
     --reuse, per bundle the number of records taken from OLD on ``reused``)."""
 
-    def __init__(self, config: JobConfig, pool: local_pool.Pool | None = None):
+    def __init__(
+        self,
+        config: JobConfig,
+        pool: local_pool.Pool | None = None,
+        shown: progress.Reporter | None = None,
+    ):
         super().__init__()
         self._config = config
         self._pool = pool
+        self._shown = shown
 
     def expand(self, refs):
         processes = self._config.conversion_processes
         fn = (
-            _PooledConvertFn(self._config, processes, self._pool)
+            _PooledConvertFn(self._config, processes, self._pool, self._shown)
             if processes > 1
-            else _ConvertFn(self._config)
+            else _ConvertFn(self._config, self._shown)
         )
         if self._config.reuse:
             refs = refs | "MatchOld" >> MatchOld(reuse.open_again(self._config.reuse))
@@ -506,14 +557,21 @@ class _Finalize(beam.DoFn):
 # ----------------------------------------------------------------------- graph
 
 
-def build(pipeline: beam.Pipeline, config: JobConfig, pool: local_pool.Pool | None = None):
+def build(
+    pipeline: beam.Pipeline,
+    config: JobConfig,
+    pool: local_pool.Pool | None = None,
+    shown: progress.Reporter | None = None,
+):
     """Adds the whole conversion to ``pipeline``; returns the final summary PCollection.
 
     ``pool``: the conversion processes the command line forked, for the pooled
-    path (None: the conversion step forks its own).
+    path (None: the conversion step forks its own). ``shown``: where the
+    conversion's progress goes, for a runner that runs the step in this
+    process (None: a worker's log line now and then).
     """
     listed = pipeline | "ListImages" >> ListImages(config)
-    converted = listed["refs"] | "ConvertImages" >> ConvertImages(config, pool)
+    converted = listed["refs"] | "ConvertImages" >> ConvertImages(config, pool, shown)
     found = converted.batches | "FindDuplicates" >> FindDuplicates(config.dedupe)
     batches = found["batches"]
     # Rejection: bad images, then the copies --dedupe dropped

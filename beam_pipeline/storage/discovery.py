@@ -15,7 +15,7 @@ import posixpath
 import unicodedata
 from collections.abc import Iterator
 
-from beam_pipeline.core import groups
+from beam_pipeline.core import groups, keys
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import gcs
 from beam_pipeline.storage.listing import (
@@ -108,8 +108,8 @@ def list_level(path: str) -> tuple[list[str], list[str]]:
     elif is_local(path):
         with os.scandir(path) as entries:
             entries = list(entries)
-        names = [e.name for e in entries if e.is_dir()]
-        files = [e.path for e in entries if not e.is_dir()]
+        names = [e.name for e in entries if _is_local_folder(e)]
+        files = [e.path for e in entries if not _is_local_folder(e)]
     else:
         # Any other Beam filesystem: derive the first level from a full match.
         root = path.rstrip("/") + "/"
@@ -123,6 +123,19 @@ def list_level(path: str) -> tuple[list[str], list[str]]:
         names = list(names)
     visible = sorted(f for f in files if not posixpath.basename(f).startswith("."))
     return sorted(n for n in names if n and not n.startswith(".")), visible
+
+
+def _is_local_folder(entry: os.DirEntry) -> bool:
+    """Whether a listed entry is a folder (a link to one counts).
+
+    A link that cannot be followed (a loop, a link to itself: ELOOP) is no
+    folder; it is listed with the files, so one stray link outside the class
+    folders is a skipped row, not the end of the job.
+    """
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def _has_any_file(path: str) -> bool:
@@ -297,6 +310,7 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
     # IDs checked for duplicates here are the IDs the records get.
     root = normalize_root(input_path) if input_path else manifest_folder(manifest)
     labels: set[str] = set()
+    splits: set[str] = set()
     seen: set[str] = set()
     duplicates: list[str] = []
     count = 0
@@ -306,6 +320,11 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         if row.label_name not in labels:
             check_class_name(row.label_name, f"--manifest {manifest}: label")
         labels.add(row.label_name)
+        if row.split and row.split not in splits:
+            clash = keys.case_clash(splits, row.split)
+            if clash is not None:
+                raise UsageError(f"--manifest {manifest}: {clash}; rename one")
+            splits.add(row.split)
         if row.image_id in seen:
             duplicates.append(row.image_id)
         seen.add(row.image_id)

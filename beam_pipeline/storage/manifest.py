@@ -70,8 +70,11 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
                 raise UsageError(
                     f"--manifest {manifest}:{line}: the path {shown(path)} is not valid UTF-8"
                 )
-            if split and not keys.is_valid_split_name(split):
-                raise UsageError(f"--manifest {manifest}:{line}: bad split name {split!r}")
+            problem = keys.split_name_problem(split) if split else None
+            if problem is not None:
+                raise UsageError(
+                    f"--manifest {manifest}:{line}: the split name {problem}; rename it"
+                )
             if is_local(path) and not os.path.isabs(path):
                 full = normalize_root(join(base, path))
                 image_id = posixpath.normpath(path.replace("\\", "/"))
