@@ -43,7 +43,7 @@ from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import by_shard
 from beam_pipeline.stages.staging import write_staged_shard
-from beam_pipeline.storage import listing
+from beam_pipeline.storage import discovery, listing
 
 REJECTED = "rejected"
 GROUPS = "groups"
@@ -189,7 +189,7 @@ class _ConvertFn(beam.DoFn):
 
     ``shown``: where the progress goes when the step runs in the launching
     process (DirectRunner ``in_memory``): the local engine's ``converting``
-    phase, with the total :func:`listing.estimate_image_count` finds, the
+    phase, with the total :func:`discovery.estimate_image_count` finds, the
     percentage and the time left. None elsewhere (a worker sees only its own
     part): a plain log line of its count now and then.
     """
@@ -206,29 +206,14 @@ class _ConvertFn(beam.DoFn):
         self._started = self._last_log = time.monotonic()
         self._phase = None
         if self._show is not None:
-            enabled, interactive = self._show
-            reporter = progress.Reporter(
-                enabled=enabled, interactive=interactive, plain_interval_s=progress.PLAIN_INTERVAL_S
-            )
-            # Counted here before the first image (a plain walk, about 1 us a file;
-            # 0 where it cannot count, a gs:// input), so every line has its total.
-            total = listing.estimate_image_count(self._layout) or None
-            self._phase = reporter.phase("converting", total, "images")
-
-    def _show_progress(self, counted: dict[str, int]) -> None:
-        phase = self._phase
-        if phase.total is not None and phase.done >= phase.total:
-            phase.set_total(phase.done + 1)  # more than the estimate found
-        resumed = counted.get(counters.RESUMED, 0)
-        rejected, reused = counted.get(counters.REJECTED, 0), counted.get(counters.REUSED, 0)
-        phase.update(1, skipped=resumed, resumed=resumed, rejected=rejected, reused=reused)
+            # Counted here before the first image (0 where it cannot count, a
+            # gs:// input), so every line has its total.
+            total = discovery.estimate_image_count(self._layout) or None
+            self._phase = progress.converting_line(*self._show, total)
 
     def teardown(self):
         if getattr(self, "_phase", None) is not None:
-            # Every image went through this one step: the exact count, as the
-            # local engine's listing gives it.
-            self._phase.set_total(self._phase.done)
-            self._phase.close()
+            progress.close_converting_line(self._phase)
             self._phase = None
 
     def start_bundle(self):
@@ -245,7 +230,7 @@ class _ConvertFn(beam.DoFn):
         for name, count in counted.items():
             self._counters[name].inc(count)
         if self._phase is not None:
-            self._show_progress(counted)
+            progress.count_converted(self._phase, counted)
         result = outcome.result
         if isinstance(result, Rejection):
             yield TaggedOutput(REJECTED, result)

@@ -19,6 +19,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from beam_pipeline.core import counters
+
 PLAIN_INTERVAL_S = 15.0
 # A terminal line is redrawn at most this often: drawing is cheap, but not free.
 REDRAW_INTERVAL_S = 0.5
@@ -212,3 +214,29 @@ class Reporter:
 
 
 SILENT = Reporter(enabled=False)
+
+
+# The ``converting`` phase of a Beam step that sees every image (DirectRunner
+# in_memory runs it in the launching process): the local engine's line.
+
+
+def converting_line(enabled: bool, interactive: bool, total: int | None) -> Phase:
+    """A new ``converting`` phase of ``total`` images (None: not known)."""
+    reporter = Reporter(enabled=enabled, interactive=interactive, plain_interval_s=PLAIN_INTERVAL_S)
+    return reporter.phase("converting", total, "images")
+
+
+def count_converted(phase: Phase, counted: dict[str, int]) -> None:
+    """One image's outcome (its counters, ``outcomes.counts``) on the line."""
+    if phase.total is not None and phase.done >= phase.total:
+        phase.set_total(phase.done + 1)  # more than the estimate found
+    resumed = counted.get(counters.RESUMED, 0)
+    rejected, reused = counted.get(counters.REJECTED, 0), counted.get(counters.REUSED, 0)
+    phase.update(1, skipped=resumed, resumed=resumed, rejected=rejected, reused=reused)
+
+
+def close_converting_line(phase: Phase) -> None:
+    """Every image went through the one step: its count is the exact total, as the
+    local engine's listing gives it."""
+    phase.set_total(phase.done)
+    phase.close()
