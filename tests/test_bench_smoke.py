@@ -179,13 +179,13 @@ def test_quick_run_writes_a_table_with_every_row(tmp_path):
     # The baselines live in bench/ and must always run.
     assert rows["floor"]["ok"] and rows["floor"]["images_per_s"] > 0
     assert rows["naive"]["ok"] and rows["naive"]["images_per_s"] > 0
-    # Quality next to speed for every converter and the floor (issue 15, goal 5).
+    # Quality next to speed for every converter and the floor.
     for name in ("floor", "naive", "imagerecords"):
         assert rows[name]["psnr_db"] > 25 and 0.5 < rows[name]["ssim"] <= 1, rows[name]
     assert "| PSNR dB | SSIM |" in table
     readers = {r["variant"]: r for r in raw["reader"]["rows"]}
     assert readers["keras_dir"]["ok"] and readers["tfdata_files"]["ok"]
-    # The floors of issue 15 are plain tf.data and must always run.
+    # The floors are plain tf.data and must always run.
     assert readers["floor_crop_decode"]["ok"] and readers["floor_full_decode"]["ok"]
     codec_rows = {r["codec"]: r for r in raw["codecs"]["rows"]}
     assert set(codec_rows) == set(CODECS)

@@ -286,8 +286,8 @@ sys.exit(1)
 def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     """A Ctrl-C that comes while the pool's workers are still starting stops the run.
 
-    The parent used to ignore SIGINT until its workers had started, so a Ctrl-C
-    in that window (long on a loaded machine) was dropped and the run went on.
+    A parent that ignored SIGINT until its workers had started would drop a Ctrl-C
+    in that window (long on a loaded machine), and the run would go on.
     The workers, which get the same Ctrl-C, must survive it (the parent stops them).
     """
     # Its own process group, so the Ctrl-C reaches only it.

@@ -150,7 +150,7 @@ def test_a_changed_image_size_after_a_kill_does_not_reuse_the_records(images, tm
 
 
 def test_a_run_killed_with_another_filter_is_not_resumed_into_the_default_one(images, tmp_path):
-    """Issue 24: records made with --resample lanczos never mix into a bicubic dataset."""
+    """Records made with --resample lanczos never mix into a bicubic dataset."""
     root, ids, bad, reference = images
     out = tmp_path / "o"
     _kill_midway(root, out, 300, "--resample", "lanczos")

@@ -95,7 +95,7 @@ def test_a_stalling_image_is_rejected_and_the_job_finishes(tmp_path, monkeypatch
 
 
 def test_a_timed_out_image_is_converted_again_when_the_run_resumes(tmp_path, monkeypatch, capsys):
-    """Issue 24: a timeout is no property of the image's bytes: a resumed run retries it,
+    """A timeout is no property of the image's bytes: a resumed run retries it,
     with a higher limit too, and the result is what an uninterrupted run gives."""
     root = tmp_path / "images"
     ids = make_class_folders(str(root), classes=("a", "b"), per_class=6, nested=False)
