@@ -250,8 +250,8 @@ def choose_engine(beam, layout, output: str) -> str:
     :data:`BEAM` for every other job.
 
     The local engine runs the same stages with the same code as the Beam
-    graph, without Beam (local_engine.py): the same bytes, ~2.5 s of CPU
-    sooner. Any Beam flag (``--runner DirectRunner`` is the simplest) runs the
+    graph, without Beam (local_engine.py): the same bytes, seconds of CPU
+    sooner (docs/performance.md, "Local engine"). Any Beam flag (``--runner DirectRunner`` is the simplest) runs the
     job on Beam instead.
 
     ``beam``: Beam's flags (``arguments.parse_args``'s), true when any is given.

@@ -134,8 +134,8 @@ class Pool:
     def convert_ahead(self, refs: list, args: tuple, chunk: int = 8) -> None:
         r"""Starts converting ``refs`` before the engine runs (the pool must not be taken yet).
 
-        Importing Beam, building the graph and starting the runner take ~2 s on
-        one core; this puts the other cores to work meanwhile. The conversion step
+        Importing Beam, building the graph and starting the runner take seconds
+        of one core; this puts the other cores to work meanwhile. The conversion step
         :meth:`claim`\ s these results instead of converting the same files again.
 
         Args:
