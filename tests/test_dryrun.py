@@ -115,6 +115,7 @@ def test_dry_run_counts_presplit_and_manifest_layouts(tmp_path, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.e2e
 def test_dry_run_on_gcs_writes_nothing_there(gcs_emulator, tmp_path, capsys):
     local = tmp_path / "images"
     make_class_folders(str(local), per_class=4, size_range=(60, 120))

@@ -218,8 +218,8 @@ def _no_traceback(status: int, text: str) -> None:
 
 def test_verify_names_a_corrupt_length_field(copy):
     # The summary's shuffle evidence reads the first records of every shard
-    # before --verify checks anything; it used to follow the wrong length into
-    # the record's bytes and die in protobuf's parser.
+    # before --verify checks anything; following the wrong length into the
+    # record's bytes would die in protobuf's parser.
     shard = copy / "train-00003-of-00004.tfrecord"
     _, length = record_spans(shard)[0]
     set_length_field(shard, 0, length - 64, valid_crc=False)
@@ -426,6 +426,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.e2e
 def test_inspect_and_verify_on_gcs(good, tmp_path, gcs_emulator, tf_gcs_env):
     emulator, env = gcs_emulator, tf_gcs_env
     bucket = emulator.create_bucket()

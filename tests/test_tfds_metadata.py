@@ -190,6 +190,7 @@ print("RESULT " + json.dumps(rows))
 """
 
 
+@pytest.mark.e2e
 def test_builder_from_directory_on_gcs(dataset, gcs_emulator, tf_gcs_env):
     _tfds()
     bucket = gcs_emulator.create_bucket()
