@@ -31,6 +31,7 @@ from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
 from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
 
 
+@pytest.mark.e2e
 def test_run_measured_counts_the_whole_process_tree():
     """Two workers that hold 40 MB each at the same moment: the tree peak sums them.
 
@@ -72,6 +73,7 @@ def test_run_measured_counts_the_whole_process_tree():
     assert tree_mb - proc_mb > 30
 
 
+@pytest.mark.e2e
 def test_run_measured_is_not_inflated_by_a_large_parent():
     """A small child of a 300 MB parent is measured small.
 
@@ -100,6 +102,7 @@ def test_run_measured_is_not_inflated_by_a_large_parent():
     assert 1 < proc_mb <= tree_mb < 100
 
 
+@pytest.mark.e2e
 def test_run_measured_kills_the_tree_when_asked(tmp_path):
     """``kill_when``: SIGKILL to the whole process group once it answers True."""
     flag = tmp_path / "started"
@@ -129,6 +132,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+@pytest.mark.e2e
 def test_run_measured_kills_a_hung_child():
     result = procstats.run_measured(
         [sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=1
@@ -136,6 +140,7 @@ def test_run_measured_kills_a_hung_child():
     assert result.returncode is None and result.wall_s < 10
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_quick_run_writes_a_table_with_every_row(tmp_path):
     results_dir = tmp_path / "results"

@@ -162,6 +162,7 @@ def reference(images, tmp_path_factory):
     return contract.all_files(str(out))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "flags, runner, pool",
     [

@@ -104,6 +104,7 @@ def test_a_bad_flag_forks_nothing(images, tmp_path, capsys, monkeypatch, flags, 
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flags", [["--bogus_flag", "3"], ["--direct_num_workers=abc"]])
 def test_a_bad_flag_leaves_no_process(images, tmp_path, flags):
     status, err = _finish(_start("--input", str(images), "--output", str(tmp_path / "o"), *flags))
@@ -111,6 +112,7 @@ def test_a_bad_flag_leaves_no_process(images, tmp_path, flags):
     assert err.strip().startswith("error: ") and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.e2e
 def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
     out = tmp_path / "o"
     status, err = _finish(_start("--input", str(images), "--output", str(out), "--quiet"))
@@ -132,6 +134,7 @@ def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
     assert not (out / "imagerecords.json").exists()
 
 
+@pytest.mark.e2e
 def test_verbose_shows_the_traceback(images, tmp_path):
     out = tmp_path / "o"
     status, err = _finish(
@@ -191,6 +194,7 @@ CTRL_C_RUNS = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("runner", list(CTRL_C_RUNS))
 def test_ctrl_c_exits_130_with_how_to_go_on(busy_images, tmp_path, runner):
     out = tmp_path / "o"
@@ -218,6 +222,7 @@ def test_ctrl_c_exits_130_with_how_to_go_on(busy_images, tmp_path, runner):
     assert not (out / ".imagerecords-tmp" / "lock").exists()  # given back
 
 
+@pytest.mark.e2e
 def test_a_killed_cli_takes_its_workers_with_it(tmp_path):
     root = tmp_path / "images"
     # Enough work that the run is still converting when interrupted (the local
@@ -283,6 +288,7 @@ sys.exit(1)
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     """A Ctrl-C that comes while the pool's workers are still starting stops the run.
 
@@ -323,6 +329,7 @@ sys.exit(1)
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_while_the_workers_are_forked_is_raised_after(tmp_path):
     """Noted during the fork, raised once both workers exist (none half-started)."""
     result = _run_script(tmp_path, _CTRL_C_WHILE_FORKING)
@@ -344,6 +351,7 @@ runpy.run_module("beam_pipeline", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path):
     result = _run_script(tmp_path, _CTRL_C_WHILE_IMPORTING, str(tmp_path))
     assert result.returncode == 130, result.stderr

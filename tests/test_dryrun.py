@@ -42,6 +42,7 @@ def images(tmp_path_factory):
 FLAGS = ["--splits", "train=0.6,val=0.4", "--target_shard_mb", "0.1", "--image_size", "128"]
 
 
+@pytest.mark.e2e
 def test_dry_run_writes_nothing_and_its_estimates_match_a_real_run(
     images, tmp_path, monkeypatch, capsys
 ):

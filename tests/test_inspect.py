@@ -229,6 +229,7 @@ def test_verify_names_a_corrupt_length_field(copy):
     assert "    ! cannot be read: record 0" in text  # the shuffle evidence's line
 
 
+@pytest.mark.e2e
 def test_verify_names_a_length_field_claiming_2_to_the_46_bytes(copy):
     # A length with a valid CRC that no file could hold: handed to a read it
     # crashed the process (a segmentation fault), so inspect compares it with
@@ -378,6 +379,7 @@ def test_histogram_bars_follow_the_class_counts(good, tmp_path):
             assert tuple(middle) == colour
 
 
+@pytest.mark.e2e
 def test_import_reader_loads_nothing_but_tensorflow():
     # TensorFlow's bundled Keras imports Pillow itself when it is installed, so
     # the check is on what reader and reader.inspect add on top of TensorFlow.
@@ -396,6 +398,7 @@ def test_import_reader_loads_nothing_but_tensorflow():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.e2e
 def test_console_script_is_installed(good):
     script = os.path.join(os.path.dirname(sys.executable), "imagerecords-inspect")
     result = subprocess.run(

@@ -19,6 +19,8 @@ from beam_pipeline.core import duplicates, keys, metadata, spill, tfds_metadata
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 PER_CLASS = 500  # 1,500 tiny images: long enough to kill midway, quick to convert
 COMMON = ["--image_size", "32", "--target_shard_mb", "0.05", "--max_reject_fraction", "0.1"]
 

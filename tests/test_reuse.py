@@ -90,6 +90,7 @@ def _assert_same_as_full(new: Path, full: Path, old: str) -> dict:
     return block
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "engine",
     [[], DIRECT, [*DIRECT, "--local_processes", "1"]],

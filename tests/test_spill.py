@@ -221,6 +221,7 @@ def test_the_index_answers_as_a_dict_of_every_first_copy_would(tmp_path):
     assert 12 not in index  # not an ID at all
 
 
+@pytest.mark.slow
 def test_the_index_holds_an_image_in_half_what_a_dict_of_tuples_held(tmp_path):
     """What a resumed run holds per image already converted (tracemalloc: Python's own count)."""
     import tracemalloc

@@ -22,6 +22,8 @@ from beam_pipeline.core import keys, metadata, tfds_metadata
 from imagerecords import RecordSource
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 CLASSES = ("ant", "bee", "cow", "doe")
 

@@ -45,6 +45,8 @@ from imagerecords import info as info_lib
 from tests import contract
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "trainers.md"
 CLASSES = ("cat", "dog", "fish")
