@@ -20,6 +20,15 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# The fast loop, while editing: the pure and in-process tests, not the ones
+# marked e2e (they start the CLI, the GCS emulator, a compiler or a benchmark;
+# tests/conftest.py fails an unmarked test that starts a process) or slow.
+# `make test` before committing runs everything.
+.PHONY: test-fast
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

@@ -110,8 +110,8 @@ class SplitShards:
             # One local shard per cycle (a pipeline with one shard: small splits,
             # many hosts, the benchmark's sets): the shards one after the other,
             # exactly the interleave's order, read on the consumer's thread. The
-            # parallel interleave hands every record between threads: ~20-60 us
-            # of CPU per record against ~4 for this (docs/performance.md, "Measurements
+            # parallel interleave hands every record between threads, several
+            # times this one's CPU per record (docs/performance.md, "Measurements
             # behind code choices"). On gs:// the interleave stays even for one shard: each 8 MB
             # refill is a network round trip, which its thread overlaps with the
             # decoding instead of stalling the batches behind it.

@@ -53,7 +53,7 @@ def test_every_named_module_exists():
     assert not stale, f"docs/architecture.md names files that do not exist: {', '.join(stale)}"
 
 
-# One job per module, small enough to read whole (issue 25).
+# One job per module, small enough to read whole.
 MAX_MODULE_LINES = 600
 
 

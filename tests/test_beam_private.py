@@ -97,6 +97,7 @@ def _default_constant_gone(monkeypatch, statesampler):
     monkeypatch.delattr(statesampler, "DEFAULT_SAMPLING_PERIOD_MS")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("change", [_renamed_period_parameter, _default_constant_gone])
 def test_state_sampling_falls_back_to_beams_period(images, tmp_path, monkeypatch, caplog, change):
     from apache_beam.runners.worker import statesampler
@@ -115,6 +116,7 @@ def test_state_sampling_falls_back_to_beams_period(images, tmp_path, monkeypatch
 # ------------------------------------------------------ DirectRunner, no Prism
 
 
+@pytest.mark.e2e
 def test_direct_runner_never_tries_prism(images, tmp_path, monkeypatch):
     """DirectRunner would first try to download and start Prism; the CLI goes to FnApiRunner."""
     from apache_beam.runners.portability import prism_runner
@@ -130,6 +132,7 @@ def test_direct_runner_never_tries_prism(images, tmp_path, monkeypatch):
     assert contract.all_files(str(tmp_path / "o")) == normal
 
 
+@pytest.mark.e2e
 def test_a_changed_fn_api_runner_falls_back_to_beams_direct_runner(
     images, tmp_path, monkeypatch, caplog
 ):
@@ -171,6 +174,7 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("uses_gcs", [True, False], ids=["gcs", "all-local"])
 def test_local_run_imports_beam_without_unused_extras(uses_gcs):
     """Beam loads without MongoDB/Pub/Sub/Arrow (and, all local, GCS), importable afterwards."""
@@ -200,6 +204,7 @@ def test_local_run_imports_beam_without_unused_extras(uses_gcs):
     assert "bson" not in result.stderr  # Beam's warning about the hidden package is silenced
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("beam_changed", [False, True], ids=["hidden", "fallback"])
 def test_another_beam_is_imported_with_all_its_packages(images, tmp_path, beam_changed):
     """With a Beam the hidden packages were not checked on, a full run imports Beam plainly."""
@@ -237,6 +242,7 @@ _AS_MAIN = (
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("beam_changed", [False, True], ids=["fast", "fallback"])
 def test_fast_exit_only_with_the_beam_it_was_checked_against(images, tmp_path, beam_changed):
     """``python -m beam_pipeline`` skips the interpreter's teardown, except with another Beam."""
@@ -255,6 +261,7 @@ def test_fast_exit_only_with_the_beam_it_was_checked_against(images, tmp_path, b
     assert contract.all_files(str(tmp_path / "o")) == normal
 
 
+@pytest.mark.e2e
 def test_the_local_engine_exits_fast_without_reading_beams_version(images, tmp_path):
     """No Beam in the process (no Beam flag): nothing of Beam's to check before os._exit."""
     root, normal = images
@@ -272,6 +279,7 @@ def test_the_local_engine_exits_fast_without_reading_beams_version(images, tmp_p
 MULTI = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("verbose", [False, True], ids=["plain", "verbose"])
 def test_failing_multi_processing_workers_print_no_traceback(images, tmp_path, verbose):
     """Beam's worker processes print each failed bundle's traceback; only --verbose shows it."""
@@ -298,6 +306,7 @@ def test_failing_multi_processing_workers_print_no_traceback(images, tmp_path, v
     assert not (out / "imagerecords.json").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("beam_changed", [False, True], ids=["log", "fallback"])
 def test_successful_multi_processing_run_writes_the_in_memory_bytes(
     images, tmp_path, monkeypatch, caplog, beam_changed
@@ -517,6 +526,7 @@ def test_the_dask_runner_is_refused_in_one_line_with_another_beam(tmp_path, monk
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.e2e
 def test_the_dask_runner_module_refuses_another_beam():
     code = (
         "from beam_pipeline.beam_internals import beam_private\n"

@@ -31,6 +31,7 @@ from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
 from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
 
 
+@pytest.mark.e2e
 def test_run_measured_counts_the_whole_process_tree():
     """Two workers that hold 40 MB each at the same moment: the tree peak sums them.
 
@@ -72,6 +73,7 @@ def test_run_measured_counts_the_whole_process_tree():
     assert tree_mb - proc_mb > 30
 
 
+@pytest.mark.e2e
 def test_run_measured_is_not_inflated_by_a_large_parent():
     """A small child of a 300 MB parent is measured small.
 
@@ -100,6 +102,7 @@ def test_run_measured_is_not_inflated_by_a_large_parent():
     assert 1 < proc_mb <= tree_mb < 100
 
 
+@pytest.mark.e2e
 def test_run_measured_kills_the_tree_when_asked(tmp_path):
     """``kill_when``: SIGKILL to the whole process group once it answers True."""
     flag = tmp_path / "started"
@@ -129,6 +132,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+@pytest.mark.e2e
 def test_run_measured_kills_a_hung_child():
     result = procstats.run_measured(
         [sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=1
@@ -136,6 +140,7 @@ def test_run_measured_kills_a_hung_child():
     assert result.returncode is None and result.wall_s < 10
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_quick_run_writes_a_table_with_every_row(tmp_path):
     results_dir = tmp_path / "results"
@@ -179,13 +184,13 @@ def test_quick_run_writes_a_table_with_every_row(tmp_path):
     # The baselines live in bench/ and must always run.
     assert rows["floor"]["ok"] and rows["floor"]["images_per_s"] > 0
     assert rows["naive"]["ok"] and rows["naive"]["images_per_s"] > 0
-    # Quality next to speed for every converter and the floor (issue 15, goal 5).
+    # Quality next to speed for every converter and the floor.
     for name in ("floor", "naive", "imagerecords"):
         assert rows[name]["psnr_db"] > 25 and 0.5 < rows[name]["ssim"] <= 1, rows[name]
     assert "| PSNR dB | SSIM |" in table
     readers = {r["variant"]: r for r in raw["reader"]["rows"]}
     assert readers["keras_dir"]["ok"] and readers["tfdata_files"]["ok"]
-    # The floors of issue 15 are plain tf.data and must always run.
+    # The floors are plain tf.data and must always run.
     assert readers["floor_crop_decode"]["ok"] and readers["floor_full_decode"]["ok"]
     codec_rows = {r["codec"]: r for r in raw["codecs"]["rows"]}
     assert set(codec_rows) == set(CODECS)

@@ -19,6 +19,8 @@ from bench import __main__ as bench_main
 from bench import settings
 from bench.tools import profile_converter, profile_op, profile_reader
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = [
     "profile_converter",

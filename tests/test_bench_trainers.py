@@ -31,6 +31,7 @@ def records(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", trainer_pipelines.VARIANTS)
 def test_each_loader_yields_full_uint8_batches(records, variant):
@@ -53,6 +54,7 @@ def test_each_loader_yields_full_uint8_batches(records, variant):
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.e2e
 def test_pipelines_yield_images_and_labels_in_process(records):
     """Shapes and dtypes of a batch (Grain's in-process form; TF ones are checked above)."""
     import grain
@@ -72,6 +74,7 @@ def test_pipelines_yield_images_and_labels_in_process(records):
     assert list(labels) == [source[i]["label"] for i in range(4)]
 
 
+@pytest.mark.e2e
 def test_the_converted_folder_is_what_tfds_reads(records):
     """The converter writes TFDS's files beside the shards: the bench reads the folder itself."""
     from beam_pipeline.core import tfds_metadata
@@ -102,6 +105,7 @@ def test_a_row_is_the_best_rate_and_the_median_cpu_and_a_failure_says_why():
     assert f"| {trainer_pipelines.LABELS['tfds_as_dataset']} | n/a: exit 1: " in text
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_make_bench_only_trainers_writes_trainers_md_and_json(tmp_path):
     """The part of ``make bench``: its own files, every loader measured, nothing else written."""

@@ -39,6 +39,7 @@ def dataset(tmp_path_factory):
     return root, out, ids, bad
 
 
+@pytest.mark.e2e
 def test_every_input_is_exactly_once_a_record_or_a_rejection(dataset):
     root, out, ids, bad = dataset
     by_split = contract.check_output(str(out), str(root))
@@ -92,6 +93,7 @@ def test_metadata_describes_the_run(dataset):
     assert not [n for n in os.listdir(out) if n.startswith(".") or "tmp" in n]
 
 
+@pytest.mark.e2e
 def test_rerun_with_default_local_mode_is_byte_identical(dataset, tmp_path):
     root, out, _, _ = dataset
     # Through the real entry point, with the CLI's own DirectRunner default (a
@@ -123,6 +125,7 @@ def test_rerun_with_default_local_mode_is_byte_identical(dataset, tmp_path):
     assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
 
 
+@pytest.mark.e2e
 def test_rerun_in_multi_processing_mode_is_byte_identical(dataset, tmp_path):
     root, out, _, _ = dataset
     mode = "--direct_running_mode=multi_processing"
@@ -142,6 +145,7 @@ def _crashing_decode(path, *args):
     return _REAL_DECODE(path, *args)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ahead", [0, 1024], ids=["in-pipeline", "converted-ahead"])
 def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monkeypatch, ahead):
     """A worker process that dies (as on a decoder segfault) rejects that image only."""
@@ -169,6 +173,7 @@ def test_a_crashing_decoder_costs_one_image_not_the_job(dataset, tmp_path, monke
     assert sorted(written) == sorted(set(ids) - {victim})
 
 
+@pytest.mark.e2e
 def test_adding_images_moves_no_image_to_another_split(dataset, tmp_path):
     root, out, ids, _ = dataset
     grown = tmp_path / "grown"
@@ -193,6 +198,7 @@ def test_adding_images_moves_no_image_to_another_split(dataset, tmp_path):
     assert all(after[i] == split for i, split in before.items())
 
 
+@pytest.mark.e2e
 def test_small_target_shard_size_gives_expected_shard_count(dataset, tmp_path):
     root, _, _, _ = dataset
     assert (
@@ -211,6 +217,7 @@ def test_small_target_shard_size_gives_expected_shard_count(dataset, tmp_path):
     assert order == sorted(order)  # shard i holds the i-th run of keys
 
 
+@pytest.mark.e2e
 def test_min_shards_is_exact(dataset, tmp_path):
     root, _, _, _ = dataset
     assert convert(root, tmp_path / "o", "--min_shards", "8", "--max_reject_fraction", "0.1") == 0
@@ -222,6 +229,7 @@ def test_min_shards_is_exact(dataset, tmp_path):
         assert order == sorted(order)
 
 
+@pytest.mark.e2e
 def test_other_seed_other_order(dataset, tmp_path):
     root, out, _, _ = dataset
     assert convert(root, tmp_path / "o", "--seed", "7", "--max_reject_fraction", "0.1") == 0
@@ -230,6 +238,7 @@ def test_other_seed_other_order(dataset, tmp_path):
     assert a != b
 
 
+@pytest.mark.e2e
 def test_too_many_rejections_fail_without_dataset_info(dataset, tmp_path, capsys):
     root, _, _, bad = dataset
     assert convert(root, tmp_path / "o", "--max_reject_fraction", "0.01") == 1
@@ -239,6 +248,7 @@ def test_too_many_rejections_fail_without_dataset_info(dataset, tmp_path, capsys
     assert {r["id"] for r in contract.read_rejects(str(tmp_path / "o"))} == set(bad)
 
 
+@pytest.mark.e2e
 def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypatch):
     """Simulates a runner that drops a record: the job must fail and name it."""
     from beam_pipeline.engines import pipeline
@@ -258,6 +268,7 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
     assert not (tmp_path / "o" / "imagerecords.json").exists()
 
 
+@pytest.mark.e2e
 def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
     """The pooled step sends spill references; a doubled one still fails the books."""
     from beam_pipeline.engines import pipeline
@@ -327,6 +338,7 @@ def test_bad_arguments_give_one_clear_message(dataset, tmp_path, capsys, args, m
     assert not (tmp_path / "o").exists(), "work started despite bad arguments"
 
 
+@pytest.mark.e2e
 def test_overwrite_replaces_an_earlier_run(dataset, tmp_path):
     root, _, _, _ = dataset
     out = tmp_path / "o"
@@ -341,6 +353,7 @@ def test_overwrite_replaces_an_earlier_run(dataset, tmp_path):
     assert (out / "notes.md").read_text() == "mine"  # not ours: left alone
 
 
+@pytest.mark.e2e
 def test_presplit_layout_keeps_its_splits(tmp_path):
     root = tmp_path / "in"
     train = make_class_folders(str(root / "train"), classes=("a", "b"), per_class=6, nested=False)
@@ -356,6 +369,7 @@ def test_presplit_layout_keeps_its_splits(tmp_path):
     assert sorted(contract.ids(by_split["validation"])) == sorted(f"validation/{i}" for i in val)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["csv", "jsonl"])
 def test_manifest(tmp_path, kind):
     root = tmp_path / "pool"
@@ -395,6 +409,7 @@ def test_manifest(tmp_path, kind):
         assert info["classes"][got[path]["image/class/label"]] == label
 
 
+@pytest.mark.e2e
 def test_folder_names_with_wildcard_characters(tmp_path):
     """Class folders named like glob patterns list only their own files."""
     root = tmp_path / "in"
@@ -406,6 +421,7 @@ def test_folder_names_with_wildcard_characters(tmp_path):
     assert sum(info["splits"][s]["class_counts"]["a[1]"] for s in info["splits"]) == 3
 
 
+@pytest.mark.e2e
 def test_portable_runner_gives_the_same_bytes(dataset, tmp_path):
     """Any portable runner (here Beam's embedded job server) runs the same graph."""
     root, out, _, _ = dataset
@@ -414,6 +430,7 @@ def test_portable_runner_gives_the_same_bytes(dataset, tmp_path):
     assert contract.all_files(str(tmp_path / "o")) == contract.all_files(str(out))
 
 
+@pytest.mark.e2e
 def test_index_files_locate_every_record(dataset, tmp_path):
     """--index_files writes DALI-style 'offset length' lines that frame each record."""
     import reader

@@ -136,6 +136,7 @@ def test_the_dry_run_reports_the_runner_and_processes_the_job_would_use(
     assert _dry_run_line(images, tmp_path, capsys, *flags, *extra) == expected
 
 
+@pytest.mark.e2e
 def test_the_dry_run_of_a_gcs_input_reports_beam_as_the_job_would_run_it(
     gcs_emulator, images, tmp_path, capsys
 ):
@@ -164,6 +165,7 @@ def reference(images, tmp_path_factory):
     return contract.all_files(str(out))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "flags, runner, pool",
     [

@@ -152,6 +152,7 @@ def test_the_usage_names_the_command_the_user_typed(argv0, name):
     assert arguments.program_name(argv0) == name
 
 
+@pytest.mark.e2e
 def test_the_console_script_prints_its_own_name_in_usage(tmp_path):
     script = tmp_path / "imagerecords"
     script.write_text("import sys\nfrom beam_pipeline.__main__ import main\nsys.exit(main())\n")
@@ -163,6 +164,7 @@ def test_the_console_script_prints_its_own_name_in_usage(tmp_path):
     assert "example: imagerecords --input" in done.stdout and "python -m" not in done.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flags", [["--bogus_flag", "3"], ["--direct_num_workers=abc"]])
 def test_a_bad_flag_leaves_no_process(images, tmp_path, flags):
     status, err = _finish(_start("--input", str(images), "--output", str(tmp_path / "o"), *flags))
@@ -170,6 +172,7 @@ def test_a_bad_flag_leaves_no_process(images, tmp_path, flags):
     assert err.strip().startswith("error: ") and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.e2e
 def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
     out = tmp_path / "o"
     status, err = _finish(_start("--input", str(images), "--output", str(out), "--quiet"))
@@ -191,6 +194,7 @@ def test_too_many_rejects_names_the_reasons_and_the_flag(images, tmp_path):
     assert not (out / "imagerecords.json").exists()
 
 
+@pytest.mark.e2e
 def test_verbose_shows_the_traceback(images, tmp_path):
     out = tmp_path / "o"
     status, err = _finish(
@@ -250,6 +254,7 @@ CTRL_C_RUNS = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("runner", list(CTRL_C_RUNS))
 def test_ctrl_c_exits_130_with_how_to_go_on(busy_images, tmp_path, runner):
     out = tmp_path / "o"
@@ -277,6 +282,7 @@ def test_ctrl_c_exits_130_with_how_to_go_on(busy_images, tmp_path, runner):
     assert not (out / ".imagerecords-tmp" / "lock").exists()  # given back
 
 
+@pytest.mark.e2e
 def test_a_killed_cli_takes_its_workers_with_it(tmp_path):
     root = tmp_path / "images"
     # Enough work that the run is still converting when interrupted (the local
@@ -342,11 +348,12 @@ sys.exit(1)
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     """A Ctrl-C that comes while the pool's workers are still starting stops the run.
 
-    The parent used to ignore SIGINT until its workers had started, so a Ctrl-C
-    in that window (long on a loaded machine) was dropped and the run went on.
+    A parent that ignored SIGINT until its workers had started would drop a Ctrl-C
+    in that window (long on a loaded machine), and the run would go on.
     The workers, which get the same Ctrl-C, must survive it (the parent stops them).
     """
     # Its own process group, so the Ctrl-C reaches only it.
@@ -382,6 +389,7 @@ sys.exit(1)
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_while_the_workers_are_forked_is_raised_after(tmp_path):
     """Noted during the fork, raised once both workers exist (none half-started)."""
     result = _run_script(tmp_path, _CTRL_C_WHILE_FORKING)
@@ -403,6 +411,7 @@ runpy.run_module("beam_pipeline", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path):
     result = _run_script(tmp_path, _CTRL_C_WHILE_IMPORTING, str(tmp_path))
     assert result.returncode == 130, result.stderr

@@ -150,6 +150,7 @@ def test_a_pillow_that_refuses_the_mapping_gets_a_copy(clean, monkeypatch):
     assert copied.getpixel((0, 0)) != (1, 2, 3)  # a copy, not the buffer
 
 
+@pytest.mark.e2e
 def test_fuzzed_corpus_every_file_accounted_for_and_no_record_makes_tf_warn(tmp_path, capfd):
     from beam_pipeline.__main__ import main
     from tests import contract

@@ -22,6 +22,8 @@ from tests import contract
 from tests.gcs_fixtures import _die_with_parent, free_port
 from tests.image_factory import add_bad_files, make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 distributed = pytest.importorskip("distributed")
 
 START_TIMEOUT_S = 60

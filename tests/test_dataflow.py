@@ -22,6 +22,8 @@ import pytest
 from tests import worker_env
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "us-central1-docker.pkg.dev/my-project-123/imagerecords/imagerecords:abc123"
 ACCOUNT = "converter@my-project-123.iam.gserviceaccount.com"

@@ -4,6 +4,10 @@ import importlib.util
 import os
 import tempfile
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -139,6 +139,7 @@ def test_template_parameters_are_cli_flags_with_working_regexes():
     assert args.group_by == r"^([^/]+/patient\d+)_"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("script", sorted(p.name for p in DEPLOY.glob("*.sh")))
 def test_scripts_parse_and_demand_their_settings(script):
     path = DEPLOY / script
@@ -148,6 +149,7 @@ def test_scripts_parse_and_demand_their_settings(script):
     assert result.returncode != 0 and "set PROJECT" in result.stderr
 
 
+@pytest.mark.e2e
 def test_flex_entry_point_converts_and_tolerates_launcher_flags(tmp_path):
     root = tmp_path / "in"
     ids = make_class_folders(str(root), classes=("a", "b"), per_class=4, nested=False)

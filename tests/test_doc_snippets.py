@@ -293,6 +293,7 @@ def _run_file(path: str, workdir) -> dict:
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_snippet_runs(block, results):
@@ -312,6 +313,7 @@ def _shape(text: str) -> list[str]:
     return [re.sub(r"\d[\d,.]*", "N", line).rstrip() for line in text.strip().splitlines()]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_readme_dry_run_sample_is_what_the_command_prints(walkthrough):
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as stream:

@@ -42,6 +42,7 @@ def images(tmp_path_factory):
 FLAGS = ["--splits", "train=0.6,val=0.4", "--target_shard_mb", "0.1", "--image_size", "128"]
 
 
+@pytest.mark.e2e
 def test_dry_run_writes_nothing_and_its_estimates_match_a_real_run(
     images, tmp_path, monkeypatch, capsys
 ):
@@ -115,6 +116,7 @@ def test_dry_run_counts_presplit_and_manifest_layouts(tmp_path, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.e2e
 def test_dry_run_on_gcs_writes_nothing_there(gcs_emulator, tmp_path, capsys):
     local = tmp_path / "images"
     make_class_folders(str(local), per_class=4, size_range=(60, 120))

@@ -135,6 +135,7 @@ def _groups_expected(split_of, label_of, copies):
     }, members
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "dedupe, mode",
     [

@@ -75,6 +75,7 @@ def _assert_agree(local: dict[str, int], beam: dict[str, int], engine: str) -> N
     assert ours == theirs, f"the local engine's counters differ from {engine}'s"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "extra", [(), ("--dedupe", "--min_shards", "3")], ids=["defaults", "dedupe"]
 )
@@ -93,6 +94,7 @@ def test_every_counter_agrees_on_every_path(folders, tmp_path, capsys, extra):
             assert beam[counters.CONVERTED_AHEAD] == local[counters.LISTED]
 
 
+@pytest.mark.e2e
 def test_every_counter_agrees_with_reuse(folders, tmp_path, capsys):
     root, changed = folders
     old = str(tmp_path / "old")
@@ -105,6 +107,7 @@ def test_every_counter_agrees_with_reuse(folders, tmp_path, capsys):
         assert contract.all_files(str(out)) == contract.all_files(str(tmp_path / "local"))
 
 
+@pytest.mark.e2e
 def test_every_counter_agrees_when_resuming(folders, tmp_path, capsys, monkeypatch):
     """An interrupted local run resumed by each engine (the shuffle path keeps no spill
     files, so it starts over: not compared here)."""

@@ -19,6 +19,8 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+pytestmark = pytest.mark.e2e
+
 # Fixtures used by name in this module (an import would read as unused to linters).
 
 CHUNK = 16 * 1024 * 1024  # BeamBlobWriter's resumable-upload chunk size

@@ -22,6 +22,8 @@ from beam_pipeline.core import metadata, tfds_metadata
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 # Fixtures used by name in this module (an import would read as unused to linters).
 
 IN_MEMORY = "--direct_running_mode=in_memory"

@@ -26,6 +26,8 @@ from tests import contract
 from tests.gcs_faults import MEDIA_DOWNLOAD, SHARD_UPLOAD, DroppingProxy
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 5  # --gcs_timeout_s of the failing runs
 # How long a failing run may take to end once GCS is lost: five times what

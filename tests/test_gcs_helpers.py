@@ -18,6 +18,8 @@ from beam_pipeline.storage import gcs, paths
 from tests import gcs_fixtures
 from tests.gcs_fixtures import REPO_ROOT
 
+pytestmark = pytest.mark.e2e
+
 # Fixtures used by name in this module (an import would read as unused to linters).
 
 

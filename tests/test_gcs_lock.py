@@ -24,6 +24,8 @@ import pytest
 from beam_pipeline.storage import lock
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -22,6 +22,8 @@ from imagerecords import codec
 from tests.image_factory import make_class_folders
 from tests.shard_fixtures import write_dataset
 
+pytestmark = pytest.mark.e2e
+
 # Fixtures used by name in this module (an import would read as unused to linters).
 
 # Runs in the subprocess: argv[1] is the fixture dataset's URL, argv[2] an

@@ -218,6 +218,7 @@ def test_class_distance():
 # ------------------------------------------------------------------ whole runs
 
 
+@pytest.mark.e2e
 def test_no_group_is_in_two_splits_and_both_engines_write_the_same_bytes(folder, tmp_path, capsys):
     root, ids = folder
     assert convert(root, tmp_path / "local", "--group_by", GROUP_BY) == 0
@@ -240,6 +241,7 @@ def test_no_group_is_in_two_splits_and_both_engines_write_the_same_bytes(folder,
     assert any(len(s) > 1 for s in splits_by_group(splits_by_id(tmp_path / "plain")).values())
 
 
+@pytest.mark.e2e
 def test_adding_ten_percent_more_images_moves_no_group(tmp_path):
     root = tmp_path / "images"
     ids = grouped_folder(str(root))
@@ -265,6 +267,7 @@ def test_adding_ten_percent_more_images_moves_no_group(tmp_path):
     assert all(len(s) == 1 for s in splits_by_group(after).values())
 
 
+@pytest.mark.e2e
 def test_without_groups_the_output_is_what_it_was(folder, tmp_path):
     root, _ = folder
     assert convert(root, tmp_path / "plain") == 0
@@ -278,6 +281,7 @@ def test_without_groups_the_output_is_what_it_was(folder, tmp_path):
     assert none == plain  # the shards, the lists, TFDS's files
 
 
+@pytest.mark.e2e
 def test_reuse_into_a_grouped_run_writes_what_a_grouped_conversion_writes(folder, tmp_path):
     """A record does not hold its split: an old dataset made without groups is reused
     by a run with them, and the output is that run's full conversion."""
@@ -326,6 +330,7 @@ def test_the_split_folders_win_and_a_group_they_part_is_reported(tmp_path, capsy
     assert "asked" not in block["by_split"]["train"]  # the folders are the splits
 
 
+@pytest.mark.e2e
 def test_a_manifests_group_column_keeps_its_groups_together(tmp_path, capsys):
     root = tmp_path / "images"
     rng = random.Random(3)

@@ -135,6 +135,7 @@ def test_resize_modes(resize, size, source, upscale, expected):
     assert (converted.width, converted.height) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resize", ["crop", "pad"])
 @pytest.mark.parametrize("upscale", [False, True])
 def test_crop_and_pad_always_give_size_by_size(resize, upscale):

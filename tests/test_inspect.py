@@ -218,8 +218,8 @@ def _no_traceback(status: int, text: str) -> None:
 
 def test_verify_names_a_corrupt_length_field(copy):
     # The summary's shuffle evidence reads the first records of every shard
-    # before --verify checks anything; it used to follow the wrong length into
-    # the record's bytes and die in protobuf's parser.
+    # before --verify checks anything; following the wrong length into the
+    # record's bytes would die in protobuf's parser.
     shard = copy / "train-00003-of-00004.tfrecord"
     _, length = record_spans(shard)[0]
     set_length_field(shard, 0, length - 64, valid_crc=False)
@@ -229,6 +229,7 @@ def test_verify_names_a_corrupt_length_field(copy):
     assert "    ! cannot be read: record 0" in text  # the shuffle evidence's line
 
 
+@pytest.mark.e2e
 def test_verify_names_a_length_field_claiming_2_to_the_46_bytes(copy):
     # A length with a valid CRC that no file could hold: handed to a read it
     # crashed the process (a segmentation fault), so inspect compares it with
@@ -400,6 +401,7 @@ def test_histogram_bars_follow_the_class_counts(good, tmp_path):
             assert tuple(middle) == colour
 
 
+@pytest.mark.e2e
 def test_import_reader_loads_nothing_but_tensorflow():
     # TensorFlow's bundled Keras imports Pillow itself when it is installed, so
     # the check is on what reader and reader.inspect add on top of TensorFlow.
@@ -418,6 +420,7 @@ def test_import_reader_loads_nothing_but_tensorflow():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.e2e
 def test_console_script_is_installed(good):
     script = os.path.join(os.path.dirname(sys.executable), "imagerecords-inspect")
     result = subprocess.run(
@@ -448,6 +451,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.e2e
 def test_inspect_and_verify_on_gcs(good, tmp_path, gcs_emulator, tf_gcs_env):
     emulator, env = gcs_emulator, tf_gcs_env
     bucket = emulator.create_bucket()

@@ -10,6 +10,7 @@ import pytest
 from beam_pipeline.core import keys
 
 
+@pytest.mark.e2e
 def test_keys_module_imports_neither_beam_nor_tensorflow():
     code = (
         "import sys, beam_pipeline.core.keys, beam_pipeline.core.images, imagerecords.codec, "
@@ -22,6 +23,7 @@ def test_keys_module_imports_neither_beam_nor_tensorflow():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "seed, purpose, image_id",
     [(42, "order", "cat/1.jpg"), (0, "split", "dog/a b/ü.png"), (7, "order", "")],

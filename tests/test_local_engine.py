@@ -68,6 +68,7 @@ def _run_both(root: str, base, *extra) -> tuple[str, str]:
     return local, beam
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "extra",
     [
@@ -91,6 +92,7 @@ def test_the_local_engine_writes_what_beam_writes(messy, tmp_path, extra):
     assert "skipped.jsonl" in written and b"README.txt" in written["skipped.jsonl"]
 
 
+@pytest.mark.e2e
 def test_a_presplit_folder_and_one_process(tmp_path):
     root = str(tmp_path / "images")
     for split in ("train", "validation"):
@@ -100,6 +102,7 @@ def test_a_presplit_folder_and_one_process(tmp_path):
     assert set(contract.load_info(local)["splits"]) == {"train", "validation"}
 
 
+@pytest.mark.e2e
 def test_a_plain_run_does_not_import_beam(messy, tmp_path):
     root, _ = messy
     code = (
@@ -134,6 +137,7 @@ def test_which_engine_runs(messy, tmp_path):
     assert choice.choose_engine([], discovery.discover(root, str(manifest)), out) == choice.BEAM
 
 
+@pytest.mark.e2e
 def test_a_manifest_of_local_files_runs_locally_and_writes_what_beam_writes(messy, tmp_path):
     root, bad = messy
     manifest = tmp_path / "images.jsonl"
@@ -226,6 +230,7 @@ def test_the_listing_matches_beams_on_odd_names(tmp_path):
     assert len(ours) == 6  # 5 files + the symlinked file; not the broken link, not linked_sub
 
 
+@pytest.mark.e2e
 def test_an_interrupted_local_run_resumes_on_beam_with_the_same_bytes(
     messy, tmp_path, capsys, monkeypatch
 ):

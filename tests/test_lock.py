@@ -94,6 +94,7 @@ def _second_run(images, out) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("deleted", [False, True], ids=["lock-file-there", "lock-file-deleted"])
 def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_path, deleted):
     """Refused while the first run lives, even when its lock file was deleted by
@@ -124,6 +125,7 @@ def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_pat
     assert not (out / metadata.TMP_DIR).exists()
 
 
+@pytest.mark.e2e
 def test_a_killed_runs_lock_is_taken_over_and_the_run_resumed(images, tmp_path):
     out = tmp_path / "o"
     killed = _start(images, out)
@@ -185,6 +187,7 @@ def test_a_runs_own_clean_ups_leave_its_lock(tmp_path):
     assert os.listdir(out) == []  # the folder existed before the lock: it stays
 
 
+@pytest.mark.e2e
 def test_a_dry_run_does_not_lock(images, tmp_path, capsys):
     out = str(tmp_path / "o")
     held = lock.acquire(out)

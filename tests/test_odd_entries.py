@@ -166,6 +166,7 @@ def local_run(odd, tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 def test_every_odd_entry_is_skipped_with_its_reason_and_nothing_is_opened(odd, local_run):
     root, ids, skipped = odd
     assert _skipped_rows(local_run) == skipped
@@ -178,6 +179,7 @@ def test_every_odd_entry_is_skipped_with_its_reason_and_nothing_is_opened(odd, l
     assert ("locked_class" in info["classes"]) == (f"{root}/locked_class" in skipped)
 
 
+@pytest.mark.e2e
 def test_beam_lists_the_odd_entries_as_the_local_engine_does(odd, local_run, tmp_path):
     root, _, _ = odd
     done = _convert(root, tmp_path / "beam", *BEAM)
@@ -185,6 +187,7 @@ def test_beam_lists_the_odd_entries_as_the_local_engine_does(odd, local_run, tmp
     assert contract.all_files(str(tmp_path / "beam")) == contract.all_files(str(local_run))
 
 
+@pytest.mark.e2e
 def test_the_dry_run_counts_the_odd_entries_and_does_not_hang(odd, tmp_path):
     root, ids, skipped = odd
     if f"{root}/locked_class" in skipped:  # as a real run would, it stops before work
@@ -200,6 +203,7 @@ def test_the_dry_run_counts_the_odd_entries_and_does_not_hang(odd, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.e2e
 def test_the_files_converted_ahead_are_only_regular_files(odd):
     """The conversion processes open these while Beam loads, before the pipeline lists."""
     root, ids, _ = odd
@@ -215,6 +219,7 @@ def test_the_files_converted_ahead_are_only_regular_files(odd):
 ENGINES = {"local": (), "beam": BEAM, "dry_run": ("--dry_run",)}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_fifo_in_a_class_folder_is_skipped_without_opening_it(tmp_path, engine):
     root = tmp_path / "in"
@@ -231,6 +236,7 @@ def test_a_fifo_in_a_class_folder_is_skipped_without_opening_it(tmp_path, engine
     assert contract.load_info(str(out))["skipped"]["by_reason"] == {"not a regular file (FIFO)": 1}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_file_name_that_is_not_utf8_is_skipped_and_the_job_goes_on(tmp_path, engine):
     root = tmp_path / "in"
@@ -260,6 +266,7 @@ def locked_input(tmp_path, can_lock):
     return root
 
 
+@pytest.mark.e2e
 def test_an_unreadable_class_folder_stops_the_job_before_work(locked_input, tmp_path):
     _lock(os.path.join(locked_input, "dog"))
     done = _cli("--input", locked_input, "--output", str(tmp_path / "o"))
@@ -272,6 +279,7 @@ def test_an_unreadable_class_folder_stops_the_job_before_work(locked_input, tmp_
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.e2e
 def test_an_unreadable_sub_folder_is_a_skipped_row(locked_input, tmp_path):
     _write(os.path.join(locked_input, "dog", "more", "a.jpg"), jpeg_bytes(photo(60, 50, seed=2)))
     _lock(os.path.join(locked_input, "dog", "more"))
@@ -283,6 +291,7 @@ def test_an_unreadable_sub_folder_is_a_skipped_row(locked_input, tmp_path):
     }
 
 
+@pytest.mark.e2e
 def test_an_unreadable_split_folder_of_a_presplit_layout(tmp_path, can_lock):
     if not can_lock:
         pytest.skip("cannot make a folder this process's children cannot read")
@@ -370,6 +379,7 @@ def test_an_id_that_is_not_utf8_is_named_by_the_hash():
         keys.order_key(42, os.fsdecode(b"cat/caf\xff.jpg"))
 
 
+@pytest.mark.e2e
 def test_a_fifo_named_in_a_manifest_is_skipped_not_opened(tmp_path):
     root = tmp_path / "in"
     ids = make_class_folders(str(root), per_class=3, nested=False)

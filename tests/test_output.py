@@ -95,6 +95,7 @@ def test_is_ours_recognises_only_the_names_a_run_writes(name, ours):
     assert output_files.is_ours(name) is ours
 
 
+@pytest.mark.e2e
 def test_write_atomically_replaces_the_file_and_leaves_no_temp(where):
     where.put("notes.txt", b"the user's")
     path = paths.join(where.base, "labels.txt")
@@ -111,6 +112,7 @@ def test_write_atomically_makes_a_local_files_folders(tmp_path):
     assert os.listdir(path.parent) == ["job.json"]
 
 
+@pytest.mark.e2e
 def test_create_writes_bytes_as_given(where):
     data = bytes(range(256)) * 1000  # no compression, no newline translation
     with output_files.create(paths.join(where.base, f"{TMP}/a.bin")) as stream:
@@ -118,6 +120,7 @@ def test_create_writes_bytes_as_given(where):
     assert where.get(f"{TMP}/a.bin") == data
 
 
+@pytest.mark.e2e
 def test_move_into_place_is_idempotent_across_a_retry(where):
     temp = paths.join(where.base, TMP)
     moves = []
@@ -137,6 +140,7 @@ def test_move_into_place_is_idempotent_across_a_retry(where):
     ]
 
 
+@pytest.mark.e2e
 def test_delete_ours_refuses_a_foreign_name_and_deletes_nothing(where):
     where.put("labels.txt", b"a\n")
     where.put("notes.txt", b"the user's")
@@ -151,6 +155,7 @@ def test_delete_ours_of_a_local_file_already_gone_is_no_error(tmp_path):
     output_files.delete_ours(str(tmp_path), ["labels.txt", f"{TMP}/job.json"])
 
 
+@pytest.mark.e2e
 def test_temp_files_go_before_the_marker_and_nothing_else_goes(where):
     for name in (f"{TMP}/job.json", f"{TMP}/train-00000.ab", f"{TMP}/x/y.idx", "labels.txt"):
         where.put(name, b"x")
@@ -189,6 +194,7 @@ def test_delete_local_folder(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.e2e
 def test_clean_ups_leave_a_live_runs_lock_to_its_owner(where):
     """Finalize and resume clear the temp folder while the run still holds its lock."""
     for name in (output_files.LOCK, f"{TMP}/job.json", f"{TMP}/train-00000.ab", f"{TMP}/x/y"):

@@ -89,6 +89,7 @@ def test_the_estimate_counts_what_listing_lists(folder):
     assert discovery.estimate_image_count(layout) == len(listed) == IMAGES
 
 
+@pytest.mark.e2e
 def test_a_run_logged_to_a_file_says_each_phase(folder, tmp_path):
     run = subprocess.run(
         _cli(folder, tmp_path / "out"), capture_output=True, text=True, timeout=300
@@ -108,6 +109,7 @@ def test_a_run_logged_to_a_file_says_each_phase(folder, tmp_path):
     assert "\r" not in run.stderr  # no redrawing in a log
 
 
+@pytest.mark.e2e
 def test_quiet_shows_no_progress(folder, tmp_path):
     run = subprocess.run(
         _cli(folder, tmp_path / "out", "--quiet"), capture_output=True, text=True, timeout=300
@@ -135,6 +137,7 @@ def _read_all(fd, process) -> bytes:
 
 # A terminal of 120 columns, and one that says 0 x 0 (a pseudo-terminal whose
 # size nobody set, as `script` or `docker run -t` give): tqdm hid the line there.
+@pytest.mark.e2e
 @pytest.mark.parametrize("rows, columns", [(40, 120), (0, 0)])
 def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path, rows, columns):
     leader, follower = pty.openpty()

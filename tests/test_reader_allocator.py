@@ -64,6 +64,7 @@ def _result(child: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_importing_the_reader_gives_tensorflow_the_bfc_allocator_unless_the_user_chose():
     # Both at once (two processes): TensorFlow's start-up dominates.
     children = [_start(None), _start("false")]

@@ -14,6 +14,8 @@ import tensorflow as tf
 import reader
 from tests.shard_fixtures import write_dataset
 
+pytestmark = pytest.mark.e2e
+
 SIZE = 16
 
 

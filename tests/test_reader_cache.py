@@ -13,6 +13,8 @@ import reader
 from reader import dataset as reader_dataset
 from tests.shard_fixtures import write_dataset
 
+pytestmark = pytest.mark.e2e
+
 SIZE = 24
 
 

@@ -65,6 +65,7 @@ def _images(ds, batches=2):
     return [np.asarray(batch[0]) for batch in ds.take(batches)]
 
 
+@pytest.mark.e2e
 def test_config_gives_the_keywords_batches(fixture):
     keywords = dict(seed=5, deterministic=True, random_crop=False, center_crop_fraction=0.5)
     by_keywords = reader.make_dataset(fixture.path, "train", 8, 32, True, **keywords)

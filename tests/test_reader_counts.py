@@ -20,6 +20,8 @@ import tensorflow as tf
 import reader
 from tests.shard_fixtures import flip_data_byte, record_spans, set_length_field, write_dataset
 
+pytestmark = pytest.mark.e2e
+
 SIZE = 24
 SHARD = "train-00001-of-00004.tfrecord"
 

@@ -119,6 +119,7 @@ print(json.dumps(out))
 )
 
 
+@pytest.mark.e2e
 def test_distributed_dataset_under_mirrored_strategy(fixture):
     out = run_python(MIRRORED, fixture.path)
     assert out["replicas"] == 2
@@ -145,6 +146,7 @@ print(json.dumps({"added": added, "forbidden": [m for m in added if m.startswith
 """
 
 
+@pytest.mark.e2e
 def test_reader_imports_neither_beam_nor_pillow(fixture):
     out = run_python(IMPORTS, fixture.path)
     assert "reader" in out["added"] and "reader.dataset" in out["added"]

@@ -17,6 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLOURS = {"ant": (200, 30, 30), "bee": (30, 200, 30), "cow": (30, 30, 200)}
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_converter_output_reads_back_exactly(tmp_path):
     source = tmp_path / "images"

@@ -15,6 +15,8 @@ import reader
 from reader.decode import IMAGENET_MEAN, IMAGENET_STD
 from tests.shard_fixtures import write_dataset
 
+pytestmark = pytest.mark.e2e
+
 SIZE = 24
 
 

@@ -111,6 +111,7 @@ def test_unknown_split_lists_the_splits(fixture):
         reader.make_dataset(fixture.path, "validation", 4, 16, training=False)
 
 
+@pytest.mark.e2e
 def test_reads_through_tf_gfile(fixture):
     """A non-local filesystem (TF's in-memory ram://) works like gs:// would: no open()."""
     root = "ram://imagerecords-test/ds"
@@ -147,6 +148,7 @@ def test_public_names_are_the_front_door():
 V1_DATASET = os.path.join(os.path.dirname(__file__), "data", "v1_dataset")
 
 
+@pytest.mark.e2e
 def test_a_format_version_1_dataset_still_reads():
     """tests/data/v1_dataset: written before the metadata moved to imagerecords.json."""
     info = reader.load_info(V1_DATASET)

@@ -24,6 +24,8 @@ import reader
 from reader import native
 from tests.shard_fixtures import write_dataset
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 
 

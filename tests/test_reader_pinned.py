@@ -27,6 +27,8 @@ import tensorflow as tf
 import reader
 from tests.shard_fixtures import write_dataset
 
+pytestmark = pytest.mark.e2e
+
 SIZE = (40, 48)  # not square: a swapped height and width would show (mostly upscaling)
 BATCH = 8
 BATCHES = 3

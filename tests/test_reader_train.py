@@ -58,6 +58,7 @@ def order_correlation(labels) -> float:
     return float(np.corrcoef(np.arange(len(labels)), labels)[0, 1])
 
 
+@pytest.mark.e2e
 def test_training_shapes_are_static(fixture):
     for dtype in (tf.float32, tf.bfloat16):
         ds = reader.make_dataset(fixture.path, "train", 8, (SIZE, 20), training=True, dtype=dtype)
@@ -68,6 +69,7 @@ def test_training_shapes_are_static(fixture):
         assert x.shape == (8, SIZE, 20, 3) and x.dtype == dtype and y.shape == (8,)
 
 
+@pytest.mark.e2e
 def test_shuffles_across_classes(class_sorted):
     n = len(class_sorted.records["train"])
     # deterministic: a non-deterministic interleave of the two shards may, on a
@@ -88,6 +90,7 @@ def test_shuffles_across_classes(class_sorted):
     assert sum(k > 1 for k in per_batch) >= 0.8 * len(per_batch)
 
 
+@pytest.mark.e2e
 def test_epochs_differ_and_each_is_the_whole_split(fixture):
     batch = epoch_batch_size(fixture)
     n = len(fixture.records["train"])
@@ -102,6 +105,7 @@ def test_epochs_differ_and_each_is_the_whole_split(fixture):
     assert [x.decode() for x in epochs[0]] != fixture.filenames("train")
 
 
+@pytest.mark.e2e
 def test_deterministic_with_a_seed_repeats_exactly(fixture):
     def first_batches(seed):
         ds = reader.make_dataset(
@@ -120,6 +124,7 @@ def _by_name(out) -> dict[str, np.ndarray]:
     return {n.decode(): image for n, image in zip(out["filename"], out["image"], strict=True)}
 
 
+@pytest.mark.e2e
 def test_augmentation_switches(fixture):
     n = len(fixture.records["train"])
     batch = epoch_batch_size(fixture)
@@ -181,6 +186,7 @@ def test_hooks(fixture):
     )
 
 
+@pytest.mark.e2e
 def test_decode_before_batching_lets_image_fn_change_the_shape(fixture):
     def image_fn(image, label):
         return image[::2, ::2], label
@@ -208,6 +214,7 @@ def test_decode_before_batching_lets_image_fn_change_the_shape(fixture):
     assert np.abs(before["image"] - after["image"]).mean() < 20
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("seed", [11, None])
 def test_training_input_pipelines_cover_an_epoch_exactly_once(fixture, seed):
     contexts = [tf.distribute.InputContext(2, i, 2) for i in range(2)]
@@ -221,6 +228,7 @@ def test_training_input_pipelines_cover_an_epoch_exactly_once(fixture, seed):
     assert sorted(parts[0] + parts[1]) == sorted(fixture.filenames("train"))
 
 
+@pytest.mark.e2e
 def test_training_fallback_by_record_covers_once(fixture, caplog):
     assert len(reader.load_info(fixture.path).files("val")) == 1
     parts = []
@@ -244,6 +252,7 @@ def test_training_fallback_by_record_covers_once(fixture, caplog):
     assert sorted(parts[0] + parts[1]) == sorted(fixture.filenames("val"))
 
 
+@pytest.mark.e2e
 def test_options_reach_tf_data(fixture):
     extra = tf.data.Options()
     extra.autotune.ram_budget = 1 << 30
@@ -272,6 +281,7 @@ def test_options_reach_tf_data(fixture):
     assert x.shape == (8, SIZE, SIZE, 3)
 
 
+@pytest.mark.e2e
 def test_fixed_parallelism_above_the_shard_count(tmp_path):
     """num_parallel_calls=3 on a one-shard split: interleave gets at most its cycle length."""
     one_shard = write_dataset(tmp_path / "ds", per_class=8, shards={"train": 1})
@@ -303,6 +313,7 @@ def global_seed_zero():
     tf.random.set_seed(None)
 
 
+@pytest.mark.e2e
 @pytest.mark.filterwarnings("ignore:`shuffle=True` was passed")
 def test_keras_model_learns_from_make_dataset(fixture, global_seed_zero):
     info = reader.load_info(fixture.path)
@@ -334,6 +345,7 @@ def test_keras_model_learns_from_make_dataset(fixture, global_seed_zero):
     assert accuracy > 0.6
 
 
+@pytest.mark.e2e
 def test_a_new_iterator_gets_new_crops_but_a_new_dataset_the_same(fixture):
     """Loops that make one iterator per epoch still get fresh augmentation each epoch."""
     kwargs = dict(training=True, seed=3, deterministic=True, shuffle=False, shuffle_files=False)
@@ -417,6 +429,7 @@ def _read_ops(ds: tf.data.Dataset) -> set[str]:
     return {op for op in ops if "Interleave" in op or op.startswith("TFRecordDataset")}
 
 
+@pytest.mark.e2e
 def test_shards_are_read_in_the_background_only_on_gs(tmp_path):
     """One local shard, or evaluation: read on the consumer's thread; on gs://, an interleave.
 

@@ -78,6 +78,7 @@ def _says_unfinished(message: str, out, images) -> None:
     ) in message
 
 
+@pytest.mark.e2e
 def test_load_info_and_make_dataset_name_the_unfinished_conversion(unfinished):
     out, images = unfinished
     with pytest.raises(reader.IncompleteDatasetError) as error:
@@ -88,6 +89,7 @@ def test_load_info_and_make_dataset_name_the_unfinished_conversion(unfinished):
     _says_unfinished(str(error.value), out, images)
 
 
+@pytest.mark.e2e
 def test_inspect_names_the_unfinished_conversion_in_one_line(unfinished):
     out, images = unfinished
     text = io.StringIO()

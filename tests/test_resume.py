@@ -19,6 +19,8 @@ from beam_pipeline.core import duplicates, keys, metadata, spill, tfds_metadata
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 PER_CLASS = 500  # 1,500 tiny images: long enough to kill midway, quick to convert
 COMMON = ["--image_size", "32", "--target_shard_mb", "0.05", "--max_reject_fraction", "0.1"]
 
@@ -155,7 +157,7 @@ def test_a_changed_image_size_after_a_kill_does_not_reuse_the_records(images, tm
 
 
 def test_a_run_killed_with_another_filter_is_not_resumed_into_the_default_one(images, tmp_path):
-    """Issue 24: records made with --resample lanczos never mix into a bicubic dataset."""
+    """Records made with --resample lanczos never mix into a bicubic dataset."""
     root, ids, bad, reference = images
     out = tmp_path / "o"
     _kill_midway(root, out, 300, "--resample", "lanczos")

@@ -91,6 +91,7 @@ def _assert_same_as_full(new: Path, full: Path, old: str) -> dict:
     return block
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "engine",
     [[], DIRECT, [*DIRECT, "--local_processes", "1"]],
@@ -178,6 +179,7 @@ def test_a_dataset_of_another_converter_version_is_reused_with_a_note(history, t
     assert f"{history.old} was made by" not in err
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("engine", [[], DIRECT], ids=["local-engine", "DirectRunner"])
 def test_a_gcs_dataset_is_reused(history, gcs_emulator, tmp_path, capsys, engine):
     url = f"gs://{gcs_emulator.create_bucket()}/old"
@@ -189,6 +191,7 @@ def test_a_gcs_dataset_is_reused(history, gcs_emulator, tmp_path, capsys, engine
     assert summary.read_counters(capsys.readouterr().out)["images_converted"] == history.converted
 
 
+@pytest.mark.e2e
 def test_everything_on_gcs(history, gcs_emulator, tmp_path):
     """Input, OLD and output on gs://: what Dataflow runs (no local file of OLD)."""
     bucket = f"gs://{gcs_emulator.create_bucket()}"

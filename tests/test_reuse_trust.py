@@ -222,6 +222,7 @@ def _verify_problems(dataset: Path) -> list[str]:
     return verify.verify(load_info(str(dataset)))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("engine", [[], DIRECT], ids=["local-engine", "DirectRunner"])
 def test_damage_with_its_crcs_recomputed_is_not_laundered(made, tmp_path, capsys, caplog, engine):
     old = _copy_of_old(made, tmp_path)
@@ -289,6 +290,7 @@ def test_old_changing_after_its_scan_stops_the_run_naming_old(
     assert not (new / metadata.INFO_FILE).exists()  # nothing published
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "engine",
     [DIRECT, [*DIRECT, "--local_processes", "1"]],

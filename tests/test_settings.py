@@ -209,6 +209,7 @@ def test_the_dry_run_names_every_setting_that_decides_the_bytes(small, tmp_path,
     ) in out
 
 
+@pytest.mark.e2e
 def test_both_engines_record_and_summarise_the_same_settings(small, tmp_path, capsys):
     """The local engine and Beam's DirectRunner derive the same dataset_info settings."""
     outputs = {}

@@ -22,6 +22,8 @@ from beam_pipeline.core import keys, metadata, tfds_metadata
 from imagerecords import RecordSource
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 CLASSES = ("ant", "bee", "cow", "doe")
 
@@ -190,6 +192,7 @@ print("RESULT " + json.dumps(rows))
 """
 
 
+@pytest.mark.e2e
 def test_builder_from_directory_on_gcs(dataset, gcs_emulator, tf_gcs_env):
     _tfds()
     bucket = gcs_emulator.create_bucket()

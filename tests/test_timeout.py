@@ -64,6 +64,7 @@ def _stalling_convert(data, spec):
     return _REAL_CONVERT(data, spec)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "processes, how",
     [("1", "spin"), ("2", "spin"), ("2", "native")],
@@ -94,8 +95,9 @@ def test_a_stalling_image_is_rejected_and_the_job_finishes(tmp_path, monkeypatch
     assert sorted(written) == sorted(set(ids) - {victim})
 
 
+@pytest.mark.e2e
 def test_a_timed_out_image_is_converted_again_when_the_run_resumes(tmp_path, monkeypatch, capsys):
-    """Issue 24: a timeout is no property of the image's bytes: a resumed run retries it,
+    """A timeout is no property of the image's bytes: a resumed run retries it,
     with a higher limit too, and the result is what an uninterrupted run gives."""
     root = tmp_path / "images"
     ids = make_class_folders(str(root), classes=("a", "b"), per_class=6, nested=False)

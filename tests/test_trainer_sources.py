@@ -46,6 +46,8 @@ from imagerecords import info as info_lib
 from tests import contract
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "trainers.md"
 CLASSES = ("cat", "dog", "fish")
@@ -516,6 +518,7 @@ def _runs(source: RecordSource, positions) -> int:
     return sum(1 for p in wanted if p - 1 not in wanted or p in starts)
 
 
+@pytest.mark.e2e
 def test_gcs_reads_are_ranged_and_bounded_per_batch(converted, gcs_emulator, counted_gcs):
     bucket = gcs_emulator.create_bucket()
     url = f"gs://{bucket}/indexed"
@@ -547,6 +550,7 @@ def test_gcs_reads_are_ranged_and_bounded_per_batch(converted, gcs_emulator, cou
     }
 
 
+@pytest.mark.e2e
 def test_gcs_without_index_files_scans_each_shard_once(
     converted, gcs_emulator, counted_gcs, caplog
 ):
@@ -562,6 +566,7 @@ def test_gcs_without_index_files_scans_each_shard_once(
     assert [r["filename"] for r in source] == [r["filename"] for r in local]
 
 
+@pytest.mark.e2e
 def test_grain_reads_gcs(converted, gcs_emulator, counted_gcs):
     bucket = gcs_emulator.create_bucket()
     url = f"gs://{bucket}/indexed"

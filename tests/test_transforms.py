@@ -42,6 +42,7 @@ def _config(root, output="/nonexistent", **kwargs):
     return JobConfig(layout=layout, output=output, splits=SPLITS, **kwargs)
 
 
+@pytest.mark.e2e
 def test_list_images_lists_every_visible_file_once_with_its_split(folder):
     root, ids, bad = folder
     config = _config(root)
@@ -66,6 +67,7 @@ def _entries(batches):
     return [entry for batch in batches for entry in batch.entries]
 
 
+@pytest.mark.e2e
 def test_convert_images_batches_records_and_tags_rejections(folder):
     root, ids, bad = folder
     config = _config(root)
@@ -132,6 +134,7 @@ def _run_plan_and_write(tmp_path, batches, listed, rejections=(), **config_args)
     return config, dict(found["plan"]), found["shard"]
 
 
+@pytest.mark.e2e
 def test_write_shards_cuts_exactly_the_planned_number_of_nonempty_shards(tmp_path):
     train, val = [f"t{i}" for i in range(50)], [f"v{i}" for i in range(3)]
     batches = _batches("train", train) + _batches("val", val)
@@ -156,6 +159,7 @@ def test_write_shards_cuts_exactly_the_planned_number_of_nonempty_shards(tmp_pat
     assert not list((out_dir / metadata.TMP_DIR).glob("*")), "temp files left behind"
 
 
+@pytest.mark.e2e
 def test_min_shards_is_exact_and_capped_by_the_records(tmp_path):
     ids = [f"t{i}" for i in range(5)]
     _, plans, shards = _run_plan_and_write(
@@ -169,6 +173,7 @@ def test_min_shards_is_exact_and_capped_by_the_records(tmp_path):
     assert order == sorted(keys.order_key(42, i) for i in ids)  # one key per shard, in order
 
 
+@pytest.mark.e2e
 def test_books_name_lost_images_and_balance_rejections(tmp_path):
     """A listed image that is neither written nor rejected is a problem; rejections balance."""
     written = [f"t{i}" for i in range(6)]
@@ -185,6 +190,7 @@ def test_books_name_lost_images_and_balance_rejections(tmp_path):
     assert [(s.split, s.num_examples) for s in shards] == [("train", 6)]
 
 
+@pytest.mark.e2e
 def test_a_retried_shard_write_is_kept_once(tmp_path):
     ids = [f"t{i}" for i in range(9)]
     config, plans, shards = _run_plan_and_write(
@@ -217,6 +223,7 @@ def test_a_retried_shard_write_is_kept_once(tmp_path):
     assert total == 9
 
 
+@pytest.mark.e2e
 def test_a_shard_holding_other_records_than_planned_fails_the_books(tmp_path):
     ids = [f"t{i}" for i in range(9)]
     _, plans, shards = _run_plan_and_write(
@@ -264,6 +271,7 @@ def test_a_retried_conversion_bundle_does_not_duplicate_records(folder, tmp_path
     reader.close()
 
 
+@pytest.mark.e2e
 def test_config_image_spec_decides_the_stored_size(folder):
     """The JobConfig's image settings reach the conversion step: every record is 40 x 40."""
     root, ids, _ = folder

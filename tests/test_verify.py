@@ -383,6 +383,7 @@ DAMAGES = {
 }
 
 
+@pytest.mark.e2e
 def test_the_untouched_dataset_verifies_ok(dataset):
     names = {p.name for p in dataset.iterdir()}
     # Sanity: the dataset publishes every kind of file the checks cover.
@@ -402,6 +403,7 @@ def test_the_version_1_dataset_verifies_ok():
     assert status == 0, text
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
 def test_verify_names_the_damaged_file(copy, damage):
     expected = damage(copy)
@@ -415,6 +417,7 @@ def test_verify_names_the_damaged_file(copy, damage):
 IDX_DAMAGES = {name: damage for name, damage in DAMAGES.items() if name.startswith("idx ")}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("damage", IDX_DAMAGES.values(), ids=IDX_DAMAGES.keys())
 def test_each_idx_damage_is_one_record_source_refuses(copy, damage):
     # What --verify names is what breaks the .idx files' own reader, and the
@@ -427,6 +430,7 @@ def test_each_idx_damage_is_one_record_source_refuses(copy, damage):
             RecordSource(str(copy), split)
 
 
+@pytest.mark.e2e
 def test_tfds_misreads_what_verify_names_in_its_files(copy):
     tfds = pytest.importorskip("tensorflow_datasets")
     _shard_lengths_edited(copy)

@@ -21,6 +21,8 @@ import pytest
 from beam_pipeline.core import errors, metadata
 from tests.image_factory import make_class_folders
 
+pytestmark = pytest.mark.e2e
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -383,7 +383,7 @@ def fast_exit(status: int) -> None:
     """
     try:
         # Without Beam in the process (the local engine) there is no Beam exit-time
-        # work to skip, and no need to read its version (~0.05 s of CPU).
+        # work to skip, and no need to read its version.
         installed = BEAM_VERSION if "apache_beam" not in sys.modules else installed_beam_version()
         if installed != BEAM_VERSION:
             raise RuntimeError(f"its exit-time work was checked on Beam {BEAM_VERSION} only")

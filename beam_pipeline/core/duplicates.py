@@ -85,7 +85,7 @@ def info_block(groups: Sequence[Sequence[Member]], first_split: str) -> dict:
         "cross_split": sum(len({m.split for m in g}) > 1 for g in groups),
         "cross_class": sum(len({m.label for m in g}) > 1 for g in groups),
         "file": DUPLICATES_FILE,
-        # Not in the list, but what the end-of-run summary shouts about.
+        # What the end-of-run summary warns about: val/test images also in train.
         "also_in_" + first_split: leaks(groups, first_split),
     }
 

@@ -299,7 +299,7 @@ def _decode(image: Image.Image, data: bytes, spec: ImageSpec, orientation: int, 
 def _to_srgb(image: Image.Image) -> tuple[Image.Image, bool]:
     """The image in sRGB per its embedded profile; (image, profile_was_bad).
 
-    Runs before resizing, as the issue's contract says (docs/images.md).
+    Runs before resizing, as docs/images.md promises.
     """
     icc = image.info.get("icc_profile")
     if not icc:

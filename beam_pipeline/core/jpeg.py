@@ -95,7 +95,7 @@ def _rgb_sharing(pixels: np.ndarray) -> Image.Image:
     Pillow keeps RGB as 4 bytes a pixel, the layout libjpeg-turbo writes for
     RGBX, so the decoder's buffer can be the image. ``Image.fromarray`` of an
     RGB array instead copies every pixel into a new image: a whole-image pass
-    that cost ~0.2 ms of the ~4.5 ms a web photo takes. ``frombuffer`` shares
+    (its cost: docs/performance.md). ``frombuffer`` shares
     memory only as mode RGBX, which Pillow then resamples on all 4 channels
     (a third more work than RGB), so this maps the buffer as RGB the way
     ``frombuffer`` maps it as RGBX. If a Pillow version refuses that, the
@@ -224,8 +224,8 @@ def decode(data: bytes, image: Image.Image, size: tuple[int, int] | None = None)
     """
     # Only a progressive stream can stall the decoder with scans: a sequential
     # one is read once, whatever it holds (libjpeg-turbo limits progressive
-    # scans only, too). Counting costs ~1 ms per MB, 4% of a phone photo's
-    # conversion, so baseline JPEGs, nearly all of them, skip it.
+    # scans only, too). Counting reads the whole source (docs/performance.md),
+    # so baseline JPEGs, nearly all of them, skip it.
     progressive = image.info.get("progressive") or image.info.get("progression")
     if progressive and data.count(_SOS) > MAX_SCANS:
         raise CorruptData(f"more than {MAX_SCANS} scans (a stalling progressive JPEG)")

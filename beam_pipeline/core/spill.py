@@ -253,7 +253,7 @@ class Index(Mapping):
     def _spilled(self, position: int, image_id: str) -> Spilled:
         reason = self._reasons.get(position, "")
         sha256 = "" if reason else self._sha256[32 * position : 32 * position + 32].hex()
-        return tuple.__new__(  # Spilled(...) without its keyword handling: ~2x faster
+        return tuple.__new__(  # Spilled(...) without its keyword handling
             Spilled,
             (
                 image_id,

@@ -7,8 +7,8 @@ whole flow), so its output is byte for byte what Beam's DirectRunner writes
 for the same arguments, and its counters are the same (tests/test_local_engine.py,
 tests/test_engine_counters.py). What it leaves out is Beam itself: importing it,
 building and translating the graph, and moving every converted image through the
-runner as an element, ~2.5 s of CPU per run plus ~0.4 ms per image on one
-core (docs/performance.md, "Local engine"). ``--runner DirectRunner`` runs
+runner as an element: seconds of CPU per run, and more per image
+(docs/performance.md, "Local engine"). ``--runner DirectRunner`` runs
 the same job on Beam.
 """
 

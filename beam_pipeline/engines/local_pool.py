@@ -76,9 +76,9 @@ def new(processes: int) -> concurrent.futures.ProcessPoolExecutor:
     # submit), a Ctrl-C is noted, not acted on: a child is born with this
     # handler, so one that reaches it before its initializer ignores SIGINT is
     # harmless, and this process does not stop half-way through starting them.
-    # It is acted on right after, as the previous handler would have. (SIGINT
-    # used to be ignored until the workers were up, which dropped a Ctrl-C that
-    # came meanwhile: the run went on to the end.)
+    # It is acted on right after, as the previous handler would have. (Ignoring
+    # SIGINT until the workers are up would drop a Ctrl-C that comes meanwhile:
+    # the run would go on to the end.)
     previous = signal.getsignal(signal.SIGINT) if in_main_thread else None
     # Left alone: an ignored SIGINT, and a handler not set from Python (None).
     note = previous not in (None, signal.SIG_IGN)
@@ -134,8 +134,8 @@ class Pool:
     def convert_ahead(self, refs: list, args: tuple, chunk: int = 8) -> None:
         r"""Starts converting ``refs`` before the engine runs (the pool must not be taken yet).
 
-        Importing Beam, building the graph and starting the runner take ~2 s on
-        one core; this puts the other cores to work meanwhile. The conversion step
+        Importing Beam, building the graph and starting the runner take seconds
+        of one core; this puts the other cores to work meanwhile. The conversion step
         :meth:`claim`\ s these results instead of converting the same files again.
 
         Args:

@@ -91,8 +91,8 @@ class PoolConverter:
             self._pending.append(([(ref, None)], _Picked(*ahead[:2]), AHEAD))
         else:
             self._chunk.append((ref, old))
-            # Reuse checks are ~50x cheaper than conversions: bigger chunks
-            # keep the IPC per image small.
+            # Reuse checks cost a small fraction of a conversion: bigger chunks
+            # keep the IPC per image small (docs/performance.md, REUSE_CHUNK).
             if len(self._chunk) >= (self.CHUNK if old is None else self.REUSE_CHUNK):
                 self._submit()
         # Keep every process busy, but bound what is in flight (memory).

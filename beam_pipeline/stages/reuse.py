@@ -16,9 +16,8 @@ done as in any run, so the output is byte for byte a full conversion's.
 "Unchanged" is the source's SHA-256, read and hashed again, against the one
 OLD's record names, read from that record when it is used (:func:`take`,
 which also checks the record's ID and CRCs, and that it is the record the
-scan of its shard checked): ~0.1 ms for a web photo,
-~1.5 ms for a 1.4 MB phone photo, against 4-25 ms to convert them
-(docs/performance.md, "Growing a dataset"). It needs nothing OLD does not
+scan of its shard checked): a small fraction of what converting the image
+costs (docs/performance.md, "Growing a dataset"). It needs nothing OLD does not
 already hold (every format version, local or gs://), and it is not fooled
 by a file replaced with another of the same size and modification time. A
 user who distrusts it converts without ``--reuse``.

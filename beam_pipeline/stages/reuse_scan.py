@@ -123,8 +123,8 @@ def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) ->
     """Reads ``shard`` once, front to back, appending ``(image ID, OldRecord)`` of each
     record to ``found``; returns why the shard is not to be trusted ("" when it is).
 
-    Checks both CRCs of every record, parses its Example for the ID (~15 us;
-    the image is not decoded) and hashes the whole shard against the SHA-256
+    Checks both CRCs of every record, parses its Example for the ID (the
+    image is not decoded) and hashes the whole shard against the SHA-256
     OLD's metadata gives it.
 
     Raises:

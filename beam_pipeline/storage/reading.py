@@ -31,7 +31,7 @@ def hash_source(path: str) -> tuple[str, int, bytes | None]:
     """``(sha256, size, bytes)`` of a source file; bytes None when it was hashed in place.
 
     A local file is hashed through a read-only memory map: no copy of it is
-    made (~0.3 of ~1.7 ms for a 1.4 MB phone photo), and --reuse needs its
+    made (docs/performance.md, "Measurements behind code choices"), and --reuse needs its
     bytes only when it changed. A remote one is read (it may be converted).
 
     Raises:
