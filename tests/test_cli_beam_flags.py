@@ -298,6 +298,7 @@ def test_what_the_runner_needs_is_named_in_one_line(args, environ, gcloud, missi
         assert missing in found and "\n" not in found
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "flags, message",
     [

@@ -92,6 +92,7 @@ def test_read_frame_reads_frames_in_turn_then_none():
     assert codec.read_frame(stream) is None
 
 
+@pytest.mark.e2e
 def test_importing_the_codec_loads_no_crc_library_tensorflow_or_beam_before_a_crc():
     # The reader imports the codec for the file names: a tf.data job never needs
     # google_crc32c, and the bottom package loads nothing of the packages above it.

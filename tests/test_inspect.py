@@ -310,6 +310,7 @@ def test_bad_arguments_exit_2_with_one_line(good, tmp_path):
         assert text.startswith("error: ") and message in text and text.count("\n") == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "argv, status",
     [(["--verfy"], 2), (["--samples", "0"], 2), (["--help"], 0)],
@@ -508,6 +509,7 @@ def test_without_start_up_notices_drops_only_tensorflows_info_lines(text, kept):
     assert inspect_tool.without_start_up_notices(text) == (text if kept is None else kept)
 
 
+@pytest.mark.e2e
 def test_inspect_prints_no_tensorflow_start_up_notices(good):
     result = subprocess.run(
         [sys.executable, "-m", "reader.inspect", str(good.path)],

@@ -163,6 +163,7 @@ def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path, 
 BEAM = ("--runner", "DirectRunner")
 
 
+@pytest.mark.e2e
 def test_a_beam_run_in_a_terminal_gets_the_live_line_with_total_and_time_left(folder, tmp_path):
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
