@@ -29,6 +29,18 @@ except KeyboardInterrupt:
         raise
     print("error: interrupted before the job started; nothing was written", file=sys.stderr)
     sys.exit(130)
+except ModuleNotFoundError as missing:
+    # `python3 -m beam_pipeline` in the repository with a Python that lacks the
+    # dependencies (the install is in .venv): say where it is, not a traceback.
+    if __name__ != "__main__" or (missing.name or "").startswith("beam_pipeline"):
+        raise
+    print(
+        f"error: imagerecords is not installed for this Python ({sys.executable}: no module "
+        f"{missing.name!r}): run `make demo` in the repository, then `source .venv/bin/activate`"
+        " (or pip install the repository into this Python)",
+        file=sys.stderr,
+    )
+    sys.exit(1)
 
 __all__ = ["build_parser", "main", "parse_args", "run"]
 
