@@ -12,7 +12,7 @@ LATEST_VENV := .venv-latest
 BEAM ?= 2.60.0
 BEAM_VENV := .venv-beam-$(BEAM)
 
-.PHONY: demo test test-latest beam-range lint format bench clean
+.PHONY: demo test test-any-machine test-latest beam-range lint format bench clean
 
 $(STAMP): setup.py $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# Before a change that touches timing, processes or TensorFlow is done: oneDNN
+# on and off, and twice under load (scripts/test_any_machine.sh says how).
+test-any-machine: $(STAMP)
+	scripts/test_any_machine.sh
 
 # Not part of `make test`: for the day the lock moves (then scripts/lock.py in
 # this venv writes the new lock).
