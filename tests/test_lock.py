@@ -23,6 +23,7 @@ from beam_pipeline.__main__ import main
 from beam_pipeline.core import metadata, spill
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import lock
+from tests import held_run
 from tests.image_factory import make_class_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,9 +42,12 @@ def _command(images, out):
     return [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", str(out)]
 
 
-def _start(images, out, *extra) -> subprocess.Popen:
+def _start(images, out, gate) -> subprocess.Popen:
+    """The CLI into ``out``, each of its 2 processes held after 250 images until ``gate``
+    exists (tests/held_run.py): it cannot end before the test has done its part."""
+    args = [*_command(images, out)[3:], "--local_processes", "2"]
     return subprocess.Popen(
-        [*_command(images, out), "--local_processes", "2", *extra],
+        held_run.command(gate, 250, args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -63,14 +67,14 @@ def _spilled(out) -> int:
 def _wait_converting(process: subprocess.Popen, out, at_least: int = 100) -> None:
     deadline = time.monotonic() + 180
     while _spilled(out) < at_least:
-        assert process.poll() is None, "the run ended before the test could use it"
+        assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "nothing was converted"
         time.sleep(0.02)
 
 
 def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_path):
-    out = tmp_path / "o"
-    first = _start(images, out)
+    out, gate = tmp_path / "o", tmp_path / "gate"
+    first = _start(images, out, gate)
     try:
         _wait_converting(first, out)
         owner = json.loads((out / LOCK).read_text())
@@ -82,9 +86,10 @@ def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_pat
             cwd=ROOT,
             timeout=120,
         )
-        # Refused while the first run still converts: it did not wait for it.
-        assert first.poll() is None, "the first run ended before the second was refused"
+        # Refused while the first run still converts (held): it did not wait for it.
+        assert first.poll() is None, first.communicate()[1][-3000:]
     finally:
+        gate.touch()
         _, err_first = first.communicate(timeout=300)
     assert second.returncode == 2, second.stderr
     assert second.stderr.strip() == (
@@ -101,7 +106,7 @@ def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_pat
 
 def test_a_killed_runs_lock_is_taken_over_and_the_run_resumed(images, tmp_path):
     out = tmp_path / "o"
-    killed = _start(images, out)
+    killed = _start(images, out, tmp_path / "gate")  # never opened: killed while held
     try:
         _wait_converting(killed, out, at_least=300)
     finally:
