@@ -133,8 +133,13 @@ class _CtrlC:
     def _handle(self, signum, frame) -> None:
         self.seen = True
         if not self._verbose:
-            # The runner's threads that see their workers die of it need not say so.
+            # The runner's threads that see their workers die of it need not say
+            # so, nor Beam's loggers: multi_processing's data plane logs the broken
+            # stream, and the job service relays each worker's "sdk harness
+            # failed" traceback (CRITICAL) when the Ctrl-C finds it waiting for work.
             threading.excepthook = lambda args: None
+            for name in ("apache_beam", beam_private.JOB_SERVICE_LOGGER):
+                logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         raise KeyboardInterrupt
 
 

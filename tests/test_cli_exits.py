@@ -47,8 +47,22 @@ def _session_processes(sid: int) -> list[str]:
     return left
 
 
-def _session_processes_running(sid: int, module: str) -> list[str]:
-    return [command for command in _session_processes(sid) if module in command]
+def _connected_workers(sid: int, module: str) -> int:
+    """Python processes of session ``sid`` running ``module`` that have connected over TCP
+    (Beam's SDK workers to their runner: from then on they are handed bundles)."""
+    count = 0
+    for process in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            if process.pid == os.getpid() or os.getsid(process.pid) != sid:
+                continue
+            command = process.info["cmdline"] or []
+            if module not in " ".join(command) or not process.info["name"].startswith("python"):
+                continue  # the shell that starts the worker, or another process
+            connections = getattr(process, "net_connections", process.connections)("tcp")
+            count += any(c.status == psutil.CONN_ESTABLISHED for c in connections)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return count
 
 
 def _assert_no_process_left(sid: int) -> None:
@@ -168,8 +182,8 @@ def _wait_until_converting(process: subprocess.Popen, out, runner: list[str]) ->
     deadline = time.monotonic() + 180
     if "--direct_running_mode=multi_processing" in runner:
         # The conversion runs in Beam's worker processes (no spill files on
-        # this path): the pipeline is at work once they exist.
-        while not _session_processes_running(process.pid, "sdk_worker_main"):
+        # this path): the pipeline is at work once they have connected.
+        while _connected_workers(process.pid, "sdk_worker_main") < 2:
             assert process.poll() is None, "the run ended before its workers started"
             assert time.monotonic() < deadline, "the run never started its workers"
             time.sleep(0.05)
