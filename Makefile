@@ -1,16 +1,23 @@
 # `make demo` and `make test` do all the set-up on a fresh machine: they create
-# .venv and install the project with its test extras into it on first use.
+# .venv and install the project with its test extras into it on first use, at
+# the exact versions of the lock file (scripts/lock.py writes it).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+LOCK := constraints/test.txt
 STAMP := $(VENV)/.installed
+# `make test-latest`: the newest versions setup.py allows, in a venv of their own.
+LATEST_VENV := .venv-latest
+# `make beam-range`: another Beam 2.x, as a user's install gets it (not editable).
+BEAM ?= 2.60.0
+BEAM_VENV := .venv-beam-$(BEAM)
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-any-machine test-latest beam-range lint format bench clean
 
-$(STAMP): setup.py
+$(STAMP): setup.py $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,6 +36,24 @@ test-fast: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"
 
+# Before a change that touches timing, processes or TensorFlow is done: oneDNN
+# on and off, and twice under load (scripts/test_any_machine.sh says how).
+test-any-machine: $(STAMP)
+	scripts/test_any_machine.sh
+
+# Not part of `make test`: for the day the lock moves (then scripts/lock.py in
+# this venv writes the new lock).
+test-latest:
+	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test]"
+	$(LATEST_VENV)/bin/python -m pytest -q -n 2 --dist loadfile
+
+beam-range:
+	test -x $(BEAM_VENV)/bin/python || $(PYTHON) -m venv $(BEAM_VENV)
+	$(BEAM_VENV)/bin/python -m pip install --quiet "apache-beam[gcp]==$(BEAM)" .
+	cd /tmp && $(CURDIR)/$(BEAM_VENV)/bin/python $(CURDIR)/scripts/beam_range.py
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -41,4 +66,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(LATEST_VENV) .venv-beam-* .pytest_cache .ruff_cache *.egg-info

@@ -7,7 +7,13 @@ import setuptools
 # not listed: a training job brings its own flavour (tensorflow, tensorflow-cpu,
 # a TPU or CUDA build) and it must win.
 INSTALL_REQUIRES = [
-    "apache-beam[gcp]==2.77.0",  # deploy/Dockerfile pins the same version.
+    # A range, so the package installs beside a user's own Beam: any 2.x from
+    # 2.60 converts (`make beam-range BEAM=2.60.0` checks one). The local speed
+    # tricks and the Dask translation were read against one Beam
+    # (beam_internals/beam_private.BEAM_VERSION, which deploy/Dockerfile and
+    # constraints/test.txt pin): with another they fall back, or refuse, with
+    # one line.
+    "apache-beam[gcp]>=2.60,<3",
     "pillow>=10.0",
     # libjpeg-turbo with stop-on-warning: sees corrupt JPEG data (beam_pipeline/core/jpeg.py).
     "simplejpeg>=1.8",

@@ -30,6 +30,18 @@ except KeyboardInterrupt:
         raise
     print("error: interrupted before the job started; nothing was written", file=sys.stderr)
     sys.exit(130)
+except ModuleNotFoundError as missing:
+    # `python3 -m beam_pipeline` in the repository with a Python that lacks the
+    # dependencies (the install is in .venv): say where it is, not a traceback.
+    if __name__ != "__main__" or (missing.name or "").startswith("beam_pipeline"):
+        raise
+    print(
+        f"error: imagerecords is not installed for this Python ({sys.executable}: no module "
+        f"{missing.name!r}): run `make demo` in the repository, then `source .venv/bin/activate`"
+        " (or pip install the repository into this Python)",
+        file=sys.stderr,
+    )
+    sys.exit(1)
 
 __all__ = ["build_parser", "main", "parse_args", "run"]
 
@@ -133,8 +145,13 @@ class _CtrlC:
     def _handle(self, signum, frame) -> None:
         self.seen = True
         if not self._verbose:
-            # The runner's threads that see their workers die of it need not say so.
+            # The runner's threads that see their workers die of it need not say
+            # so, nor Beam's loggers: multi_processing's data plane logs the broken
+            # stream, and the job service relays each worker's "sdk harness
+            # failed" traceback (CRITICAL) when the Ctrl-C finds it waiting for work.
             threading.excepthook = lambda args: None
+            for name in ("apache_beam", beam_private.JOB_SERVICE_LOGGER):
+                logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         raise KeyboardInterrupt
 
 

@@ -12,8 +12,8 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
-import tempfile
 import time
 
 from PIL import Image, ImageOps
@@ -62,6 +62,11 @@ def build_sample(folder: str, seed: int = 0) -> int:
     return count + 1
 
 
+# Where `make demo` leaves its photos and its records, for the README's
+# walkthrough to run on as pasted (`cd .demo`; git ignores the folder).
+DEMO_DIR = os.path.join(ROOT, ".demo")
+PHOTOS_DIR, RECORDS_DIR = "photos", "demo-records"
+
 # The README's picture; only `scripts/demo.py --docs-image` rewrites it, so that
 # running the demo never changes a file git tracks.
 DOCS_CONTACT_SHEET = os.path.join(ROOT, "docs", "img", "contact_sheet.png")
@@ -85,9 +90,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"also redraw the README's picture ({os.path.relpath(DOCS_CONTACT_SHEET, ROOT)})",
     )
+    parser.add_argument(
+        "--folder",
+        default=DEMO_DIR,
+        help=f"where the photos ({PHOTOS_DIR}/) and the records ({RECORDS_DIR}/) go; "
+        "those two are replaced (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
-    work = tempfile.mkdtemp(prefix="imagerecords-demo-")
-    images, output = os.path.join(work, "images"), os.path.join(work, "records")
+    work = args.folder
+    images, output = os.path.join(work, PHOTOS_DIR), os.path.join(work, RECORDS_DIR)
+    # Only the demo's own two folders are replaced: anything else there (the
+    # walkthrough's ./photos-records, say) is the user's.
+    for folder in (images, output):
+        shutil.rmtree(folder, ignore_errors=True)
     count = build_sample(images)
     print(f"demo: wrote {count} images in {len(PHOTOS)} classes to {images}")
 
@@ -145,7 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs_image:
         print(f"  and for the README: {draw_contact_sheet(info, DOCS_CONTACT_SHEET)}")
     print(f"\ndemo: done. Output kept in {output}")
-    python = os.path.relpath(sys.executable) if "/.venv/" in sys.executable else sys.executable
+    # The README's one way: the venv activated, where `python` is the venv's.
+    venv = "/.venv/" in sys.executable
+    python = "python" if venv else sys.executable
+    if venv:
+        print("\nThe commands below run in the venv: source .venv/bin/activate")
+    if os.path.abspath(work) == DEMO_DIR:
+        print("The README's walkthrough runs on these photos as pasted, in: cd .demo")
     print(
         "\nNext, on your own images (one folder per class: PHOTOS/<class>/<image>):\n"
         f"  {python} -m beam_pipeline --input PHOTOS --output RECORDS --dry_run"

@@ -34,13 +34,13 @@ def test_installed_beam_is_the_one_the_tricks_were_written_against():
     )
 
 
-def test_setup_and_the_container_pin_the_same_beam():
-    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
-        pins = re.findall(r'"apache-beam\[gcp\]==([\d.]+)"', f.read())
+def test_the_test_lock_and_the_container_pin_the_same_beam():
+    with open(os.path.join(ROOT, "constraints", "test.txt"), encoding="utf-8") as f:
+        pins = re.findall(r"^apache-beam==([\d.]+)$", f.read(), re.M)
     with open(os.path.join(ROOT, "deploy", "Dockerfile"), encoding="utf-8") as f:
         container = re.findall(r"ARG BEAM_VERSION=([\d.]+)", f.read())
     assert pins == container == [beam_private.BEAM_VERSION], (
-        f"setup.py pins {pins}, deploy/Dockerfile {container}: re-check "
+        f"constraints/test.txt pins {pins}, deploy/Dockerfile {container}: re-check "
         f"beam_pipeline/beam_internals/beam_private.py against that Beam (written against "
         f"{beam_private.BEAM_VERSION})"
     )

@@ -47,6 +47,24 @@ def _session_processes(sid: int) -> list[str]:
     return left
 
 
+def _connected_workers(sid: int, module: str) -> int:
+    """Python processes of session ``sid`` running ``module`` that have connected over TCP
+    (Beam's SDK workers to their runner: from then on they are handed bundles)."""
+    count = 0
+    for process in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            if process.pid == os.getpid() or os.getsid(process.pid) != sid:
+                continue
+            command = process.info["cmdline"] or []
+            if module not in " ".join(command) or not process.info["name"].startswith("python"):
+                continue  # the shell that starts the worker, or another process
+            connections = getattr(process, "net_connections", process.connections)("tcp")
+            count += any(c.status == psutil.CONN_ESTABLISHED for c in connections)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return count
+
+
 def _assert_no_process_left(sid: int) -> None:
     deadline = time.monotonic() + 5  # a killed process may take a moment to go
     while (left := _session_processes(sid)) and time.monotonic() < deadline:
@@ -226,11 +244,12 @@ def _wait_until_converting(process: subprocess.Popen, out, runner: list[str]) ->
     """Returns once the run converts images: inside its pipeline's steps, on Beam."""
     deadline = time.monotonic() + 180
     if "--direct_running_mode=multi_processing" in runner:
-        for line in process.stderr:  # then Beam builds the graph and runs it
-            assert time.monotonic() < deadline, "the run never started its pipeline"
-            if line.startswith("imagerecords: running on DirectRunner"):
-                break
-        time.sleep(3)
+        # The conversion runs in Beam's worker processes (no spill files on
+        # this path): the pipeline is at work once they have connected.
+        while _connected_workers(process.pid, "sdk_worker_main") < 2:
+            assert process.poll() is None, "the run ended before its workers started"
+            assert time.monotonic() < deadline, "the run never started its workers"
+            time.sleep(0.05)
         return
     # On the local engine, any record. On Beam, more than were converted while
     # Beam loaded: the conversion step itself is at work, and a Ctrl-C lands in
@@ -322,27 +341,42 @@ def _run_script(tmp_path, text: str, *args: str, **kwargs) -> subprocess.Complet
 
 
 _CTRL_C_WHILE_WORKERS_START = """
-import os, signal, sys, threading, time
+import os, pathlib, signal, sys, threading, time
 import psutil
 from beam_pipeline.engines import local_pool
 
+events = pathlib.Path(sys.argv[1])
+go = events / "go"
 real_init = local_pool._init_worker
 
 def slow_init(*args):  # a loaded machine: the workers take a while to start
     real_init(*args)
-    time.sleep(2)
+    (events / f"started-{os.getpid()}").touch()
+    # Starting until the parent has seen the Ctrl-C (or, if it swallowed it,
+    # for long enough that the test fails rather than hangs).
+    for _ in range(3000):
+        if go.exists():
+            break
+        time.sleep(0.01)
+
+def ctrl_c_once_both_are_starting():
+    while len(list(events.glob("started-*"))) < 2:
+        time.sleep(0.01)
+    # Ctrl-C reaches the whole process group: the workers too.
+    os.killpg(os.getpgid(0), signal.SIGINT)
 
 local_pool._init_worker = slow_init
-# Ctrl-C reaches the whole process group: the workers too.
-threading.Timer(0.7, lambda: os.killpg(os.getpgid(0), signal.SIGINT)).start()
+threading.Thread(target=ctrl_c_once_both_are_starting, daemon=True).start()
 try:
     local_pool.new(2)
 except KeyboardInterrupt:
     children = psutil.Process().children()
     alive = [c for c in children if c.status() != psutil.STATUS_ZOMBIE]
+    go.touch()
     local_pool.shutdown_all()
     print("interrupted", len(alive))
     sys.exit(0)
+go.touch()
 print("swallowed")
 sys.exit(1)
 """
@@ -357,7 +391,9 @@ def test_ctrl_c_while_the_workers_start_is_not_lost(tmp_path):
     The workers, which get the same Ctrl-C, must survive it (the parent stops them).
     """
     # Its own process group, so the Ctrl-C reaches only it.
-    result = _run_script(tmp_path, _CTRL_C_WHILE_WORKERS_START, start_new_session=True)
+    events = tmp_path / "events"
+    events.mkdir()
+    result = _run_script(tmp_path, _CTRL_C_WHILE_WORKERS_START, str(events), start_new_session=True)
     assert result.returncode == 0 and result.stdout.split() == ["interrupted", "2"], (
         result.stdout + result.stderr
     )

@@ -1,7 +1,6 @@
 """Corrupt JPEG data never reaches a record: rejected, or repaired when only extra bytes."""
 
 import io
-import time
 
 import numpy as np
 import pytest
@@ -98,13 +97,13 @@ def test_a_stalling_progressive_jpeg_is_refused_by_its_scan_count():
     assert "scans" in _reason(many)
 
 
-def test_a_baseline_jpeg_with_many_scan_markers_is_rejected_quickly(clean):
-    """Scans are counted for progressive JPEGs only; a baseline one is read once anyway."""
+def test_a_baseline_jpeg_with_many_scan_markers_is_rejected_as_corrupt(clean):
+    """Scans are counted for progressive JPEGs only; a baseline one is read once anyway
+    (the decoder's speed on it is libjpeg-turbo's business, not asserted here)."""
     many = clean[:-2] + b"\xff\xda" * (jpeg.MAX_SCANS * 20) + clean[-2:]
-    started = time.monotonic()
     reason = _reason(many)
-    assert time.monotonic() - started < 5
     assert reason.startswith("corrupt image"), reason
+    assert "scans" not in reason
 
 
 def test_draft_size_matches_pillow_draft():

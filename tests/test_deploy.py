@@ -13,6 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from beam_pipeline.__main__ import parse_args
+from beam_pipeline.beam_internals import beam_private
 from tests import contract
 from tests.image_factory import make_class_folders
 
@@ -20,15 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 
 
-def _setup_pin(package: str) -> str:
-    text = (ROOT / "setup.py").read_text()
-    return re.search(rf'"{re.escape(package)}(?:\[[^\]]*\])?==([^"]+)"', text).group(1)
-
-
-def test_container_beam_version_matches_setup_py():
+def test_container_beam_version_is_the_one_beam_internals_was_read_against():
+    """The image's Beam SDK is beam_private.BEAM_VERSION (which the test lock pins too)."""
     dockerfile = (DEPLOY / "Dockerfile").read_text()
-    assert re.search(r"^ARG BEAM_VERSION=(\S+)$", dockerfile, re.M).group(1) == _setup_pin(
-        "apache-beam"
+    assert (
+        re.search(r"^ARG BEAM_VERSION=(\S+)$", dockerfile, re.M).group(1)
+        == beam_private.BEAM_VERSION
     )
     assert "apache/beam_python${PYTHON_VERSION}_sdk:${BEAM_VERSION}" in dockerfile
     assert "pip install tensorflow" not in dockerfile.lower()
@@ -59,8 +57,7 @@ def _constraint_problems(constraints: str, requires: list[Requirement]) -> list[
     """What is wrong with a constraints file given the package's requirements.
 
     Every pin must be ``name==version`` for a package the workers require, the
-    version must satisfy setup.py's specifier, and apache-beam, if pinned at
-    all, must be exactly setup.py's version (the container's SDK is that one).
+    version must satisfy setup.py's specifier.
     """
     wanted = {canonicalize_name(r.name): r for r in requires}
     problems = []
@@ -86,7 +83,7 @@ def _constraint_problems(constraints: str, requires: list[Requirement]) -> list[
     [
         ("pillow==12.3.0\n# comment\n\ngoogle-crc32c==1.9.0", None),
         ("Pillow==9.5.0", "outside setup.py's pillow>=10.0"),
-        ("apache-beam==2.76.0", "outside setup.py's apache-beam[gcp]==2.77.0"),
+        ("apache-beam==2.59.0", "outside setup.py's apache-beam[gcp]<3,>=2.60"),
         ("apache-beam==2.77.0", None),
         ("tensorflow==2.16.1", "not in setup.py's install_requires"),
         ("pillow>=10", "not a single == pin"),

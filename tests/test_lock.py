@@ -23,6 +23,7 @@ from beam_pipeline.__main__ import main
 from beam_pipeline.core import metadata, spill
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import lock
+from tests import held_run
 from tests.image_factory import make_class_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,9 +42,12 @@ def _command(images, out):
     return [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", str(out)]
 
 
-def _start(images, out, *extra) -> subprocess.Popen:
+def _start(images, out, gate) -> subprocess.Popen:
+    """The CLI into ``out``, each of its 2 processes held after 250 images until ``gate``
+    exists (tests/held_run.py): it cannot end before the test has done its part."""
+    args = [*_command(images, out)[3:], "--local_processes", "2"]
     return subprocess.Popen(
-        [*_command(images, out), "--local_processes", "2", *extra],
+        held_run.command(gate, 250, args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -63,7 +67,7 @@ def _spilled(out) -> int:
 def _wait_converting(process: subprocess.Popen, out, at_least: int = 100) -> None:
     deadline = time.monotonic() + 180
     while _spilled(out) < at_least:
-        assert process.poll() is None, "the run ended before the test could use it"
+        assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "nothing was converted"
         time.sleep(0.02)
 
@@ -99,8 +103,8 @@ def _second_run(images, out) -> subprocess.CompletedProcess:
 def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_path, deleted):
     """Refused while the first run lives, even when its lock file was deleted by
     hand meanwhile (--output itself is locked too)."""
-    out = tmp_path / "o"
-    first = _start(images, out)
+    out, gate = tmp_path / "o", tmp_path / "gate"
+    first = _start(images, out, gate)
     try:
         _wait_converting(first, out)
         owner = json.loads((out / LOCK).read_text())
@@ -110,6 +114,7 @@ def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_pat
                 (out / LOCK).unlink()
             second = _second_run(images, out)
     finally:
+        gate.touch()
         _, err_first = first.communicate(timeout=300)
     assert second.returncode == 2, second.stderr
     named = f"pid {first.pid} on {owner['host']}, started {owner['started']}"
@@ -128,7 +133,7 @@ def test_a_second_run_into_a_live_runs_output_is_refused_at_once(images, tmp_pat
 @pytest.mark.e2e
 def test_a_killed_runs_lock_is_taken_over_and_the_run_resumed(images, tmp_path):
     out = tmp_path / "o"
-    killed = _start(images, out)
+    killed = _start(images, out, tmp_path / "gate")  # never opened: killed while held
     try:
         _wait_converting(killed, out, at_least=300)
     finally:

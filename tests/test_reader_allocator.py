@@ -3,9 +3,15 @@
 What the reader controls is tested here: the variable is set on import unless
 the user set it (any value, ``false`` included, is kept), and TensorFlow, which
 reads it when its first op runs, then has the allocator that keeps
-statistics (only BFC does). How many page faults that saves is the machine's
-business (C library, kernel): ``python -m bench.tools.page_faults`` measures
-it, default allocator against BFC, each in its own process.
+statistics (of TensorFlow's own CPU allocators only BFC does).
+
+The children pin ``TF_ENABLE_ONEDNN_OPTS=0``: where oneDNN is on (TensorFlow
+turns it on by itself on some CPUs, AMX ones among them), its own CPU
+allocator serves instead and keeps statistics whatever the variable says, so
+which allocator answers would be the CPU's decision, not the reader's. How
+many page faults the choice saves is the machine's business too (C library,
+kernel, oneDNN): ``python -m bench.tools.page_faults`` measures it, default
+allocator against BFC, each in its own process.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ _CHILD = textwrap.dedent(
 def _start(env_value: str | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != allocator.ENV}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"  # TensorFlow's own allocators, on any CPU
     if env_value is not None:
         env[allocator.ENV] = env_value
     return subprocess.Popen(

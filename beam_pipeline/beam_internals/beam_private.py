@@ -9,11 +9,11 @@ public path; the Dask translation fixes (``dask_runner.py``) have none, so
 ``--runner DaskRunner`` is refused with another Beam
 (:func:`require_beam_for_dask`).
 
-Written against **apache-beam 2.77.0** (:data:`BEAM_VERSION`; ``setup.py`` and
-``deploy/Dockerfile`` pin the same version). Each trick only makes a local
-DirectRunner run start or end sooner, or keeps its stderr to the CLI's
-one-line errors; none changes what the job writes. Each
-is guarded: when a Beam upgrade breaks one (a module, attribute or signature
+Written against **apache-beam 2.77.0** (:data:`BEAM_VERSION`; ``constraints/test.txt``
+and ``deploy/Dockerfile`` pin the same version; ``setup.py`` allows any 2.x
+from 2.60). Each trick only makes a local DirectRunner run start or end
+sooner, or keeps its stderr to the CLI's one-line errors; none changes what
+the job writes. Each is guarded: when a Beam upgrade breaks one (a module, attribute or signature
 gone or changed), the job takes Beam's plain public path instead and logs
 one warning line naming the trick and both Beam versions; it never crashes
 and never writes different output. ``tests/test_beam_private.py`` fails

@@ -240,8 +240,8 @@ def _require_dask(beam: beam_options.BeamFlags) -> None:
         return
     if not (find_spec("dask") and find_spec("distributed")):
         raise UsageError(
-            "the Dask runner needs Dask: pip install 'imagerecords[dask]' "
-            "(dask[distributed], here and on every worker)"
+            "the Dask runner needs Dask: pip install 'dask[distributed]' "
+            "(here and on every worker; docs/dask.md)"
         )
     beam_private.require_beam_for_dask()
 

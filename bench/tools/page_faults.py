@@ -16,6 +16,11 @@ CPU time of the next ``--batches``. The records are a converted set of
 synthetic noisy photos (``--images``, made in a temporary folder), or any
 dataset given with ``--records`` (its ``train`` split).
 
+Where oneDNN is on (TensorFlow turns it on by itself on some CPUs; set
+``TF_ENABLE_ONEDNN_OPTS`` to choose), its CPU allocator serves both runs and
+the variable changes nothing: the table says whether oneDNN was on and which
+runs had an allocator with statistics (BFC's or oneDNN's).
+
 Prints the table and writes it to ``bench/results/raw/profile/page_faults.txt``.
 """
 
@@ -80,8 +85,15 @@ def measure(records: str, batch: int, warmup: int, batches: int) -> dict:
         next(iterator)
     after = resource.getrusage(resource.RUSAGE_SELF)
     images = batch * batches
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")
+        statistics = True
+    except ValueError:  # "Allocator stats not available": TensorFlow's default allocator
+        statistics = False
     return {
         "env": os.environ.get(ENV),
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's choice for this CPU"),
+        "statistics": statistics,
         "tensorflow": tf.__version__,
         "faults_per_batch": (after.ru_minflt - before.ru_minflt) / batches,
         "faults_per_image": (after.ru_minflt - before.ru_minflt) / images,
@@ -114,15 +126,17 @@ def report(results: dict[str, dict], args) -> str:
         f"page faults of the training pipeline: float32 batches of {args.batch} x "
         f"{READ_IMAGE_SIZE} x {READ_IMAGE_SIZE} x 3 ({megabytes:.0f} MB), {args.batches} batches "
         f"after {args.warmup} warm-up, each allocator in a fresh process "
-        f"(TensorFlow {results['bfc']['tensorflow']})",
+        f"(TensorFlow {results['bfc']['tensorflow']}, "
+        f"TF_ENABLE_ONEDNN_OPTS: {results['bfc']['onednn']})",
         f"{'allocator':<56}{'faults/batch':>14}{'faults/image':>14}{'CPU ms/img':>12}"
-        f"{'system ms/img':>15}",
+        f"{'system ms/img':>15}{'statistics':>12}",
     ]
     for name, (label, _) in ALLOCATORS.items():
         r = results[name]
         lines.append(
             f"{label:<56}{r['faults_per_batch']:>14,.0f}{r['faults_per_image']:>14.1f}"
             f"{r['cpu_ms_per_image']:>12.3f}{r['system_ms_per_image']:>15.3f}"
+            f"{'yes' if r['statistics'] else 'no':>12}"
         )
     ratio = results["default"]["faults_per_batch"] / max(1.0, results["bfc"]["faults_per_batch"])
     lines.append(f"default / BFC page faults: {ratio:.1f}x")

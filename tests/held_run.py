@@ -1,0 +1,54 @@
+"""A CLI run that cannot finish before its test lets it.
+
+    python -m tests.held_run GATE AFTER -- ARGS...
+
+runs ``python -m beam_pipeline ARGS`` with one change: each converting
+process, after AFTER images, waits until the file GATE exists before it
+converts the next (outside the per-image time limit). A test that needs a
+run still going (to start a second one into its output, to kill it)
+otherwise races the run's end, which a fast or idle machine can reach before
+the test acts; with the run held, the test acts first for certain, then
+creates GATE (or kills the run). The local conversion processes are forked
+from the command line, so they inherit the change.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+
+from beam_pipeline.stages import convert
+
+
+def command(gate, after: int, args: list[str]) -> list[str]:
+    """The command line that runs ``python -m beam_pipeline args``, held after ``after``."""
+    return [sys.executable, "-m", "tests.held_run", str(gate), str(after), "--", *map(str, args)]
+
+
+def hold(gate: str, after: int) -> None:
+    """Makes each process of this one (forks included) wait for ``gate`` after ``after`` images."""
+    real = convert.decode_data
+    done = {}  # per process: a fork starts with its parent's count, so keyed by pid
+
+    def decode_data(*args, **kwargs):
+        pid = os.getpid()
+        done[pid] = done.get(pid, 0) + 1
+        while done[pid] > after and not os.path.exists(gate):
+            time.sleep(0.01)
+        return real(*args, **kwargs)
+
+    convert.decode_data = decode_data
+
+
+def main() -> None:
+    gate, after, separator, *args = sys.argv[1:]
+    assert separator == "--", sys.argv
+    hold(gate, int(after))
+    sys.argv = ["beam_pipeline", *args]
+    runpy.run_module("beam_pipeline", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
