@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.e2e
 def test_a_python_without_the_dependencies_is_told_to_use_the_venv():
     # -S: no site-packages, as a system Python without the install; the package
     # itself is found in the working directory, as in a clone.
