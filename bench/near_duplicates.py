@@ -52,8 +52,13 @@ SCHEMES = {  # name -> (hash kind, windows)
     "dhash 18 windows": ("dhash", nd.WINDOWS),
 }
 CHOSEN = "phash 18 windows"
-FULL_SCALE = (100_000, 1_280_000)
+FULL_SCALE = (100_000, 400_000, 1_280_000)
 QUICK_SCALE = (20_000,)
+# Band widths measured: the calibration's recall through each, and the scale
+# search with each (16-bit bands only up to ``MAX_16_BIT``: their random
+# candidates grow as the square of the images, ~1.9e9 at 1.28 M).
+BAND_WIDTHS = (16, 21, 32)
+MAX_16_BIT = 400_000
 PLANTED = 1000
 
 
@@ -62,7 +67,7 @@ def _load(path: Path) -> Image.Image:
         return im.convert("RGB")
 
 
-def calibrate(near: near_data.NearSet, kind: str, windows) -> dict:
+def calibrate(near: near_data.NearSet, kind: str, windows, band_bits: int = nd.BAND_BITS) -> dict:
     """Recall and false pairs of one scheme at every threshold in ``THRESHOLDS``."""
     names = near.names
     fps = [nd.fingerprint(_load(near.image_path(n)), kind, windows) for n in names]
@@ -70,7 +75,7 @@ def calibrate(near: near_data.NearSet, kind: str, windows) -> dict:
     origin = {n: n for n in near.originals} | {c: o for c, o, _ in near.copies}
     fractions = keys.parse_splits(keys.DEFAULT_SPLITS)
     split = {n: keys.assign_split(0, n, fractions) for n in names}
-    candidates = nd.candidate_pairs(fps)
+    candidates = nd.candidate_pairs(fps, band_bits)
     # Distance and colour of every candidate, once; each threshold only filters.
     checked = {
         (i, j): (nd.distance(fps[i], fps[j]), nd.colours_agree(fps[i], fps[j]))
@@ -156,7 +161,12 @@ def synthetic_hashes(n: int, planted: int, seed: int = 0) -> tuple[np.ndarray, n
     return hashes, pairs
 
 
-def search(hashes: np.ndarray, threshold: int = nd.THRESHOLD, chunk: int = 20_000):
+def search(
+    hashes: np.ndarray,
+    threshold: int = nd.THRESHOLD,
+    band_bits: int = nd.BAND_BITS,
+    chunk: int = 20_000,
+):
     """The band index over an ``(n, slots)`` array of hashes, slot 0 the whole image's.
 
     Per band, every hash's key is sorted (what a GroupByKey on the band key
@@ -170,10 +180,10 @@ def search(hashes: np.ndarray, threshold: int = nd.THRESHOLD, chunk: int = 20_00
     n, slots = hashes.shape
     flat = hashes.ravel()
     owner = np.repeat(np.arange(n, dtype=np.int64), slots)
-    mask = np.uint64((1 << nd.BAND_BITS) - 1)
+    mask = np.uint64((1 << band_bits) - 1)
     found, candidates = [], 0
-    for band in range(nd.HASH_BITS // nd.BAND_BITS):
-        key = (flat >> np.uint64(band * nd.BAND_BITS)) & mask
+    for band in range(nd.HASH_BITS // band_bits):
+        key = (flat >> np.uint64(band * band_bits)) & mask
         order = np.argsort(key, kind="stable")
         key_sorted = key[order]
         whole_key = key[::slots]
@@ -195,19 +205,20 @@ def search(hashes: np.ndarray, threshold: int = nd.THRESHOLD, chunk: int = 20_00
     return {(int(p // n), int(p % n)) for p in pairs}, candidates
 
 
-def scale(n: int) -> dict:
+def scale(n: int, band_bits: int) -> dict:
     hashes, planted = synthetic_hashes(n, PLANTED)
     # The hashes themselves are the input (a fingerprint per image the engine
     # already holds); tracemalloc counts what the search adds to them.
     tracemalloc.start()
     start = time.perf_counter()
-    found, candidates = search(hashes)
+    found, candidates = search(hashes, band_bits=band_bits)
     wall = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     planted_set = {tuple(p) for p in planted.tolist()}
     return {
         "images": n,
+        "band_bits": band_bits,
         "wall_s": wall,
         "peak_mb": peak / 2**20,
         "hash_mb": hashes.nbytes / 2**20,
@@ -225,14 +236,22 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
     files = data.list_images(web.path)[: 24 if quick else 200]
     loadavg = [round(x, 2) for x in os.getloadavg()]
     schemes = {name: calibrate(near, *spec) for name, spec in SCHEMES.items()}
+    bands = {}
+    for bits in BAND_WIDTHS:
+        got = calibrate(near, *SCHEMES[CHOSEN], band_bits=bits)
+        row = got["rows"][nd.THRESHOLD]
+        bands[bits] = {"candidates": got["candidates"], **row}
     costs = cost(files, rounds)
-    scales = [scale(n) for n in scale_sizes]
+    scales = [
+        scale(n, bits) for n in scale_sizes for bits in (16, 21) if bits != 16 or n <= MAX_16_BIT
+    ]
     return {
         "near_set": {"originals": len(near.originals), "copies": len(near.copies)},
         "loadavg": loadavg,
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         "schemes": schemes,
         "chosen": {name: best_threshold(s["rows"]) for name, s in schemes.items()},
+        "bands": bands,
         "cost": costs,
         "scale": scales,
         "threshold": nd.THRESHOLD,
@@ -269,12 +288,25 @@ def markdown(result: dict) -> str:
         f"{c['convert_ms']:.2f} ms CPU per image, fingerprint {c['fingerprint_ms']:.3f} ms "
         f"({c['ratio']:.1%}).",
         "",
-        "| images | wall s | peak MB | hashes MB | candidates | planted found | other pairs |",
-        "|---|---|---|---|---|---|---|",
+        f"{CHOSEN} at threshold {result['threshold']} through bands of each width:",
+        "",
+        "| band bits | bands | candidates | recall | false pairs / 10k |",
+        "|---|---|---|---|---|",
+    ]
+    for bits, b in result["bands"].items():
+        lines.append(
+            f"| {bits} | {nd.HASH_BITS // int(bits)} | {b['candidates']} | {b['recall']:.1%} "
+            f"| {b['false_per_10k']:.1f} |"
+        )
+    lines += [
+        "",
+        "| images | band bits | wall s | peak MB | hashes MB | candidates | planted found "
+        "| other pairs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in result["scale"]:
         lines.append(
-            f"| {s['images']:,} | {s['wall_s']:.1f} | {s['peak_mb']:.0f} | {s['hash_mb']:.0f} "
+            f"| {s['images']:,} | {s['band_bits']} | {s['wall_s']:.1f} | {s['peak_mb']:.0f} | {s['hash_mb']:.0f} "
             f"| {s['candidates']:,} | {s['planted_found']:.1%} | {s['other_pairs']} |"
         )
     return "\n".join(lines) + "\n"

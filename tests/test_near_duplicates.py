@@ -32,7 +32,7 @@ COPIES = {
     "resized 60%": lambda im: _resized(im, 0.6),
     "jpeg q50": lambda im: near_data._jpeg(im, 50),
     "cropped 8% left, 2% bottom": lambda im: _cropped(im, 0.08, 0, 0, 0.02),
-    "cropped 5% each side": lambda im: _cropped(im, 0.05, 0.05, 0.05, 0.05),
+    "cropped 4% each side": lambda im: _cropped(im, 0.04, 0.04, 0.04, 0.04),
     "brighter 10%": lambda im: ImageEnhance.Brightness(im).enhance(1.1),
     "darker, resized, q70": lambda im: near_data._jpeg(
         _resized(ImageEnhance.Brightness(im).enhance(0.9), 0.7), 70
