@@ -171,3 +171,27 @@ def test_groups_join_pairs_and_do_not_depend_on_their_order():
         flipped = [(b, a) if rng.random() < 0.5 else (a, b) for a, b in order]
         assert nd.groups(flipped) == expected
     assert nd.groups([]) == []
+
+
+def test_the_benchmarks_array_search_finds_what_the_core_finds():
+    from bench import near_duplicates as bench_near
+
+    hashes, planted = bench_near.synthetic_hashes(3000, 40, seed=1)
+    prints = [Fingerprint(tuple(int(h) for h in row), (85, 85, 85)) for row in hashes]
+    core = {(i, j) for i, j, _ in nd.find_pairs(prints)}
+    found, candidates = bench_near.search(hashes, chunk=700)
+    assert candidates > len(found) > 0
+    assert found <= core  # it verifies only the pair of hashes that met
+    assert {tuple(p) for p in planted.tolist()} & found == {
+        tuple(p) for p in planted.tolist()
+    } & core
+
+
+def test_the_near_part_writes_its_table(tmp_path):
+    from bench import __main__ as bench_main
+
+    args = ["--quick", "--only", "near", "--repeats", "1", "--near-scale", "3000"]
+    args += ["--cache-dir", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "r")]
+    assert bench_main.main(args) == 0
+    table = (tmp_path / "r" / "near.md").read_text()
+    assert "| phash 18 windows |" in table and "| 3,000 | 21 |" in table
