@@ -195,3 +195,29 @@ def test_the_near_part_writes_its_table(tmp_path):
     assert bench_main.main(args) == 0
     table = (tmp_path / "r" / "near.md").read_text()
     assert "| phash 18 windows |" in table and "| 3,000 | 21 |" in table
+
+
+def test_the_folded_products_are_the_phash_of_each_windows_box_thumbnail():
+    base = np.random.default_rng(2).uniform(0, 255, size=(nd.BASE_SIDE, nd.BASE_SIDE))
+    base = base.astype(np.float32)
+    window = (0.08, 0.0, 1.0, 0.92)  # lopsided: rows and columns swapped would differ
+    left, top, right, bottom = window
+    thumb = (
+        nd._area_matrix(top, bottom, nd.BASE_SIDE, 32)
+        @ base
+        @ nd._area_matrix(left, right, nd.BASE_SIDE, 32).T
+    )
+    assert nd._phashes(base, [window]) == [nd.phash_of(thumb)]
+    assert nd._phashes(base, [window]) != [nd.phash_of(thumb.T)]
+
+
+@pytest.mark.parametrize(
+    "low, high, n_in, n_out", [(0.0, 1.0, 64, 32), (0.04, 1.0, 64, 32), (0.0, 0.5, 10, 3)]
+)
+def test_area_matrix_rows_average_their_share_of_the_pixels(low, high, n_in, n_out):
+    m = nd._area_matrix(low, high, n_in, n_out)
+    assert m.shape == (n_out, n_in) and np.allclose(m.sum(axis=1), 1)
+    assert np.allclose(m.sum(axis=0)[: int(low * n_in)], 0)  # nothing left of the window
+    assert np.isclose(m.sum(), n_out)
+    if (low, high, n_in, n_out) == (0.0, 1.0, 64, 32):
+        assert np.allclose(m[0, :2], 0.5) and np.allclose(m[0, 2:], 0)

@@ -2,9 +2,9 @@
 
 A near copy (the same photo resized, re-encoded, lightly cropped or
 brightened) has another SHA-256, so ``duplicates.py`` cannot see it. Here an
-image becomes a ``Fingerprint``: a 64-bit perceptual hash of the whole image
-plus one of each of a few sub-windows (a crop of the original is close to
-one of its windows), and its mean chromaticity, a cheap check that keeps a
+image becomes a ``Fingerprint``: a 64-bit perceptual hash (pHash) of the
+whole image plus one of each of 18 sub-windows (a crop of the original is
+close to one of its windows), and its mean chromaticity, a cheap check that keeps a
 grey photo and a colour one of the same layout apart.
 
 The search never compares all pairs: each hash is cut into bands
@@ -32,7 +32,7 @@ HASH_BITS = 64
 # fractions: squares of 96% and 92% of each side, each at the nine offsets
 # of a 3x3 grid, so a copy cropped by up to 10% of each side's length lines
 # up with one of them to within about 2% (the 90% centre and corners alone
-# left a third of the crops beyond the threshold).
+# left nearly half of the crops beyond the threshold).
 WINDOW_CUTS = (0.04, 0.08)
 WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),) + tuple(
     (x * cut, y * cut, 1 - cut + x * cut, 1 - cut + y * cut)
