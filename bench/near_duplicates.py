@@ -272,8 +272,10 @@ def markdown(result: dict) -> str:
     ]
     for name, row in result["chosen"].items():
         kinds = " | ".join(f"{row['per_kind'].get(k, 0):.0%}" for k in near_data.KINDS)
+        # best_threshold falls back to threshold 0 when none stays under the goal.
+        shown = row["threshold"] if row["false_per_10k"] < 1 else f"none ({row['threshold']}:)"
         lines.append(
-            f"| {name} | {row['threshold']} | {row['recall']:.1%} | "
+            f"| {name} | {shown} | {row['recall']:.1%} | "
             f"{row['cross_split_recall']:.1%} ({row['cross_split_copies']}) | "
             f"{row['false_per_10k']:.1f} | {kinds} |"
         )
