@@ -221,3 +221,20 @@ def test_area_matrix_rows_average_their_share_of_the_pixels(low, high, n_in, n_o
     assert np.isclose(m.sum(), n_out)
     if (low, high, n_in, n_out) == (0.0, 1.0, 64, 32):
         assert np.allclose(m[0, :2], 0.5) and np.allclose(m[0, 2:], 0)
+
+
+def test_the_calibration_set_is_the_same_bytes_every_time(tmp_path):
+    first = near_data.ensure_near_set(tmp_path / "a")
+    second = near_data.ensure_near_set(tmp_path / "b")
+    assert first.originals == second.originals and first.copies == second.copies
+    assert len(first.originals) > 200 and {k for _, _, k in first.copies} == set(near_data.KINDS)
+    for name in first.names[::25]:
+        assert first.image_path(name).read_bytes() == second.image_path(name).read_bytes()
+    # Distinct means no shared pixels: tiles of one photo never overlap.
+    boxes: dict[str, list[tuple[int, int]]] = {}
+    for name in first.originals:
+        photo, x, y = name.rsplit("_", 2)
+        boxes.setdefault(photo, []).append((int(x), int(y)))
+    for corners in boxes.values():
+        for (x0, y0), (x1, y1) in itertools.combinations(corners, 2):
+            assert abs(x0 - x1) >= near_data.TILE or abs(y0 - y1) >= near_data.TILE
