@@ -13,6 +13,7 @@ Examples::
     python -m bench --only reuse       # --reuse OLD of a grown folder vs a full conversion
     python -m bench --only trainers    # the shards through tf.data, TFDS and Grain loaders
     python -m bench --only codecs      # the codec study: Pillow vs libvips vs simplejpeg
+    python -m bench --only near        # near-duplicate hashes: recall, false pairs, cost, scale
     python -m bench --report-only      # redraw table and chart from results.json
 
 Only ``python -m bench`` without ``--quick`` (also with ``--only`` or
@@ -39,6 +40,7 @@ from bench import (
     converters,
     data,
     machine,
+    near_duplicates,
     procstats,
     quality,
     readers,
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument(
         "--only",
-        choices=("converter", "codecs", "reader", "scale", "trainers", "reuse"),
+        choices=("converter", "codecs", "reader", "scale", "trainers", "reuse", "near"),
         help="run one part",
     )
     parser.add_argument(
@@ -122,6 +124,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--reuse-rounds",
         type=int,
         help="interleaved rounds of the reuse part (default: 3; quick: 1)",
+    )
+    parser.add_argument(
+        "--near-scale",
+        help="the near part's synthetic index sizes, images, comma-separated (default: "
+        f"{','.join(map(str, near_duplicates.FULL_SCALE))}; quick: "
+        f"{','.join(map(str, near_duplicates.QUICK_SCALE))})",
     )
     parser.add_argument("--results-dir", type=Path, help="default bench/results (quick: raw/quick)")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
@@ -366,6 +374,24 @@ def _reuse_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
     return 0 if ok else 1
 
 
+def _near_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:
+    """The near-duplicate benchmark: writes near.md and near.json next to results.md."""
+    default = near_duplicates.QUICK_SCALE if sizes is QUICK else near_duplicates.FULL_SCALE
+    result = near_duplicates.run(
+        cache_dir,
+        quick=sizes is QUICK,
+        rounds=args.repeats,
+        scale_sizes=_sizes_arg(args.near_scale, default),
+    )
+    result.update(sizes=sizes.name, measured_at=_now(), code=machine.git_state())
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "near.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = near_duplicates.markdown(result)
+    (results_dir / "near.md").write_text(text)
+    print(text)
+    return 0
+
+
 def _gpu_part(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -> dict:
     """ResNet-50 fed by the reader vs image_dataset_from_directory (skipped without a GPU)."""
     records = converters.imagerecords_output(out_root, "web")
@@ -409,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         return _trainers_part(args, sizes, cache_dir, results_dir)
     if args.only == "reuse":
         return _reuse_part(args, sizes, cache_dir, results_dir)
+    if args.only == "near":
+        return _near_part(args, sizes, cache_dir, results_dir)
     out_root = cache_dir / "out" / sizes.name
     log_dir = cache_dir / "logs" / sizes.name
     results = _previous(results_dir, sizes)
@@ -434,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         _scale_part(args, sizes, cache_dir, results_dir)
         _trainers_part(args, sizes, cache_dir, results_dir)
         _reuse_part(args, sizes, cache_dir, results_dir)
+        _near_part(args, sizes, cache_dir, results_dir)
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     results["finished_at"] = _now()
     results["duration_s"] = round(time.perf_counter() - started, 1)
