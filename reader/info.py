@@ -21,6 +21,9 @@ import tensorflow as tf
 
 from imagerecords import codec
 
+# One class for both packages, so that code catching either catches the other's.
+from imagerecords.info import UnknownSplitError
+
 # The published files' names are the format's.
 INFO_FILENAME = codec.INFO_FILE
 # Where format_version 1 kept the metadata; in version 2 that name is TFDS's file.
@@ -36,13 +39,6 @@ SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 class DatasetInfoError(ValueError):
     """``imagerecords.json`` is unreadable, of an unknown version, or malformed."""
-
-
-class UnknownSplitError(KeyError, ValueError):
-    """The requested split is not in the dataset; the message lists the splits there are."""
-
-    def __str__(self) -> str:  # KeyError would print the message in quotes.
-        return str(self.args[0])
 
 
 class IncompleteDatasetError(FileNotFoundError):

@@ -32,13 +32,13 @@ from collections.abc import Sequence
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
 
-class UsageError(Exception):
+class InspectUsageError(Exception):
     """A bad argument; exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one clear line, no usage dump
-        raise UsageError(message + _suggestion(self, message))
+        raise InspectUsageError(message + _suggestion(self, message))
 
 
 def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
@@ -123,16 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The checked arguments (imports no TensorFlow). Raises UsageError."""
+    """The checked arguments (imports no TensorFlow). Raises InspectUsageError."""
     args = build_parser().parse_args(argv)
     if args.samples < 1:
-        raise UsageError(f"--samples must be at least 1, got {args.samples}")
+        raise InspectUsageError(f"--samples must be at least 1, got {args.samples}")
     if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+        raise InspectUsageError(f"--workers must be at least 1, got {args.workers}")
     for option in ("contact_sheet", "histogram"):
         value = getattr(args, option)
         if value is not None and not value.lower().endswith(".png"):
-            raise UsageError(f"--{option} must name a .png file, got {value}")
+            raise InspectUsageError(f"--{option} must name a .png file, got {value}")
     return args
 
 
@@ -144,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         info = info_lib.load_info(args.path)
     except info_lib.IncompleteDatasetError as error:
-        raise UsageError(str(error)) from None
+        raise InspectUsageError(str(error)) from None
     splits = args.split or list(info.splits)
     for name in splits:
         info.split(name)  # UnknownSplitError names the splits there are
@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             pictures.pillow()  # fail before any work when Pillow is missing
         except pictures.PillowMissingError as error:
-            raise UsageError(str(error)) from None
+            raise InspectUsageError(str(error)) from None
     mixes = None if args.no_shuffle_check else overview.shuffle_evidence(info, workers=args.workers)
     print(overview.summary(info, mixes), flush=True)
     # Verify first: a damaged shard is then reported as FAIL lines before a
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``imagerecords-inspect``); returns the exit status."""
     try:
         args = parse_args(argv)
-    except UsageError as error:
+    except InspectUsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     with _start_up_notices_dropped():
@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return _run(args)
-    except (UsageError, info_lib.UnknownSplitError) as error:
+    except (InspectUsageError, info_lib.UnknownSplitError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except info_lib.DatasetInfoError as error:

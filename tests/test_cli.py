@@ -271,8 +271,8 @@ def test_lost_record_is_caught_by_the_books(dataset, tmp_path, capsys, monkeypat
 @pytest.mark.e2e
 def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, monkeypatch):
     """The pooled step sends spill references; a doubled one still fails the books."""
+    from beam_pipeline.core.elements import Converted, SpillLocation
     from beam_pipeline.engines import pipeline
-    from beam_pipeline.stages.convert import Converted, SpillLocation
 
     root, _, ids, _ = dataset
     victim = sorted(ids)[0]

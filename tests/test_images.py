@@ -17,7 +17,7 @@ def _encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
     return buffer.getvalue()
 
 
-def _decode(converted: images.Converted) -> Image.Image:
+def _decode(converted: images.EncodedImage) -> Image.Image:
     image = Image.open(io.BytesIO(converted.jpeg))
     assert image.format == "JPEG" and image.mode == "RGB"
     assert not image.info.get("progressive")

@@ -29,6 +29,7 @@ from PIL import Image
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
 from beam_pipeline.core import errors, images, metadata, settings, tfds_metadata
+from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.stages import convert, reuse, reuse_scan
 from imagerecords import codec
 from tests import contract
@@ -284,7 +285,7 @@ def test_the_dry_run_warns_of_a_refusal(history, tmp_path, capsys):
 
 
 def _record(label: int, class_name: str, image_id: str = "dog/a.jpg") -> bytes:
-    ref = (image_id, "unused", label, "train")
+    ref = ImageRef(image_id, "unused", label, "train")
     data = jpeg_bytes(photo(120, 80, seed=4))
     decoded = convert.decode_data(data, images.ImageSpec(size=32))
     classes = ("ant", "bee", "cat", "dog")[: label + 1]
@@ -389,7 +390,7 @@ def test_the_index_finds_each_id_and_gives_its_memory_back(tmp_path):
         path = tmp_path / f"s{number}.tfrecord"
         path.write_bytes(b"".join(_record(0, "dog", f"dog/{number}-{n}.jpg") for n in range(4)))
         shards.append(_old_shard(path, 4))
-    index = reuse_scan.Index(reuse_scan.scan_shard(shard) for shard in shards)
+    index = reuse_scan.OldIndex(reuse_scan.scan_shard(shard) for shard in shards)
     assert len(index) == 12
     for shard in shards:
         for image_id, old in reuse_scan.scan_records(shard).records:
@@ -409,7 +410,7 @@ def test_an_index_of_many_records_grows_its_maps():
         "s", array("q", hashes), array("q", range(count)), array("q", [7] * count), crcs
     )
     empty = reuse_scan.ShardScan("t", array("q"), array("q"), array("q"), array("I"), 5)
-    index = reuse_scan.Index([scan, empty])
+    index = reuse_scan.OldIndex([scan, empty])
     assert len(index) == count and index.distrusted == 5
     assert index.get("c/12345.jpg") == reuse.OldRecord("s", 12345, 7, 12345 * 7919)
     assert index.get("c/20000.jpg") is None
@@ -445,7 +446,7 @@ def test_a_reused_record_is_not_decoded(history, monkeypatch):
     image_id = "dog/dog_0001.jpg"
     found = index.get(image_id)
     monkeypatch.setattr(images, "convert", no_decoding)
-    ref = (image_id, str(history.after / image_id), 3, "train")
+    ref = ImageRef(image_id, str(history.after / image_id), 3, "train")
     classes = ("bird", "cat", "dog", "fish")
     outcome = convert.convert_ref(ref, images.ImageSpec(size=64), 42, classes, found)
     assert outcome.reused

@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 
 from beam_pipeline.core import books
-from beam_pipeline.stages.convert import ShardEntry, SpillLocation
+from beam_pipeline.core.elements import ShardEntry, SpillLocation
 from beam_pipeline.stages.shards import sort_entries, write_shard
 from beam_pipeline.stages.staging import write_staged_shard
 from bench.tools import shard_memory

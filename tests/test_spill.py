@@ -8,6 +8,7 @@ import os
 import pytest
 
 from beam_pipeline.core import images, keys, metadata, spill
+from beam_pipeline.core.elements import Converted, ImageRef, Rejection, RejectKind, SpillLocation
 from beam_pipeline.stages import convert
 from beam_pipeline.storage import discovery
 from imagerecords import codec
@@ -124,8 +125,8 @@ def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
             pool.map(_spill_in_child, [spill_dir] * 2, halves, [spec] * 2, [layout.classes] * 2)
         )
     outcomes = [o for result, _ in results for o in result]
-    converted = [o.result for o in outcomes if isinstance(o.result, convert.Converted)]
-    rejected = [o.result for o in outcomes if isinstance(o.result, convert.Rejection)]
+    converted = [o.result for o in outcomes if isinstance(o.result, Converted)]
+    rejected = [o.result for o in outcomes if isinstance(o.result, Rejection)]
     assert sorted(c.entry.image_id for c in converted) == sorted(ids)
     assert sorted(r.image_id for r in rejected) == sorted(bad)
     files = spill.spill_files(spill_dir)
@@ -133,7 +134,7 @@ def test_each_process_spills_to_its_own_file_and_returns_references(tmp_path):
     reader = spill.Reader()
     for item in converted:
         where = item.entry.data
-        assert isinstance(where, convert.SpillLocation) and where.path in files
+        assert isinstance(where, SpillLocation) and where.path in files
         framed = reader.read(where.path, where.offset, item.entry.size)
         (payload,) = codec.iter_records(__import__("io").BytesIO(framed))
         assert codec.parse_example(payload)["image/filename"].decode() == item.entry.image_id
@@ -164,23 +165,20 @@ def test_a_rejection_the_same_bytes_would_get_again_is_spilled_a_transient_one_i
     ids = make_class_folders(str(root), classes=("a",), per_class=2, nested=False)
     bad = add_bad_files(str(root), "a")  # bad image data: deterministic rejections
     missing = str(root / "a" / "not-there-yet.jpg")
-    refs = [(i, str(root / i), 0, "train") for i in sorted(ids + list(bad))]
-    refs.append(("a/not-there-yet.jpg", missing, 0, "train"))
+    refs = [ImageRef(i, str(root / i), 0, "train") for i in sorted(ids + list(bad))]
+    refs.append(ImageRef("a/not-there-yet.jpg", missing, 0, "train"))
     spill_dir = str(tmp_path / "spill")
     outcomes = convert.spill_chunk(refs, images.ImageSpec(size=16), 42, ("a",), spill_dir)
-    reasons = {
-        o.result.image_id: o.result.reason
-        for o in outcomes
-        if isinstance(o.result, convert.Rejection)
-    }
+    rejected = [o.result for o in outcomes if isinstance(o.result, Rejection)]
+    reasons = {r.image_id: r.reason for r in rejected}
+    kinds = {r.image_id: r.kind for r in rejected}
     assert reasons["a/not-there-yet.jpg"].startswith("cannot read: FileNotFoundError")
     index = spill.load_index(spill_dir)
     spill.forget_indexes()
     assert sorted(index) == sorted(ids + list(bad))  # all but the unreadable one
     assert {i for i, item in index.items() if item.reason} == set(bad)
-    assert convert.is_transient(reasons["a/not-there-yet.jpg"])
-    assert not any(convert.is_transient(reasons[i]) for i in bad)
-    assert convert.is_transient(convert.timeout_reason(1))
+    assert kinds["a/not-there-yet.jpg"] is RejectKind.UNREADABLE
+    assert all(kinds[i] is RejectKind.BAD_IMAGE for i in bad)
 
 
 def _spill_many(directory, count, copies_from=0):

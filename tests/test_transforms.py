@@ -12,11 +12,11 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.core import books, images, keys, metadata, spill
+from beam_pipeline.core.elements import ImageRef, RecordBatch, Rejection, RejectKind, ShardEntry
 from beam_pipeline.engines import pipeline
 from beam_pipeline.stages import shards as shards_lib
-from beam_pipeline.stages.convert import RecordBatch, ShardEntry
 from beam_pipeline.stages.job_config import JobConfig
-from beam_pipeline.storage import discovery, listing
+from beam_pipeline.storage import discovery
 from beam_pipeline.storage import output as output_files
 from imagerecords import codec
 from tests.image_factory import add_bad_files, make_class_folders
@@ -71,8 +71,8 @@ def _entries(batches):
 def test_convert_images_batches_records_and_tags_rejections(folder):
     root, ids, bad = folder
     config = _config(root)
-    refs = [listing.ImageRef(i, os.path.join(root, i), 0, "train") for i in ids[:5] + list(bad)]
-    refs.append(listing.ImageRef("gone.jpg", os.path.join(root, "gone.jpg"), 0, "train"))
+    refs = [ImageRef(i, os.path.join(root, i), 0, "train") for i in ids[:5] + list(bad)]
+    refs.append(ImageRef("gone.jpg", os.path.join(root, "gone.jpg"), 0, "train"))
 
     def names(batch):
         for entry in batch.entries:
@@ -179,8 +179,8 @@ def test_books_name_lost_images_and_balance_rejections(tmp_path):
     written = [f"t{i}" for i in range(6)]
     listed = [_listed("train", [f"t{i}" for i in range(8)]), _listed("val", ["v0"])]
     rejections = [
-        pipeline.Rejection("t6", "/in/t6", "train", "corrupt"),
-        pipeline.Rejection("v0", "/in/v0", "val", "x"),
+        Rejection("t6", "/in/t6", "train", "corrupt", RejectKind.BAD_IMAGE),
+        Rejection("v0", "/in/v0", "val", "x", RejectKind.BAD_IMAGE),
     ]
     _, plans, shards = _run_plan_and_write(tmp_path, _batches("train", written), listed, rejections)
     assert [(p.kind, p.key) for p in plans["train"].problems] == [
@@ -241,7 +241,7 @@ def test_a_retried_conversion_bundle_does_not_duplicate_records(folder, tmp_path
     runner does) and the retry's references are the only ones that reach the shards."""
     root, ids, bad = folder
     config = _config(root, output=str(tmp_path / "out"), conversion_processes=2)
-    refs = [listing.ImageRef(i, os.path.join(root, i), 0, "train") for i in ids]
+    refs = [ImageRef(i, os.path.join(root, i), 0, "train") for i in ids]
     fn = pipeline._PooledConvertFn(config, 2)
     fn.setup()
     try:
@@ -276,7 +276,7 @@ def test_config_image_spec_decides_the_stored_size(folder):
     """The JobConfig's image settings reach the conversion step: every record is 40 x 40."""
     root, ids, _ = folder
     config = _config(root, image=images.ImageSpec(resize="crop", size=40))
-    refs = [listing.ImageRef(i, os.path.join(root, i), 0, "train") for i in ids[:4]]
+    refs = [ImageRef(i, os.path.join(root, i), 0, "train") for i in ids[:4]]
 
     def stored_sizes(batch):
         for entry in batch.entries:  # inline conversion: the framed record travels

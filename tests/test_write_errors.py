@@ -104,7 +104,7 @@ _WRITE_SHARD = """
 import sys
 from beam_pipeline.core import errors
 from beam_pipeline.stages import shards
-from beam_pipeline.stages.convert import ShardEntry
+from beam_pipeline.core.elements import ShardEntry
 records = [ShardEntry(key, str(key), 0, 50_000, b"x" * 50_000) for key in range(4)]
 try:
     shards.write_shard(sys.argv[1], "train", 0, 1, records)

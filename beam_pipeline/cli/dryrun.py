@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from beam_pipeline.cli import arguments
 from beam_pipeline.core import groups, images, keys, settings
+from beam_pipeline.core.elements import ImageRef, Rejection
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice
 from beam_pipeline.stages import convert, reuse, reuse_scan
@@ -201,7 +202,7 @@ def reason_kind(reason: str) -> str:
 
 
 @dataclasses.dataclass
-class Census:
+class InputCensus:
     """What listing the whole input found."""
 
     refs: list[tuple[str, str, int, str]]  # (image_id, path, label, split), as the job lists
@@ -246,7 +247,7 @@ def _list_manifest(layout: discovery.Layout) -> tuple[list, dict, None]:
     return refs, skipped, None
 
 
-def _finish_census(rows, skipped, total, seed, fractions, group_by) -> Census:
+def _finish_census(rows, skipped, total, seed, fractions, group_by) -> InputCensus:
     """The rows' splits and groups drawn as the job's listing draws them (list_images)."""
     found, refs = groups.Census(), []
     for image_id, path, label, split, column in rows:
@@ -258,10 +259,10 @@ def _finish_census(rows, skipped, total, seed, fractions, group_by) -> Census:
     skipped = {why: sorted(paths) for why, paths in skipped.items()}
     counts = collections.Counter((split, label) for _, _, label, split in refs)
     extensions = collections.Counter(posixpath.splitext(i)[1].lower() or "(none)" for i, *_ in refs)
-    return Census(refs, dict(counts), dict(skipped), extensions, total, found)
+    return InputCensus(refs, dict(counts), dict(skipped), extensions, total, found)
 
 
-def census(layout: discovery.Layout, seed: int, fractions, group_by=None) -> Census:
+def census(layout: discovery.Layout, seed: int, fractions, group_by=None) -> InputCensus:
     """Lists the whole input as the job would, without converting anything."""
     listed = _list_manifest(layout) if layout.kind == "manifest" else _list_folders(layout)
     return _finish_census(*listed, seed, fractions, group_by)
@@ -303,9 +304,10 @@ def convert_sample(
     cpu_budget_s: float = SAMPLE_CPU_BUDGET_S,
 ) -> Sample:
     """Converts up to ``size`` images drawn with ``seed``, in memory, one at a time."""
-    chosen = random.Random(seed).sample(list(refs), min(size, len(refs)))
-    remote = [ref for ref in chosen if not paths.is_local(ref[1])]
-    prefetched = dict(zip((r[1] for r in remote), _read_all([r[1] for r in remote]), strict=True))
+    drawn = random.Random(seed).sample(list(refs), min(size, len(refs)))
+    chosen = [ImageRef(*ref) for ref in drawn]
+    remote = [ref.path for ref in chosen if not paths.is_local(ref.path)]
+    prefetched = dict(zip(remote, _read_all(remote), strict=True))
     sample = Sample(0, [], collections.defaultdict(list), [], 0.0, 0.0, bool(remote))
     classes = tuple(classes)
     wall_start = time.perf_counter()
@@ -313,20 +315,19 @@ def convert_sample(
         if sample.converted >= SAMPLE_MIN and sample.cpu_s > cpu_budget_s:
             break
         started = time.process_time()
-        if ref[1] in prefetched:
-            data = prefetched[ref[1]]
+        if ref.path in prefetched:
+            data = prefetched[ref.path]
             if isinstance(data, Exception):
-                reason = f"{convert.CANNOT_READ}{type(data).__name__}: {data}"
-                decoded = convert.Decoded(0, "", None, reason)
+                decoded = convert.unreadable(data)
             else:
                 decoded = convert.decode_data(data, spec)
         else:
-            decoded = convert.decode_path(ref[1], spec)
+            decoded = convert.decode_path(ref.path, spec)
         outcome = convert.finish(ref, decoded, seed, classes)
         sample.cpu_s += time.process_time() - started
         sample.converted += 1
         result = outcome.result
-        if isinstance(result, convert.Rejection):
+        if isinstance(result, Rejection):
             sample.rejections.append((result.image_id, result.reason))
         else:
             size_framed = result.entry.size  # the framed record, as the shard holds it
@@ -351,7 +352,7 @@ class SplitEstimate:
 
 
 def estimate_splits(
-    census: Census,
+    census: InputCensus,
     sample: Sample,
     split_names: Sequence[str],
     target_bytes: int,

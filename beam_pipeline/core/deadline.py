@@ -24,6 +24,7 @@ Pure helpers: imports neither Beam nor TensorFlow.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import threading
@@ -34,9 +35,20 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.25
 HARD_EXIT_STATUS = 75  # what a conversion process exits with when an image stalls it
 
+
+@dataclasses.dataclass(slots=True)
+class _Watched:
+    """One thread's block under a time limit, as the watchdog sees it."""
+
+    deadline: float  # time.monotonic() when the limit is reached
+    limit: float
+    what: str
+    fired: float | None = None  # when ImageTimeout was raised in the thread
+    logged: bool = False  # whether the stall past the limit was logged
+
+
 _lock = threading.Lock()
-# thread id -> [deadline, limit, what, fired_at or None]
-_active: dict[int, list] = {}
+_active: dict[int, _Watched] = {}  # thread id -> its block
 _watchdog: threading.Thread | None = None
 _watchdog_pid = 0
 _hard_exit = False
@@ -71,11 +83,11 @@ def _watch() -> None:
         now = time.monotonic()
         with _lock:
             for ident, entry in list(_active.items()):
-                deadline, limit, what, fired = entry
+                deadline, limit, what, fired = entry.deadline, entry.limit, entry.what, entry.fired
                 if fired is None and now >= deadline:
-                    entry[3] = now
+                    entry.fired = now
                     _raise_in(ident, ImageTimeout)
-                elif fired is not None and now >= fired + limit and entry[2] is not None:
+                elif fired is not None and now >= fired + limit and not entry.logged:
                     if _hard_exit:
                         log.error("%s: stuck in native code past the time limit; ending", what)
                         os._exit(HARD_EXIT_STATUS)
@@ -86,7 +98,7 @@ def _watch() -> None:
                         now - deadline + limit,
                         limit,
                     )
-                    entry[2] = None  # log once
+                    entry.logged = True
 
 
 def _ensure_watchdog() -> None:
@@ -112,7 +124,7 @@ class limit:  # noqa: N801  (used as a context manager, like contextlib's)
     def __enter__(self):
         if self._seconds:
             self._ident = threading.get_ident()
-            entry = [time.monotonic() + self._seconds, self._seconds, self._what, None]
+            entry = _Watched(time.monotonic() + self._seconds, self._seconds, self._what)
             with _lock:
                 _ensure_watchdog()
                 _active[self._ident] = entry
@@ -126,7 +138,7 @@ class limit:  # noqa: N801  (used as a context manager, like contextlib's)
                 entry = _active.pop(self._ident, None)
         finally:  # an exception delivered inside __exit__ must not leave the entry behind
             _active.pop(self._ident, None)
-        if entry is not None and entry[3] is not None and kind is None:
+        if entry is not None and entry.fired is not None and kind is None:
             # The watchdog fired just as the block ended: drop the pending
             # exception so that it cannot surface in unrelated code.
             _raise_in(self._ident, None)

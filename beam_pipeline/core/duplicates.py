@@ -14,6 +14,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from beam_pipeline.core.elements import RejectKind
+
 DUPLICATES_FILE = "duplicates.jsonl"
 
 
@@ -30,11 +32,8 @@ def keeper(members: Sequence[Member]) -> Member:
     return min(members)
 
 
-DUPLICATE_PREFIX = "duplicate of "
-
-
 def duplicate_reason(kept: Member) -> str:
-    return f"{DUPLICATE_PREFIX}{kept.image_id}"
+    return f"{RejectKind.DUPLICATE.prefix}{kept.image_id}"
 
 
 def dropped(members: Sequence[Member]) -> list[tuple[Member, str]]:

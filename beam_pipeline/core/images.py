@@ -127,7 +127,9 @@ class ImageSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class Converted:
+class EncodedImage:
+    """One image as a record stores it: the JPEG bytes and what converting it found."""
+
     jpeg: bytes
     height: int
     width: int
@@ -319,7 +321,7 @@ def _pass_through_profile_ok(image: Image.Image) -> bool:
         return False  # re-encode: the stored JPEG then carries no broken profile
 
 
-def convert(data: bytes, spec: ImageSpec) -> Converted:
+def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
     """Turns source file bytes into a stored baseline sRGB JPEG.
 
     Raises:
@@ -333,7 +335,7 @@ def convert(data: bytes, spec: ImageSpec) -> Converted:
         )
         loaded, repaired = _decode(image, data, spec, orientation, passthrough)
         if passthrough and not repaired:
-            return Converted(data, image.height, image.width, passed_through=True)
+            return EncodedImage(data, image.height, image.width, passed_through=True)
         if passthrough:  # the pixels came from a 1/8-scale check: decode them properly
             loaded, _ = _decode(image, data, spec, orientation, False)
         if image.format == "TIFF":
@@ -350,7 +352,7 @@ def convert(data: bytes, spec: ImageSpec) -> Converted:
             image = image.transpose(_TRANSPOSE[orientation])
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=spec.jpeg_quality)
-        return Converted(
+        return EncodedImage(
             buffer.getvalue(),
             image.height,
             image.width,

@@ -18,7 +18,7 @@ Both parts carry CRC32C checks, so a file cut short by a SIGKILL or a reboot
 intact entry. That is what makes a run resumable: :func:`load_index` finds
 every image a killed run already converted - or rejected for a reason the
 same bytes would get again (not an unreadable file or a timeout:
-``convert.is_transient``) - and the rerun converts only the rest.
+``elements.RejectKind.transient``) - and the rerun converts only the rest.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from imagerecords import codec
 # The spill files' format, part of the resume key (resume.key): a rerun never
 # reads another format's files. 2: records carry their source's sha256
 # (duplicates); 3: rejections are spilled only when the same bytes would get
-# them again (convert.is_transient), and the key holds --resample.
+# them again (elements.RejectKind.transient), and the key holds --resample.
 FORMAT = 3
 RECORD, REJECTION = 1, 2
 SUFFIX = ".spill"

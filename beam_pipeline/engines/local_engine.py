@@ -20,12 +20,12 @@ import threading
 from collections import Counter
 
 from beam_pipeline.core import counters, groups
+from beam_pipeline.core.elements import Converted, ImageRef, RecordBatch, Rejection
 from beam_pipeline.engines import local_pool, pooled, progress
 from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
-from beam_pipeline.stages.convert import Converted, RecordBatch, Rejection
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
-from beam_pipeline.stages.shards import ShardInfo, by_shard, sort_entries, write_shard
+from beam_pipeline.stages.shards import WrittenShard, by_shard, sort_entries, write_shard
 from beam_pipeline.storage import discovery, listing
 
 
@@ -90,7 +90,7 @@ def _list_images(
     layout, seed, splits = config.layout, config.seed, config.splits
     for source in layout.sources:
         for row in list_images.list_source(layout, source, seed, splits, config.group_by):
-            if isinstance(row, listing.ImageRef):
+            if isinstance(row, ImageRef):
                 yield row
             elif isinstance(row, listing.Skipped):
                 skipped.append(row)
@@ -103,7 +103,7 @@ def _list_images(
 
 def _read_old(
     config: JobConfig, converter: pooled.PoolConverter, shown: progress.Reporter, counted: Counter
-) -> reuse_scan.Index:
+) -> reuse_scan.OldIndex:
     """--reuse's dataset, scanned on the pool (a process per shard): its records by ID,
     but those of shards that failed their check (counted)."""
     old = reuse.open_again(config.reuse)
@@ -125,7 +125,7 @@ def _convert(
     counted: Counter,
     shown: progress.Phase,
     converter: pooled.PoolConverter,
-    old: reuse_scan.Index | None,
+    old: reuse_scan.OldIndex | None,
 ) -> tuple[list[RecordBatch], list[Rejection]]:
     """ImageRefs -> a RecordBatch of records (spill references) per split, and the
     rejections, on the local pool.
@@ -172,7 +172,7 @@ def _write_shards(
     plans: dict,
     counted: Counter,
     shown: progress.Reporter,
-) -> list[ShardInfo]:
+) -> list[WrittenShard]:
     """Each split's records, cut by its plan, sorted, into temp files.
 
     Shards are written on one thread per conversion process: copying from the
@@ -200,7 +200,7 @@ def _write_shards(
             with lock:
                 phase.update(n)
 
-        def write(task) -> ShardInfo:
+        def write(task) -> WrittenShard:
             split, shard, shards, records = task
             entries = sort_entries(records)
             return write_shard(

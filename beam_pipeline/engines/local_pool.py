@@ -21,8 +21,10 @@ import signal
 import sys
 import threading
 import weakref
+from typing import NamedTuple
 
 from beam_pipeline.core import deadline
+from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.stages import convert
 
 # Every pool forked, for :func:`shutdown_all` on every way out (Ctrl-C included).
@@ -104,6 +106,14 @@ def _act_on_sigint(handler) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
 
+class Ahead(NamedTuple):
+    """One image's conversion started before the engine ran (:meth:`Pool.convert_ahead`)."""
+
+    future: concurrent.futures.Future  # of a convert.spill_chunk of a few images
+    index: int  # this image's place in that chunk
+    ref: ImageRef  # the image it converts
+
+
 class Pool:
     r"""The conversion processes the command line forks before Beam starts any thread,
     and the images they began converting ahead of the job: what the command line
@@ -119,8 +129,7 @@ class Pool:
     def __init__(self, processes: int):
         self.processes = processes
         self._executor: concurrent.futures.ProcessPoolExecutor | None = new(processes)
-        # path -> (future of a convert.spill_chunk, index in it, the ref it converts)
-        self._ahead: dict[str, tuple[concurrent.futures.Future, int, tuple]] = {}
+        self._ahead: dict[str, Ahead] = {}  # path -> the conversion started ahead
         _handles[id(self)] = self
 
     def __reduce__(self):
@@ -139,7 +148,7 @@ class Pool:
         :meth:`claim`\ s these results instead of converting the same files again.
 
         Args:
-            refs: ``(image_id, path, label, split)`` tuples, as the pipeline will list them.
+            refs: the ``ImageRef``s the pipeline will list first.
             args: the rest of :func:`convert.spill_chunk`'s arguments.
         """
         if self._executor is None:
@@ -148,9 +157,9 @@ class Pool:
             part = refs[start_at : start_at + chunk]
             future = self._executor.submit(convert.spill_chunk, part, *args)
             for index, ref in enumerate(part):
-                self._ahead[ref[1]] = (future, index, tuple(ref))
+                self._ahead[ref.path] = Ahead(future, index, ref)
 
-    def claim(self, path: str) -> tuple[concurrent.futures.Future, int, tuple] | None:
+    def claim(self, path: str) -> Ahead | None:
         """The conversion of ``path`` started by :meth:`convert_ahead`, if any (once)."""
         return self._ahead.pop(path, None)
 

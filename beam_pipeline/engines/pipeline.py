@@ -8,7 +8,7 @@ ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected"); with --
 FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; with
                 --dedupe also the batches without the copies + a Rejection per copy
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
-WriteShards     RecordBatch + plans -> ShardInfo of a temp file
+WriteShards     RecordBatch + plans -> WrittenShard of a temp file
 Finalize        side inputs -> rejects.jsonl, labels.txt, imagerecords.json (last)
 
 Two paths share this graph (docs/scale.md). With the local pool
@@ -29,16 +29,18 @@ from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipeline.core import counters, groups
-from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
-from beam_pipeline.stages.convert import (
+from beam_pipeline.core.elements import (
     Converted,
+    ImageRef,
+    Origin,
     Outcome,
     RecordBatch,
     Rejection,
     ShardEntry,
-    convert_ref,
 )
+from beam_pipeline.engines import local_pool, pooled, progress
+from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
+from beam_pipeline.stages.convert import convert_ref
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import by_shard
@@ -75,7 +77,7 @@ class _ListFn(beam.DoFn):
     def process(self, source):
         layout, seed, splits, group_by = self._args
         for row in list_images.list_source(layout, source, seed, splits, group_by):
-            if isinstance(row, listing.ImageRef):
+            if isinstance(row, ImageRef):
                 yield row
             elif isinstance(row, listing.Skipped):
                 yield TaggedOutput(SKIPPED, row)
@@ -172,12 +174,12 @@ class _Batcher:
         return batches
 
 
-def _candidate(element) -> tuple[tuple, reuse.OldRecord | None]:
-    """(ref, OLD's record or None) of a conversion step's element: an ImageRef, or a
-    reuse.Candidate under --reuse."""
+def _candidate(element) -> tuple[ImageRef, reuse.OldRecord | None]:
+    """(ImageRef, OLD's record or None) of a conversion step's element (an ImageRef, or
+    a reuse.Candidate under --reuse), whatever tuple type the runner's coder gives."""
     if isinstance(element, reuse.Candidate):
-        return tuple(element.ref), element.old
-    return tuple(element), None
+        return ImageRef(*element.ref), element.old
+    return ImageRef(*element), None
 
 
 class _ConvertFn(beam.DoFn):
@@ -224,7 +226,7 @@ class _ConvertFn(beam.DoFn):
         ref, old = _candidate(element)
         yield from self._emit(convert_ref(ref, *self._args, old))
 
-    def _emit(self, outcome: Outcome, how: str = outcomes.CONVERTED):
+    def _emit(self, outcome: Outcome, how: Origin = Origin.CONVERTED):
         """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
         counted = outcomes.counts(outcome, how)
         for name, count in counted.items():
@@ -236,7 +238,7 @@ class _ConvertFn(beam.DoFn):
             yield TaggedOutput(REJECTED, result)
             return
         self._reused += outcome.reused
-        if how != outcomes.RESUMED and self._phase is None:
+        if how is not Origin.RESUMED and self._phase is None:
             self._count += 1
             now = time.monotonic()
             if now - self._last_log >= _LOG_EVERY_S:
@@ -479,7 +481,7 @@ class PlanShards(beam.PTransform):
 
 
 class _WriteShardFn(beam.DoFn):
-    """((split, shard), [RecordBatch]) -> ShardInfo of a temp file.
+    """((split, shard), [RecordBatch]) -> WrittenShard of a temp file.
 
     Consumes the grouped batches once, staging their records on the worker's
     own disk (staging.py): memory holds each record's key and position, not
@@ -504,7 +506,7 @@ class _WriteShardFn(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """{batches, plans} -> ShardInfo, one per shard of the plans."""
+    """{batches, plans} -> WrittenShard, one per shard of the plans."""
 
     def __init__(self, config: JobConfig):
         super().__init__()
@@ -518,7 +520,7 @@ class WriteShards(beam.PTransform):
             # RecordBatch -> ((split, shard), RecordBatch of that shard's records)
             | "AssignShards" >> beam.FlatMap(by_shard, plans=plans)
             | "GroupByShard" >> beam.GroupByKey()
-            # -> ShardInfo
+            # -> WrittenShard
             | "WriteShard" >> beam.ParDo(writer, plans=plans)
         )
 

@@ -19,11 +19,12 @@ import collections
 import concurrent.futures
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from beam_pipeline.core import images, spill
+from beam_pipeline.core.elements import ImageRef, Origin, Outcome, Rejection, RejectKind
 from beam_pipeline.engines import local_pool
-from beam_pipeline.stages.convert import Outcome, Rejection, from_spill, spill_chunk, timeout_reason
-from beam_pipeline.stages.outcomes import AHEAD, CONVERTED, RESUMED
+from beam_pipeline.stages.convert import from_spill, spill_chunk, timeout_reason
 
 
 class _Picked:
@@ -39,10 +40,18 @@ class _Picked:
         return [self._future.result()[self._index]]
 
 
+class _InFlight(NamedTuple):
+    """A chunk submitted to the pool, whose outcomes are not yet yielded."""
+
+    chunk: list  # of (ImageRef, reuse.OldRecord or None)
+    future: concurrent.futures.Future | _Picked  # of its list of Outcomes
+    how: Origin
+
+
 class PoolConverter:
     """Feeds ImageRefs to the local pool in chunks; yields ``(Outcome, how)`` as they finish.
 
-    ``how`` is ``outcomes.CONVERTED``, ``AHEAD`` or ``RESUMED`` (stages/outcomes.py). Call
+    ``how`` is an ``Origin``: converted here, ahead of the job, or resumed. Call
     :meth:`start` before a batch of :meth:`add` calls, :meth:`finish` to drain,
     :meth:`close` at the end.
     """
@@ -71,24 +80,22 @@ class PoolConverter:
 
     def start(self) -> None:
         """Forgets what is in flight (a runner discards a failed bundle's outputs)."""
-        self._chunk: list[tuple] = []
-        # (chunk of (ref, old) pairs, future, how)
-        self._pending: collections.deque = collections.deque()
+        self._chunk: list[tuple[ImageRef, object]] = []  # (ref, old) pairs
+        self._pending: collections.deque[_InFlight] = collections.deque()
 
-    def add(self, ref, old=None) -> Iterator[tuple[Outcome, str]]:
-        """Queues one ``(image_id, path, label, split)``; yields whatever has finished.
+    def add(self, ref: ImageRef, old=None) -> Iterator[tuple[Outcome, Origin]]:
+        """Queues one image; yields whatever has finished.
 
         ``old``: ``--reuse``'s record of the image's ID (``reuse.OldRecord``), if any.
         """
-        ref = tuple(ref)
-        image_id, path, label, split = ref
-        earlier = self._done.get(image_id)
-        if earlier is not None and earlier.split == split and earlier.label in (label, -1):
-            yield Outcome(from_spill(earlier, path), 0, False), RESUMED
+        earlier = self._done.get(ref.image_id)
+        if earlier is not None and earlier.split == ref.split and earlier.label in (ref.label, -1):
+            yield Outcome(from_spill(earlier, ref.path), 0, False), Origin.RESUMED
             return
-        ahead = self._pool.claim(path)
-        if ahead is not None and ahead[2] == ref:  # converted while the job was starting
-            self._pending.append(([(ref, None)], _Picked(*ahead[:2]), AHEAD))
+        ahead = self._pool.claim(ref.path)
+        if ahead is not None and ahead.ref == ref:  # converted while the job was starting
+            picked = _Picked(ahead.future, ahead.index)
+            self._pending.append(_InFlight([(ref, None)], picked, Origin.AHEAD))
         else:
             self._chunk.append((ref, old))
             # Reuse checks cost a small fraction of a conversion: bigger chunks
@@ -97,11 +104,11 @@ class PoolConverter:
                 self._submit()
         # Keep every process busy, but bound what is in flight (memory).
         while self._pending and (
-            self._pending[0][1].done() or len(self._pending) > 3 * self._processes
+            self._pending[0].future.done() or len(self._pending) > 3 * self._processes
         ):
             yield from self._next_outcomes()
 
-    def finish(self) -> Iterator[tuple[Outcome, str]]:
+    def finish(self) -> Iterator[tuple[Outcome, Origin]]:
         """Submits the last chunk and yields every outcome still in flight."""
         self._submit()
         while self._pending:
@@ -126,13 +133,13 @@ class PoolConverter:
     def _submit(self) -> None:
         if self._chunk:
             future = self._task(self._executor, self._chunk)
-            self._pending.append((self._chunk, future, CONVERTED))
+            self._pending.append(_InFlight(self._chunk, future, Origin.CONVERTED))
             self._chunk = []
 
-    def _next_outcomes(self) -> Iterator[tuple[Outcome, str]]:
-        how = self._pending[0][2]
+    def _next_outcomes(self) -> Iterator[tuple[Outcome, Origin]]:
+        how = self._pending[0].how
         try:
-            outcomes = self._pending[0][1].result()
+            outcomes = self._pending[0].future.result()
         except concurrent.futures.process.BrokenProcessPool:
             outcomes = self._recover()
         self._pending.popleft()
@@ -144,24 +151,26 @@ class PoolConverter:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._pool.drop_ahead()  # those futures died with the pool
         executor = None
-        for index, (chunk, _, how) in enumerate(self._pending):
+        for index, in_flight in enumerate(self._pending):
             outcomes = []
-            for ref, old in chunk:
+            for ref, old in in_flight.chunk:
                 executor = executor or local_pool.new(self._processes)
                 started = time.monotonic()
                 try:
                     outcomes += self._task(executor, [(ref, old)]).result()
                 except concurrent.futures.process.BrokenProcessPool:
-                    image_id, path, _, split = ref
-                    reason = "crashed the image decoder (its worker process died)"
+                    kind = RejectKind.CRASHED
+                    reason = f"{kind.prefix} (its worker process died)"
                     limit = self._spec.timeout_s
                     if limit and time.monotonic() - started >= limit:
-                        reason = timeout_reason(limit)  # the worker ended itself: deadline.py
-                    outcomes.append(Outcome(Rejection(image_id, path, split, reason), 0, False))
+                        # The worker ended itself: deadline.py.
+                        kind, reason = RejectKind.TIMED_OUT, timeout_reason(limit)
+                    rejection = Rejection(ref.image_id, ref.path, ref.split, reason, kind)
+                    outcomes.append(Outcome(rejection, 0, False))
                     executor.shutdown(wait=False)
                     executor = None
             finished = concurrent.futures.Future()
             finished.set_result(outcomes)
-            self._pending[index] = (chunk, finished, how)
+            self._pending[index] = in_flight._replace(future=finished)
         self._executor = executor or local_pool.new(self._processes)
-        return self._pending[0][1].result()
+        return self._pending[0].future.result()

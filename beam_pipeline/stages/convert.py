@@ -11,97 +11,32 @@ import hashlib
 from typing import NamedTuple
 
 from beam_pipeline.core import deadline, images, keys, spill
+from beam_pipeline.core.elements import (
+    Converted,
+    ImageRef,
+    Outcome,
+    Rejection,
+    RejectKind,
+    ShardEntry,
+    SpillLocation,
+)
 from beam_pipeline.stages import reuse
 from beam_pipeline.storage import gcs
 from beam_pipeline.storage.reading import hash_source, read_bytes
 from imagerecords import codec
 
 
-class SpillLocation(NamedTuple):
-    """Where a local conversion process appended a framed record (see spill.py)."""
-
-    path: str
-    offset: int
-
-
-class ShardEntry(NamedTuple):
-    """One record on its way to a shard: what WriteShards sorts and writes."""
-
-    key: int  # order key, unsigned 64-bit
-    image_id: str
-    label: int
-    size: int  # bytes of the framed TFRecord
-    # The framed TFRecord itself (records through the runner's shuffle), or
-    # where the local pool spilled it (only a reference crosses the graph).
-    data: bytes | SpillLocation
-    # The source file, for a rejection --dedupe makes of this record.
-    path: str = ""
-    sha256: str = ""  # of the source file: duplicates are grouped by it
-
-
-class Converted(NamedTuple):
-    """A converted image: its split and its shard entry."""
-
-    split: str
-    entry: ShardEntry
-
-
-class RecordBatch(NamedTuple):
-    """Records of one split: the element between ConvertImages and WriteShards.
-
-    A batch carries up to a few MB of record bytes, or up to a few thousand
-    spill references, so that the runner handles one element per batch, not
-    per image.
-    """
-
-    split: str
-    entries: tuple[ShardEntry, ...]
-
-
-class Rejection(NamedTuple):
-    image_id: str
-    path: str
-    split: str
-    reason: str
-
-
-class Outcome(NamedTuple):
-    """What converting one image produced, with the numbers the counters need."""
-
-    result: Converted | Rejection
-    bytes_read: int
-    passed_through: bool
-    repaired: bool = False  # extra bytes dropped, re-encoded clean
-    bad_profile: bool = False  # unusable colour profile, pixels kept
-    reused: bool = False  # the record was taken from --reuse's dataset, not converted
-
-
-class Decoded(NamedTuple):
+class Conversion(NamedTuple):
     """The path-only half of a conversion: what does not depend on label, split or seed."""
 
     bytes_read: int
     sha256: str
-    converted: images.Converted | None
-    reason: str | None  # why it is rejected, when converted is None
+    image: images.EncodedImage | None
+    reason: str | None  # why it is rejected, when image is None
+    kind: RejectKind | None = None  # the rejection's kind, when image is None
 
 
-# The rejections whose cause lies outside the file's bytes: it could not be
-# read (permission denied, a network error, a file not there yet: OSError or a
-# remote filesystem's error) or its conversion ran out of time (which depends
-# on the machine's load). A resumed run tries those images again, so that its
-# output is what an uninterrupted run gives once the cause is gone. Every
-# other rejection (images.Rejected: bad image data, a bomb, an unsupported
-# image) is what the same bytes get again, and a resumed run reuses it.
-CANNOT_READ = "cannot read: "
-TIMED_OUT = "timed out: "
-
-
-def is_transient(reason: str) -> bool:
-    """Whether a rejection may not happen again: a resumed run retries the image."""
-    return reason.startswith((CANNOT_READ, TIMED_OUT))
-
-
-def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
+def decode_path(path: str, spec: images.ImageSpec) -> Conversion:
     """Reads and converts one file; never raises for a bad image."""
     try:
         data = read_bytes(path)
@@ -111,13 +46,15 @@ def decode_path(path: str, spec: images.ImageSpec) -> Decoded:
     return decode_data(data, spec, path)
 
 
-def unreadable(error: Exception) -> Decoded:
-    return Decoded(0, "", None, f"{CANNOT_READ}{type(error).__name__}: {error}")
+def unreadable(error: Exception) -> Conversion:
+    """The rejection of a file that could not be read (a resumed run retries it)."""
+    kind = RejectKind.UNREADABLE
+    return Conversion(0, "", None, f"{kind.prefix}{type(error).__name__}: {error}", kind)
 
 
 def decode_data(
     data: bytes, spec: images.ImageSpec, what: str = "an image", sha256: str | None = None
-) -> Decoded:
+) -> Conversion:
     """Converts one file's bytes, already read; never raises for a bad image.
 
     ``what`` names the file in the time limit's log line; ``sha256``: the
@@ -127,22 +64,23 @@ def decode_data(
         with deadline.limit(spec.timeout_s, what):
             converted = images.convert(data, spec)
     except images.Rejected as rejection:
-        return Decoded(len(data), "", None, str(rejection))
+        return Conversion(len(data), "", None, str(rejection), RejectKind.BAD_IMAGE)
     except deadline.ImageTimeout:
-        return Decoded(len(data), "", None, timeout_reason(spec.timeout_s))
-    return Decoded(len(data), sha256 or hashlib.sha256(data).hexdigest(), converted, None)
+        return Conversion(len(data), "", None, timeout_reason(spec.timeout_s), RejectKind.TIMED_OUT)
+    return Conversion(len(data), sha256 or hashlib.sha256(data).hexdigest(), converted, None)
 
 
 def timeout_reason(seconds: float) -> str:
-    return f"{TIMED_OUT}converting took longer than --image_timeout_s {seconds:g}"
+    return f"{RejectKind.TIMED_OUT.prefix}converting took longer than --image_timeout_s {seconds:g}"
 
 
-def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes) -> Outcome:
+def finish(ref: ImageRef, decoded: Conversion, seed: int, classes) -> Outcome:
     """Builds the record (or rejection) of ``ref`` from its decoded image."""
-    image_id, path, label, split = ref
-    if decoded.converted is None:
-        return Outcome(Rejection(image_id, path, split, decoded.reason), decoded.bytes_read, False)
-    converted = decoded.converted
+    image_id, label = ref.image_id, ref.label
+    converted = decoded.image
+    if converted is None:
+        rejection = Rejection(image_id, ref.path, ref.split, decoded.reason, decoded.kind)
+        return Outcome(rejection, decoded.bytes_read, False)
     payload = codec.image_record(
         converted.jpeg,
         converted.height,
@@ -154,9 +92,9 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
     )
     framed = codec.frame_record(payload)
     key = keys.order_key(seed, image_id)
-    entry = ShardEntry(key, image_id, label, len(framed), framed, path, decoded.sha256)
+    entry = ShardEntry(key, image_id, label, len(framed), framed, ref.path, decoded.sha256)
     return Outcome(
-        Converted(split, entry),
+        Converted(ref.split, entry),
         decoded.bytes_read,
         converted.passed_through,
         converted.repaired,
@@ -165,7 +103,7 @@ def finish(ref: tuple[str, str, int, str], decoded: Decoded, seed: int, classes)
 
 
 def convert_ref(
-    ref: tuple[str, str, int, str],
+    ref: ImageRef,
     spec: images.ImageSpec,
     seed: int,
     classes: tuple[str, ...],
@@ -174,16 +112,16 @@ def convert_ref(
     """Reads, converts and serializes one image; never raises for a bad image.
 
     Args:
-        ref: ``(image_id, path, label, split)`` (a ``listing.ImageRef`` or plain tuple).
+        ref: the listed image.
         old: ``--reuse``'s record of the same ID: taken over when the source
             file's SHA-256 is the one it names (:func:`reuse_or_convert`).
     """
     if old is not None:
         return reuse_or_convert(ref, old, spec, seed, classes)
-    return finish(ref, decode_path(ref[1], spec), seed, classes)
+    return finish(ref, decode_path(ref.path, spec), seed, classes)
 
 
-def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes) -> Outcome:
+def reuse_or_convert(ref: ImageRef, old: reuse.OldRecord, spec, seed, classes) -> Outcome:
     """The record OLD holds for ``ref``'s ID when the source has not changed; else
     a conversion of the source. Either way the bytes a full conversion would write.
 
@@ -191,7 +129,7 @@ def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes) -> Outcome:
     never a reference into OLD's shard: what is copied into the output later
     is what was checked, whatever happens to OLD meanwhile.
     """
-    image_id, path, label, split = ref
+    image_id, path, label = ref.image_id, ref.path, ref.label
     try:
         sha256, size, data = hash_source(path)
     except Exception as error:  # an unreadable file is a rejection, as in a full run
@@ -202,7 +140,7 @@ def reuse_or_convert(ref, old: reuse.OldRecord, spec, seed, classes) -> Outcome:
         framed, _ = taken
         key = keys.order_key(seed, image_id)
         entry = ShardEntry(key, image_id, label, len(framed), framed, path, sha256)
-        return Outcome(Converted(split, entry), size, False, reused=True)
+        return Outcome(Converted(ref.split, entry), size, False, reused=True)
     if data is None:  # changed: read it, and hash what is converted (it may change again)
         return finish(ref, decode_path(path, spec), seed, classes)
     return finish(ref, decode_data(data, spec, path, sha256), seed, classes)
@@ -223,7 +161,7 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Ou
     (and rejections, so that a resumed run need not decode them again) to this
     process's spill file, and returns references in place of the record bytes.
 
-    A transient rejection (:func:`is_transient`) is returned but not spilled:
+    A transient rejection (``RejectKind.transient``) is returned but not spilled:
     a resumed run converts that image again. A record reused from
     ``--reuse``'s dataset is spilled like a converted one: the shard writer
     copies the bytes that were checked, not OLD's shard as it is by then.
@@ -237,7 +175,7 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Ou
             entries[index] = spill.encode(
                 spill.RECORD, result.split, e.image_id, e.key, e.label, e.data, "", e.sha256
             )
-        elif not is_transient(result.reason):
+        elif not result.kind.transient:
             key = keys.order_key(seed, result.image_id)
             entries[index] = spill.encode(
                 spill.REJECTION, result.split, result.image_id, key, -1, b"", result.reason
@@ -259,7 +197,8 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Ou
 def from_spill(item: spill.Spilled, path: str) -> Converted | Rejection:
     """The element a resumed run uses for an image an earlier run spilled."""
     if item.reason:
-        return Rejection(item.image_id, path, item.split, item.reason)
+        # Only rejections of the bytes themselves are spilled (spill_chunk).
+        return Rejection(item.image_id, path, item.split, item.reason, RejectKind.BAD_IMAGE)
     where = SpillLocation(item.path, item.offset)
     entry = ShardEntry(item.key, item.image_id, item.label, item.size, where, path, item.sha256)
     return Converted(item.split, entry)

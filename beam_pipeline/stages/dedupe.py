@@ -13,7 +13,7 @@ import collections
 from collections.abc import Iterable, Iterator
 
 from beam_pipeline.core import duplicates
-from beam_pipeline.stages.convert import RecordBatch, Rejection
+from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind
 
 Group = tuple[str, list[duplicates.Member]]  # (sha256, every image with that source)
 
@@ -39,7 +39,10 @@ def drop_copies(batch: RecordBatch, drops: dict[str, str]) -> tuple[RecordBatch,
     """The batch without the copies in ``drops`` (image ID -> reason), and a Rejection
     per copy."""
     kept, dropped = duplicates.drop_copies(batch.entries, drops)
-    rejections = [Rejection(e.image_id, e.path, batch.split, reason) for e, reason in dropped]
+    rejections = [
+        Rejection(e.image_id, e.path, batch.split, reason, RejectKind.DUPLICATE)
+        for e, reason in dropped
+    ]
     return RecordBatch(batch.split, tuple(kept)), rejections
 
 

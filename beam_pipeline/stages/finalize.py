@@ -13,7 +13,7 @@ from beam_pipeline.core import books, duplicates, errors, keys, metadata, settin
 from beam_pipeline.core import groups as split_groups  # "groups" here: of identical sources
 from beam_pipeline.core.errors import BooksDoNotBalance
 from beam_pipeline.stages.job_config import JobConfig, output_path
-from beam_pipeline.stages.shards import ShardInfo, check_shards, place_shards
+from beam_pipeline.stages.shards import WrittenShard, check_shards, place_shards
 from beam_pipeline.storage import listing
 from beam_pipeline.storage import output as output_files
 
@@ -76,7 +76,7 @@ class Finalizer:
             metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
         )
 
-    def _check_books(self, plans, shards, rejects) -> list[ShardInfo]:
+    def _check_books(self, plans, shards, rejects) -> list[WrittenShard]:
         """The shards to keep, one per planned shard.
 
         Raises:
@@ -96,7 +96,7 @@ class Finalizer:
             raise BooksDoNotBalance(failure)
         total_listed = sum(plan.listed for plan in plans.values())
         # Copies dropped by --dedupe were asked for: they are not bad images.
-        bad = [r.reason for r in rejects if not r.reason.startswith(duplicates.DUPLICATE_PREFIX)]
+        bad = [r.reason for r in rejects if r.kind.bad]
         if len(bad) / total_listed > config.max_reject_fraction:
             raise errors.too_many_rejects(
                 bad,

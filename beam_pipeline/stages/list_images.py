@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from beam_pipeline.core import books, groups, keys
-from beam_pipeline.storage.listing import ImageRef, Skipped
+from beam_pipeline.core.elements import ImageRef
+from beam_pipeline.storage.listing import Skipped
 
 BATCH = 1 << 16  # keys per ListedKeys: 512 KB
 

@@ -11,21 +11,16 @@ from __future__ import annotations
 import sys
 
 from beam_pipeline.core import counters
-from beam_pipeline.stages.convert import Converted, Outcome, Rejection
-
-# How an outcome came about (the counters differ).
-CONVERTED = "converted"
-AHEAD = "ahead"  # converted while Beam loaded (local_pool.Pool.convert_ahead)
-RESUMED = "resumed"  # converted, or rejected, by an interrupted run
+from beam_pipeline.core.elements import Converted, Origin, Outcome, Rejection
 
 # The counter each way of coming about adds one to, beside those of the outcome.
-_HOW_COUNTERS = {AHEAD: counters.CONVERTED_AHEAD, RESUMED: counters.RESUMED}
+_HOW_COUNTERS = {Origin.AHEAD: counters.CONVERTED_AHEAD, Origin.RESUMED: counters.RESUMED}
 
 
-def counts(outcome: Outcome, how: str = CONVERTED) -> dict[str, int]:
+def counts(outcome: Outcome, how: Origin = Origin.CONVERTED) -> dict[str, int]:
     """The counters one outcome adds to (those above zero), by name.
 
-    An outcome taken from an interrupted run (``how`` :data:`RESUMED`) counts
+    An outcome taken from an interrupted run (``how`` ``Origin.RESUMED``) counts
     only its record's bytes, or its rejection; one taken from ``--reuse``'s
     dataset counts the source bytes read to check it, and ``images_reused``.
     """
@@ -37,7 +32,7 @@ def counts(outcome: Outcome, how: str = CONVERTED) -> dict[str, int]:
     found[counters.RECORD_BYTES] = result.entry.size
     if outcome.reused:
         found.update({counters.BYTES_READ: outcome.bytes_read, counters.REUSED: 1})
-    elif how != RESUMED:
+    elif how is not Origin.RESUMED:
         found.update(
             {
                 counters.BYTES_READ: outcome.bytes_read,

@@ -12,11 +12,12 @@ one process (:class:`Books`).
 from __future__ import annotations
 
 import collections
+from typing import NamedTuple
 
 import numpy as np
 
 from beam_pipeline.core import books, keys
-from beam_pipeline.stages.convert import RecordBatch, Rejection
+from beam_pipeline.core.elements import RecordBatch, Rejection
 
 
 def written(batch: RecordBatch) -> tuple[str, books.KeyTally]:
@@ -33,40 +34,65 @@ def rejected(seed: int, rejection: Rejection) -> tuple[str, books.KeyTally]:
     return rejection.split, books.KeyTally(rejected=(keys.order_key(seed, rejection.image_id),))
 
 
+class Tallied(NamedTuple):
+    """One split's keys so far: the accumulator of :class:`KeyTallies`.
+
+    Each key list holds uint64 arrays (one per tally until compacted).
+    """
+
+    listed: list
+    written: list
+    rejected: list
+    record_bytes: int
+
+
 class KeyTallies:
     """KeyTally of one split -> (listed, written, rejected keys, record bytes), all of
     the split: the methods of a Beam CombineFn, pure of Beam."""
 
-    def create_accumulator(self):
-        return [], [], [], 0
+    def create_accumulator(self) -> Tallied:
+        return Tallied([], [], [], 0)
 
-    def add_input(self, accumulator, tally: books.KeyTally):
-        listed, written_keys, rejected_keys, size = accumulator
-        for into, values in ((listed, tally.listed), (written_keys, tally.written)):
+    def add_input(self, accumulator: Tallied, tally: books.KeyTally) -> Tallied:
+        for into, values in (
+            (accumulator.listed, tally.listed),
+            (accumulator.written, tally.written),
+        ):
             if values:
                 into.append(books.as_keys(values))
         if tally.rejected:
-            rejected_keys.append(books.as_keys(tally.rejected))
-        return listed, written_keys, rejected_keys, size + tally.record_bytes
+            accumulator.rejected.append(books.as_keys(tally.rejected))
+        return accumulator._replace(record_bytes=accumulator.record_bytes + tally.record_bytes)
 
-    def merge_accumulators(self, accumulators):
-        listed, written_keys, rejected_keys, size = [], [], [], 0
+    def merge_accumulators(self, accumulators) -> Tallied:
+        merged = Tallied([], [], [], 0)
         for more in accumulators:
-            listed += more[0]
-            written_keys += more[1]
-            rejected_keys += more[2]
-            size += more[3]
-        return self.compact((listed, written_keys, rejected_keys, size))
+            merged.listed.extend(more.listed)
+            merged.written.extend(more.written)
+            merged.rejected.extend(more.rejected)
+            merged = merged._replace(record_bytes=merged.record_bytes + more.record_bytes)
+        return self.compact(merged)
 
-    def compact(self, accumulator):
+    def compact(self, accumulator: Tallied) -> Tallied:
         # One array per kind: 8 bytes per key, however many batches came in.
-        *parts, size = accumulator
-        return (*([np.concatenate(p)] if len(p) > 1 else p for p in parts), size)
+        def joined(parts: list) -> list:
+            return [np.concatenate(parts)] if len(parts) > 1 else parts
 
-    def extract_output(self, accumulator):
-        *parts, size = accumulator
-        empty = np.zeros(0, dtype=np.uint64)
-        return (*(np.concatenate(p) if p else empty for p in parts), size)
+        return Tallied(
+            joined(accumulator.listed),
+            joined(accumulator.written),
+            joined(accumulator.rejected),
+            accumulator.record_bytes,
+        )
+
+    def extract_output(self, accumulator: Tallied) -> tuple:
+        """(listed, written, rejected keys, record bytes): ``books.plan_split``'s arguments."""
+
+        def joined(parts: list) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+        a = accumulator
+        return joined(a.listed), joined(a.written), joined(a.rejected), a.record_bytes
 
 
 def plan(config, split: str, tallied) -> books.SplitPlan:

@@ -13,7 +13,7 @@ written. So an output folder is one of:
   killed. With the same settings, the rerun resumes it: the records in its
   spill files are used, not converted again, and so are the rejections the
   same bytes would get again (a file that could not be read, or timed out,
-  is never spilled: ``convert.is_transient``); with other settings, or a
+  is never spilled: ``RejectKind.transient``); with other settings, or a
   lower time limit, it is refused (``--overwrite`` starts afresh), so records
   of two configurations never mix and the result is what an uninterrupted
   run of the rerun's command gives;

@@ -31,7 +31,7 @@ launch, its metadata (``find_info``: ``imagerecords.json``, or a version-1
 (:func:`open_old`); an ``--output`` that is OLD, or lies inside it, under
 any spelling (a symbolic link, ``..``) is refused before anything is
 written (:func:`refusal`, ``paths.inside``). Then its shards, by whoever
-converts (``reuse_scan.py``) - the local engine scans them on its pool into an ``Index``
+converts (``reuse_scan.py``) - the local engine scans them on its pool into an ``OldIndex``
 (28 bytes a record), the Beam graph scans them on its workers (one element
 per shard) and joins the records to the listed images by ID
 (``pipeline.MatchOld``), so Dataflow reads OLD from gs:// with no copy on
@@ -61,8 +61,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from beam_pipeline.core import errors, settings
+from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.core.errors import OldDatasetChanged, UsageError
-from beam_pipeline.stages.reuse_scan import Index, OldRecord, OldShard, changed, read_old
+from beam_pipeline.stages.reuse_scan import OldIndex, OldRecord, OldShard, changed, read_old
 from beam_pipeline.storage import paths, reading
 from imagerecords import codec, storage
 from imagerecords import info as info_lib
@@ -73,7 +74,7 @@ log = logging.getLogger(__name__)
 class Candidate(NamedTuple):
     """A listed image and OLD's record of the same ID (None: OLD has none)."""
 
-    ref: tuple  # (image_id, path, label, split), a listing.ImageRef
+    ref: ImageRef
     old: OldRecord | None
 
 
@@ -419,7 +420,7 @@ FORECAST_BUDGET_S = 10.0
 
 def forecast(
     refs: Sequence[tuple[str, str, int, str]],
-    index: Index,
+    index: OldIndex,
     classes: Sequence[str],
     seed: int,
     budget_s: float,

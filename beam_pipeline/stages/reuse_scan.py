@@ -9,7 +9,7 @@ that passes is found by its ID with its place and data CRC
 record: a record that reads back otherwise means OLD changed during the run
 (:func:`changed`).
 
-The local engine keeps the records of all shards in an :class:`Index` (28
+The local engine keeps the records of all shards in an :class:`OldIndex` (28
 bytes a record); the Beam graph joins :func:`scan_records`' pairs to the
 listed images by ID (``pipeline.MatchOld``).
 
@@ -255,7 +255,7 @@ class _Column:
         return np.frombuffer(self.map, self.kind, self.used // self.kind.itemsize)
 
 
-class Index:
+class OldIndex:
     """image ID -> :class:`OldRecord` over every record of OLD: 28 bytes a record.
 
     Per record only the hash of its ID (:func:`id_hash`), its shard, its
@@ -327,15 +327,15 @@ class Index:
             column.map.close()
 
 
-def build_index(shards: Sequence[OldShard], run=None) -> Index:
+def build_index(shards: Sequence[OldShard], run=None) -> OldIndex:
     """Scans every shard of OLD (``run(fn, *args)`` -> a future: a pool process per
     shard; default: in this process, one shard after another)."""
     if run is None:
-        return Index(scan_shard(shard) for shard in shards)
+        return OldIndex(scan_shard(shard) for shard in shards)
     futures = collections.deque(run(scan_shard, shard) for shard in shards)
 
     def in_turn():  # nothing here keeps a result once the index has copied it
         while futures:
             yield futures.popleft().result()
 
-    return Index(in_turn())
+    return OldIndex(in_turn())

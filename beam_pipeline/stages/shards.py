@@ -16,13 +16,13 @@ from collections import Counter
 from collections.abc import Callable
 
 from beam_pipeline.core import books, keys, metadata, spill
-from beam_pipeline.stages.convert import RecordBatch, ShardEntry
+from beam_pipeline.core.elements import RecordBatch, ShardEntry
 from beam_pipeline.stages.job_config import output_path
 from beam_pipeline.storage import output as output_files
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardInfo:
+class WrittenShard:
     """A shard written to a temp file: what Finalize checks, renames and describes."""
 
     split: str
@@ -73,7 +73,7 @@ def write_shard(
     entries,
     index_files: bool = False,
     on_records: Callable[[int], None] | None = None,
-) -> ShardInfo:
+) -> WrittenShard:
     """Writes ``entries`` (already sorted; any iterable, read once) to a temp file of
     shard ``shard`` of ``count``; ``on_records(n)`` hears of every
     :data:`PROGRESS_EVERY` records written, and of the rest at the end.
@@ -112,7 +112,7 @@ def write_shard(
         with output_files.create(temp_index) as stream:
             for chunk in _index_chunks(sizes):
                 stream.write(chunk)
-    return ShardInfo(
+    return WrittenShard(
         split=split,
         index=shard,
         shards=count,
@@ -138,14 +138,14 @@ def _index_chunks(sizes, lines_per_chunk: int = 4096):
 
 
 def check_shards(
-    plans: dict[str, books.SplitPlan], shards: list[ShardInfo]
-) -> tuple[list[ShardInfo], list[str]]:
+    plans: dict[str, books.SplitPlan], shards: list[WrittenShard]
+) -> tuple[list[WrittenShard], list[str]]:
     """One written shard per planned shard, holding exactly the planned records.
 
     Returns the shards to keep and the problems. A shard reported twice with
     the same bytes (a retried write) is kept once.
     """
-    chosen: dict[tuple[str, int], ShardInfo] = {}
+    chosen: dict[tuple[str, int], WrittenShard] = {}
     problems = []
     for shard in sorted(shards, key=lambda s: s.temp):
         seen = chosen.setdefault((shard.split, shard.index), shard)
@@ -164,7 +164,7 @@ def check_shards(
     return sorted(chosen.values(), key=lambda s: (s.split, s.index)), problems
 
 
-def place_shards(shards: list[ShardInfo], output: str) -> list[dict]:
+def place_shards(shards: list[WrittenShard], output: str) -> list[dict]:
     """Renames the checked shards' temp files to their final names.
 
     Idempotent, so a retried Finalize completes the renames the first try began.

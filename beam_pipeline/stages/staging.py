@@ -23,8 +23,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from beam_pipeline.core import errors
-from beam_pipeline.stages.convert import ShardEntry, SpillLocation
-from beam_pipeline.stages.shards import ShardInfo, write_shard
+from beam_pipeline.core.elements import ShardEntry, SpillLocation
+from beam_pipeline.stages.shards import WrittenShard, write_shard
 
 _BUFFER = 1 << 20
 
@@ -37,7 +37,7 @@ def write_staged_shard(
     entries: Iterable[ShardEntry],
     index_files: bool = False,
     staging_dir: str | None = None,
-) -> ShardInfo:
+) -> WrittenShard:
     """Writes shard ``shard`` of ``count`` from ``entries`` in any order, read once.
 
     The same bytes as ``write_shard(..., sort_entries(list(entries)))``, in

@@ -16,11 +16,11 @@ import unicodedata
 from collections.abc import Iterator
 
 from beam_pipeline.core import groups, keys
+from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import gcs
 from beam_pipeline.storage.listing import (
     ClassFolder,
-    ImageRef,
     Skipped,
     escape_glob,
     list_folder,

@@ -111,15 +111,6 @@ class Skipped(NamedTuple):
     reason: str
 
 
-class ImageRef(NamedTuple):
-    """One listed input image: the element between listing and conversion."""
-
-    image_id: str  # path relative to the input root, POSIX separators
-    path: str  # full local path or URL, for FileSystems.open
-    label: int
-    split: str
-
-
 def not_a_file(path: str) -> str | None:
     """Why a local path that exists is not a file to open, without opening it; None
     for a regular file (or a symbolic link to one) and for a path that cannot be

@@ -23,8 +23,8 @@ import time
 import tracemalloc
 
 from beam_pipeline.core import books
+from beam_pipeline.core.elements import RecordBatch, ShardEntry
 from beam_pipeline.engines.pipeline import _WriteShardFn
-from beam_pipeline.stages.convert import RecordBatch, ShardEntry
 
 SPLIT = "train"
 BATCH_BYTES = 4 << 20  # what ConvertImages cuts a RecordBatch at
