@@ -187,6 +187,7 @@ def test_the_benchmarks_array_search_finds_what_the_core_finds():
     } & core
 
 
+@pytest.mark.e2e
 def test_the_near_part_writes_its_table(tmp_path):
     from bench import __main__ as bench_main
 
