@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-torch lint format bench clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,5 +31,23 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+# The PyTorch tests (pytest -m torch) in a venv of their own, with the test
+# extras and the torch extra: `make test` skips them. PyPI's Linux torch is
+# the CUDA build (~3 GB of wheels, CUDA libraries included); it runs on a CPU,
+# and it is the build PyPI's torchvision (needed for its JPEG decoder) loads
+# its C ops against.
+TORCH_VENV := .venv-torch
+TORCH_PY := $(TORCH_VENV)/bin/python
+TORCH_STAMP := $(TORCH_VENV)/.installed
+
+$(TORCH_STAMP): setup.py
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install --quiet --upgrade pip
+	$(TORCH_PY) -m pip install --quiet -e ".[test,torch]"
+	touch $(TORCH_STAMP)
+
+test-torch: $(TORCH_STAMP)
+	$(TORCH_PY) -m pytest -q -m torch -n 2 --dist loadfile
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(TORCH_VENV) .pytest_cache .ruff_cache *.egg-info
