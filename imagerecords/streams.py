@@ -196,9 +196,7 @@ def padding_values(source, fields: Sequence[str]) -> dict:
     record = source[0]
     unknown = [name for name in fields if name not in record]
     if unknown:
-        raise ValueError(
-            f"fields {unknown} are not in the records; they have: {', '.join(record)}"
-        )
+        raise ValueError(f"fields {unknown} are not in the records; they have: {', '.join(record)}")
     return {name: "" if isinstance(record[name], str) else type(record[name])() for name in fields}
 
 

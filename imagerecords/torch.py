@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from imagerecords import streams
+from imagerecords import streams, transforms
 from imagerecords.source import RecordSource
 
 _LOG = logging.getLogger(__name__)
@@ -66,8 +66,11 @@ def collate(examples: list[dict]) -> dict:
         if key == "image":
             # np.stack makes a fresh, writable array: from_numpy shares it, no copy.
             batch[key] = torch.from_numpy(np.stack(values)).permute(0, 3, 1, 2)
-        elif key == "jpeg":
-            batch[key] = [torch.frombuffer(bytearray(value), dtype=torch.uint8) for value in values]
+        elif key == "jpeg":  # None for padding
+            batch[key] = [
+                None if data is None else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                for data in values
+            ]
         elif isinstance(first, bool | np.bool_):
             batch[key] = torch.tensor(values, dtype=torch.bool)
         elif isinstance(first, int | np.integer):
@@ -150,21 +153,55 @@ class Loader(DataLoader):
         self.positions.start_batch = 0  # the next pass of this epoch is a whole one
 
 
+def _undecoded_train(record: dict, slot, rng, *, size: int, fields: Sequence[str]) -> dict:
+    """A training example left for the device to decode: the JPEG, its window, the flip.
+
+    The draws are ``transforms.train_crop``'s, in its order: the same seed gives
+    the same windows and flips as decoding in the workers.
+    """
+    window = transforms.random_window(*transforms.jpeg_shape(record["image"]), rng)
+    flip = bool(rng.random() < 0.5)
+    out = {"jpeg": record["image"], "window": tuple(window), "flip": flip}
+    out["label"] = int(record["label"])
+    out.update((name, record[name]) for name in fields)
+    return out
+
+
+def _undecoded_eval(record: dict | None, slot, rng, *, size: int, padding: dict) -> dict:
+    """An evaluation example left for the device to decode, or padding (no JPEG)."""
+    if record is None:
+        return {"jpeg": None, "window": (0, 0, 1, 1), "flip": False, "label": 0, "mask": False}
+    window = transforms.center_window(*transforms.jpeg_shape(record["image"]), size)
+    out = {"jpeg": record["image"], "window": tuple(window), "flip": False, "mask": True}
+    out["label"] = int(record["label"])
+    out.update((name, record[name]) for name in padding)
+    return out
+
+
 def decode_batch(batch: dict, device: torch.device, size: int) -> dict:
-    """A batch of JPEGs and crop windows -> its images, decoded and cut on ``device``."""
+    """A batch of JPEGs and windows -> its images, decoded, cropped and resized on ``device``.
+
+    torchvision decodes the whole batch in one call (nvJPEG on a GPU); each
+    window is then resized as the reader does (bilinear, half-pixel centres,
+    no antialiasing: ``tf.image.resize``'s), rounded, mirrored if drawn so.
+    Padding (no JPEG) stays zero.
+    """
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    images = decode_jpeg(batch.pop("jpeg"), mode=ImageReadMode.RGB, device=device)
-    out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
+    jpegs = batch.pop("jpeg")
+    real = [i for i, data in enumerate(jpegs) if data is not None]
+    images = decode_jpeg([jpegs[i] for i in real], mode=ImageReadMode.RGB, device=device)
+    out = torch.zeros((len(jpegs), 3, size, size), dtype=torch.uint8, device=device)
     out = out.contiguous(memory_format=torch.channels_last)
     windows, flips = batch.pop("window").tolist(), batch.pop("flip").tolist()
-    for i, (image, (top, left, height, width), flip) in enumerate(zip(images, windows, flips)):
+    for i, image in zip(real, images, strict=True):
+        top, left, height, width = windows[i]
         crop = image[None, :, top : top + height, left : left + width].float()
         resized = torch.nn.functional.interpolate(
-            crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+            crop, size=(size, size), mode="bilinear", align_corners=False, antialias=False
         )
         pixels = resized[0].round_().clamp_(0, 255).to(torch.uint8)
-        out[i] = pixels.flip(-1) if flip else pixels
+        out[i] = pixels.flip(-1) if flips[i] else pixels
     batch["image"] = out
     return batch
 
