@@ -118,13 +118,18 @@ def test_launched_processes(environ, found):
 # ------------------------------------------------------------------ evaluation
 
 
-@pytest.mark.parametrize("hosts", [2, 3])
-def test_eval_every_record_once_across_hosts_equal_batches_masked(dataset, hosts):
-    expected = RecordSource(dataset.path, "train")
+# val's 5 records share out unevenly: 2 + 3 and 1 + 2 + 2 make unequal batch counts
+# without the padding batches.
+@pytest.mark.parametrize(
+    "split, hosts, batch", [("train", 2, 4), ("train", 3, 4), ("val", 2, 2), ("val", 3, 1)]
+)
+def test_eval_every_record_once_across_hosts_equal_batches_masked(dataset, split, hosts, batch):
+    expected = RecordSource(dataset.path, split)
     per_host = [
         _batches(
             dataset.path,
-            "train",
+            split,
+            batch_size=batch,
             training=False,
             shard_index=i,
             shard_count=hosts,
@@ -138,19 +143,18 @@ def test_eval_every_record_once_across_hosts_equal_batches_masked(dataset, hosts
     )
     labels = {r["filename"]: r["label"] for r in expected}
     for batches in per_host:
-        for batch in batches:
-            assert batch["image"].shape == (4, 24, 24, 3) and batch["image"].dtype == np.uint8
-            assert batch["mask"].dtype == bool
+        for b in batches:
+            assert b["image"].shape == (batch, 24, 24, 3) and b["image"].dtype == np.uint8
+            assert b["mask"].dtype == bool
             for name, label, mask, image in zip(
-                batch["filename"], batch["label"], batch["mask"], batch["image"], strict=True
+                b["filename"], b["label"], b["mask"], b["image"], strict=True
             ):
                 if mask:
                     assert label == labels[str(name)] and image.any()
                 else:  # padding: an empty name, label 0, a black image
                     assert str(name) == "" and label == 0 and not image.any()
-    # 34 records: hosts read 17+17 or 11+11+12; the padding is what fills the batches.
-    padding = sum(int((~batch["mask"]).sum()) for b in per_host for batch in b)
-    assert padding == hosts * len(per_host[0]) * 4 - len(expected)
+    padding = sum(int((~b["mask"]).sum()) for batches in per_host for b in batches)
+    assert padding == hosts * len(per_host[0]) * batch - len(expected)
 
 
 def test_eval_pixels_are_the_eval_crop_in_shard_order(dataset):
