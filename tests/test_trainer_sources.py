@@ -382,7 +382,15 @@ def test_grain_data_loader_checkpoint_resumes_to_the_same_next_record(converted)
 
 
 def _doc_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    return [code for _, code in _marked_blocks()]
+
+
+def _marked_blocks() -> list[tuple[bool, str]]:
+    """(whether it needs torch: a ``needs-torch`` marker above it, its code) per block."""
+    found = re.findall(
+        r"(<!-- snippet: needs-torch -->\n)?```python\n(.*?)```", DOC.read_text(), re.S
+    )
+    return [(bool(marker), code) for marker, code in found]
 
 
 def _file_name(block: str) -> str | None:
@@ -400,11 +408,18 @@ def _doc_workdir(tmp_path: Path, dataset: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("number", [i for i, b in enumerate(_doc_blocks()) if not _file_name(b)])
+@pytest.mark.parametrize(
+    "number",
+    [
+        pytest.param(i, marks=pytest.mark.torch) if torch else i
+        for i, (torch, code) in enumerate(_marked_blocks())
+        if not _file_name(code)
+    ],
+)
 def test_docs_examples_run(converted, tmp_path, number):
-    block = _doc_blocks()[number]
-    if block.startswith("# needs: torch"):
-        pytest.importorskip("torch", reason="make test does not install torch")
+    needs_torch, block = _marked_blocks()[number]
+    if needs_torch:
+        pytest.importorskip("torch", reason="torch is not installed here: run make test-torch")
     workdir = _doc_workdir(tmp_path, converted.indexed)
     (workdir / "example.py").write_text(block)
     env = dict(
