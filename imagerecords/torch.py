@@ -170,7 +170,8 @@ def _undecoded_train(record: dict, slot, rng, *, size: int, fields: Sequence[str
 def _undecoded_eval(record: dict | None, slot, rng, *, size: int, padding: dict) -> dict:
     """An evaluation example left for the device to decode, or padding (no JPEG)."""
     if record is None:
-        return {"jpeg": None, "window": (0, 0, 1, 1), "flip": False, "label": 0, "mask": False}
+        out = {"jpeg": None, "window": (0, 0, 1, 1), "flip": False, "label": 0, "mask": False}
+        return {**out, **padding}
     window = transforms.center_window(*transforms.jpeg_shape(record["image"]), size)
     out = {"jpeg": record["image"], "window": tuple(window), "flip": False, "mask": True}
     out["label"] = int(record["label"])
@@ -190,7 +191,9 @@ def decode_batch(batch: dict, device: torch.device, size: int) -> dict:
 
     jpegs = batch.pop("jpeg")
     real = [i for i, data in enumerate(jpegs) if data is not None]
-    images = decode_jpeg([jpegs[i] for i in real], mode=ImageReadMode.RGB, device=device)
+    images = (
+        decode_jpeg([jpegs[i] for i in real], mode=ImageReadMode.RGB, device=device) if real else []
+    )
     out = torch.zeros((len(jpegs), 3, size, size), dtype=torch.uint8, device=device)
     out = out.contiguous(memory_format=torch.channels_last)
     windows, flips = batch.pop("window").tolist(), batch.pop("flip").tolist()
