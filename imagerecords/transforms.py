@@ -184,15 +184,16 @@ def _decode(encoded: bytes, scale: int, height: int, width: int) -> tuple[np.nda
     """RGB pixels at 1/``scale`` (or whole, if libjpeg chose otherwise) and the scale used."""
     if scale > 1:
         want = (-(-height // scale), -(-width // scale))
-        # strict=False: a libjpeg warning is no reason to stop a training run; the
+        # fastdct: libjpeg's fast integer IDCT, TensorFlow's default, so the pixels are
+        # the reader's. strict=False: a libjpeg warning is no reason to stop a training run; the
         # source checked the record's CRCs, and the converter writes only JPEGs
         # that decode without one.
         pixels = simplejpeg.decode_jpeg(
-            encoded, "RGB", min_height=want[0], min_width=want[1], strict=False
+            encoded, "RGB", fastdct=True, min_height=want[0], min_width=want[1], strict=False
         )
         if pixels.shape[:2] == want:
             return pixels, scale
-    return simplejpeg.decode_jpeg(encoded, "RGB", strict=False), 1
+    return simplejpeg.decode_jpeg(encoded, "RGB", fastdct=True, strict=False), 1
 
 
 def crop_resize(encoded: bytes, window: Window, size: int) -> np.ndarray:
@@ -206,8 +207,12 @@ def _crop_resize(encoded: bytes, shape: tuple[int, int], window: Window, size: i
     if scale == 1:
         # cv2.resize maps output pixel o to input (o + 0.5) * in / out - 0.5 and clamps
         # at the window's edges, as tf.image.resize does with half-pixel centres.
+        # On float32 input it computes in float32 as TensorFlow's kernel (on uint8 it
+        # uses 11-bit fixed-point weights: a tenth of the pixels one level off), and
+        # convertScaleAbs rounds halves to even and saturates, as the reader's cast.
         crop = pixels[window.y : window.y + window.height, window.x : window.x + window.width]
-        return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
+        resized = cv2.resize(np.float32(crop), (size, size), interpolation=cv2.INTER_LINEAR)
+        return cv2.convertScaleAbs(resized)
     # Decoded pixel i covers stored pixels [i * scale, (i + 1) * scale): the
     # reader's sample point p (in stored pixels) is (p + 0.5) / scale - 0.5 here.
     # A window at least size * scale pixels wide keeps every sample inside it.
