@@ -236,7 +236,7 @@ def loader(
             ``mask``.
         seed: decides the permutations and the crops.
         num_workers: DataLoader worker processes (0: in this process; by
-            default one per core).
+            default one per core), persistent unless ``persistent_workers=False``.
         rank, world_size: this process and the number of processes; by
             default ``torch.distributed``'s when it is initialised.
         device: decode on this device (``"cuda"``) in the loader's process,
@@ -262,6 +262,9 @@ def loader(
     # The sampler gives every position; the examples' length is not asked.
     examples = streams.Examples(source, order, make, len(positions), seed)
     workers = streams.default_workers() if num_workers is None else num_workers
+    # Workers that live from epoch to epoch: no process start (and, with spawn,
+    # no imports) at every set_epoch; the sampler runs here, so they need no news.
+    dataloader_args.setdefault("persistent_workers", workers > 0)
     return Loader(
         examples,
         positions,

@@ -226,16 +226,27 @@ def test_resume_at_the_next_batch_from_a_state_dict(dataset):
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_worker_processes_give_the_same_batches_without_warnings(dataset, context):
+    """Two epochs: the workers persist from one to the next and still follow set_epoch."""
+
+    def two_epochs(loader):
+        batches = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            batches += list(loader)
+        return batches
+
     kwargs = {"training": True, "fields": ("filename",)}
-    alone = list(_loader(dataset.path, "train", **kwargs))
+    alone = two_epochs(_loader(dataset.path, "train", **kwargs))
     with warnings.catch_warnings():
         # Forked workers inherit the filter: a warning there fails the batch too.
         warnings.simplefilter("error")
         loader = _loader(
             dataset.path, "train", num_workers=2, multiprocessing_context=context, **kwargs
         )
-        workers = list(loader)
+        assert loader.persistent_workers
+        workers = two_epochs(loader)
     assert _names(workers) == _names(alone) and _same_images(workers, alone)
+    assert _names(alone[:8]) != _names(alone[8:])
 
 
 def test_no_non_writable_array_warning_from_the_transforms(dataset):
