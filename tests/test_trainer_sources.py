@@ -2,9 +2,11 @@
 
 Datasets are converted by the real CLI; records are compared with TensorFlow's
 own parsing of the same shards (tests/contract.py), Grain is the real package,
-and gs:// is the GCS emulator behind a counting HTTP proxy. PyTorch is not
-installed (its Linux wheel pulls GB of CUDA libraries): its map-style protocol
-(``__len__``, ``__getitem__``, ``__getitems__``) is exercised with a plain loop.
+and gs:// is the GCS emulator behind a counting HTTP proxy. ``make test`` has
+no PyTorch (its Linux wheel pulls GB of CUDA libraries): the map-style protocol
+(``__len__``, ``__getitem__``, ``__getitems__``) is exercised here with a plain
+loop, and docs/trainers.md's PyTorch blocks (marked ``needs-torch``) run under
+``make test-torch``, as tests/test_imagerecords_torch.py does.
 """
 
 from __future__ import annotations
