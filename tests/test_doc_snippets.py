@@ -21,9 +21,9 @@ per line:
     Not run: it needs a GPU, a TPU, or a Google Cloud project (a bucket,
     credentials). The block must still compile.
 ``<!-- snippet: needs-torch -->``
-    Needs torch and torchvision, which ``make test`` does not install: skipped
-    there, with the one line of how to run it; ``make test-torch`` (pytest
-    ``-m torch``) runs it. Such a block runs in a process of its own with the
+    Needs torch and torchvision, which ``make test`` does not install: left out
+    there (tests/conftest.py ends the run with one line of how to run them);
+    ``make test-torch`` (pytest ``-m torch``) runs it. Such a block runs in a process of its own with the
     file's other torch blocks (and its saved files), so it must not use what
     the file's other blocks define.
 ``<!-- snippet: replace OLD NEW -->``
@@ -77,7 +77,6 @@ SKIPS = {
     "needs-cloud": "needs a Google Cloud project",
 }
 FILE_TIMEOUT_S = 300  # all blocks of one file; they take seconds
-NO_TORCH = "torch is not installed here: run make test-torch"
 
 _MARKER = re.compile(r"^<!--\s*snippet:\s*(.*?)\s*-->\s*$")
 _FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
@@ -317,8 +316,6 @@ def test_snippet_runs(block, results):
     compile(block.runnable_code(), block.path, "exec")  # even a skipped block must parse
     if block.skip:
         pytest.skip(block.skip)
-    if block.torch and importlib.util.find_spec("torch") is None:
-        pytest.skip(NO_TORCH)
     result = results(block.path, block.torch)[block.name]
     assert result["ok"], f"{block.name} failed when run as pasted:\n{result['error']}"
 
