@@ -73,9 +73,7 @@ def collate(examples: list[dict]) -> dict:
             ]
         elif isinstance(first, bool | np.bool_):
             batch[key] = torch.tensor(values, dtype=torch.bool)
-        elif isinstance(first, int | np.integer):
-            batch[key] = torch.tensor(values, dtype=torch.int64)
-        elif isinstance(first, tuple):
+        elif isinstance(first, int | np.integer | tuple):  # labels, numbers, crop windows
             batch[key] = torch.tensor(values, dtype=torch.int64)
         else:
             batch[key] = values

@@ -104,12 +104,14 @@ import torch.distributed as dist
 from imagerecords import torch as imagerecords_torch
 
 dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=3)
+dist.barrier()  # every pair of ranks connected before any goes on
 loader = imagerecords_torch.loader(
     sys.argv[3], "train", batch_size=4, image_size=16, training=False, num_workers=0,
     fields=("filename",),
 )
 names = [n for b in loader for n, m in zip(b["filename"], b["mask"].tolist()) if m]
 print(json.dumps({"rank": dist.get_rank(), "batches": len(loader), "names": names}))
+dist.barrier()  # none leaves the group while another still talks to it
 dist.destroy_process_group()
 """
 
@@ -128,11 +130,10 @@ def test_eval_ranks_from_torch_distributed(dataset, tmp_path):
         )
         for rank in range(3)
     ]
-    outs = []
-    for process in ranks:
-        stdout, stderr = process.communicate(timeout=300)
-        assert process.returncode == 0, stderr[-3000:]
-        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    done = [process.communicate(timeout=300) + (process.returncode,) for process in ranks]
+    failed = [f"rank {r}: {err[-2000:]}" for r, (_, err, code) in enumerate(done) if code != 0]
+    assert not failed, "\n".join(failed)
+    outs = [json.loads(out.strip().splitlines()[-1]) for out, _, _ in done]
     assert [out["rank"] for out in outs] == [0, 1, 2]
     assert len({out["batches"] for out in outs}) == 1
     names = [name for out in outs for name in out["names"]]
