@@ -55,6 +55,20 @@ def host(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
     return 0, 1
 
 
+def default_read_options(workers: int) -> grain.ReadOptions:
+    """Read threads per process: one under worker processes, else one per core.
+
+    Each element here is a whole batch. simplejpeg and OpenCV release the GIL,
+    so in one process a thread per core decodes in parallel; in each worker
+    process more threads only contend for its GIL (bench/trainer_pipelines.py
+    has the measurements).
+    """
+    if workers:
+        return grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)
+    cores = streams.default_workers()
+    return grain.ReadOptions(num_threads=cores, prefetch_buffer_size=cores)
+
+
 def dataset(
     path: str,
     split: str,
@@ -87,7 +101,8 @@ def dataset(
             default one per core).
         num_epochs: training epochs before the iterator ends (None: forever).
         fields: record fields to add to the batches (``"filename"``, ...).
-        read_options: Grain's read threads and buffer per process.
+        read_options: Grain's read threads and buffer per process (by default
+            ``default_read_options(num_workers)``).
     """
     index, count = host(shard_index, shard_count)
     source = RecordSource(path, split)
@@ -105,11 +120,11 @@ def dataset(
         make = functools.partial(streams.eval_example, size=image_size, padding=padding)
     examples = streams.Examples(source, order, make, length, seed)
     batches = grain.MapDataset.source(examples).batch(batch_size, drop_remainder=training)
-    out = batches.to_iter_dataset(read_options or grain.ReadOptions())
     workers = streams.default_workers() if num_workers is None else num_workers
+    out = batches.to_iter_dataset(read_options or default_read_options(workers))
     if workers:
         out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     return out
 
 
-__all__ = ["dataset", "host"]
+__all__ = ["dataset", "default_read_options", "host"]

@@ -303,3 +303,8 @@ def test_unknown_field_and_epochs_of_an_evaluation_are_refused(dataset):
         _batches(dataset.path, "val", training=False, fields=("nope",))
     with pytest.raises(ValueError, match="an evaluation reads the split once"):
         _batches(dataset.path, "val", training=False, num_epochs=2)
+
+
+@pytest.mark.parametrize("workers, threads", [(0, streams.default_workers()), (1, 1), (4, 1)])
+def test_default_read_threads(workers, threads):
+    assert imagerecords_grain.default_read_options(workers).num_threads == threads
