@@ -32,7 +32,7 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 # The PyTorch tests (pytest -m torch) in a venv of their own, with the test
-# extras and the torch extra: `make test` skips them. PyPI's Linux torch is
+# extras and the torch extra: `make test` leaves them out (tests/conftest.py). PyPI's Linux torch is
 # the CUDA build (~3 GB of wheels, CUDA libraries included); it runs on a CPU,
 # and it is the build PyPI's torchvision (needed for its JPEG decoder) loads
 # its C ops against.
