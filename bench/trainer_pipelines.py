@@ -11,8 +11,8 @@ flipped half the time, from the same converted web set.
   beside the shards), ``as_dataset(shuffle_files=True)`` with the image left
   encoded, then ``decode_and_crop_jpeg`` of a sampled window,
   ``resize``, flip, batch, prefetch.
-* ``grain_source``: Grain over ``imagerecords.RecordSource``: a global shuffle,
-  ``imagerecords.transforms.train_crop`` (the reader's window and resize
+* ``grain_source``: Grain over ``imagerecords.RecordSource`` (``parse=False``):
+  a global shuffle, ``imagerecords.transforms.train_crop`` (the reader's window and resize
   without TensorFlow, docs/trainers.md), batch, on one worker process per
   core (``mp_prefetch``), each computing one batch at a time.
 * ``grain_threads``: the same pipeline in the loader's own process, one read
@@ -99,10 +99,21 @@ def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
     )
 
 
+@functools.cache
+def _one_opencv_thread() -> None:
+    """OpenCV spreads each resize over its own thread pool: for one small image per call,
+    beside the loader's own threads or processes, that costs more than it saves (5%
+    of the threaded Grain row's CPU per image); docs/trainers.md tells loaders so."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
 def grain_crop(record, rng, size):
     """Top-level (so Grain's worker processes can unpickle it): the transform timed."""
     from imagerecords.transforms import train_crop
 
+    _one_opencv_thread()
     return train_crop(record, rng, size)
 
 
@@ -116,7 +127,8 @@ def _grain_batches(records_dir: Path, batch: int, size: int):
 
     from imagerecords import RecordSource
 
-    source = RecordSource(str(records_dir), "train")
+    # The serialized records: train_crop parses only the JPEG and the label.
+    source = RecordSource(str(records_dir), "train", parse=False)
     ds = (
         grain.MapDataset.source(source)
         .shuffle(seed=SHUFFLE_SEED)

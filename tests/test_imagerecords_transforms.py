@@ -364,6 +364,22 @@ def test_records_of_a_record_source(tmp_path):
             assert np.abs(colour - CLASS_COLOURS[record["label"]]).max() < 40
 
 
+def test_a_serialized_record_crops_as_its_dict(tmp_path):
+    """``RecordSource(..., parse=False)``'s bytes: the same image and label as the parsed dict."""
+    dataset = write_dataset(tmp_path / "ds", per_class=3)
+    parsed = RecordSource(dataset.path, "train")
+    serialized = RecordSource(dataset.path, "train", parse=False)
+    for index in range(len(parsed)):
+        assert isinstance(serialized[index], bytes)
+        for crop in (
+            lambda r, seed=index: transforms.train_crop(r, np.random.default_rng(seed), 32),
+            lambda r: transforms.eval_crop(r, 32),
+        ):
+            ours, theirs = crop(serialized[index]), crop(parsed[index])
+            assert ours["label"] == theirs["label"] and type(ours["label"]) is int
+            assert np.array_equal(ours["image"], theirs["image"])
+
+
 def test_a_grey_jpeg_comes_out_rgb():
     """Not what the converter writes (always RGB), but a JPEG all the same."""
     grey = simplejpeg.encode_jpeg(np.full((40, 50, 1), 90, np.uint8), colorspace="GRAY")

@@ -8,8 +8,9 @@ reader's, drawn once, so every row resizes the same pixels:
 * ``decode``: simplejpeg, the whole image (``train_crop``'s decode, windows
   under twice the output size), and at 7/8 scale (simplejpeg's pick when asked
   for ``min_height`` alone: the non-power-of-two scales cost more than a full decode);
-* resizes of the decoded window to 224 x 224: OpenCV bilinear on float32 (what
-  ``train_crop`` uses), on uint8 (11-bit fixed-point weights), Pillow's bilinear
+* resizes of the decoded window to 224 x 224: OpenCV bilinear on uint8 (what
+  ``train_crop`` uses: 11-bit fixed-point weights), on float32 (TensorFlow's
+  arithmetic), Pillow's bilinear
   (antialiased when it shrinks: not the reader's pixels), with and without
   ``reducing_gap``, and the same arithmetic in plain NumPy;
 * ``train_crop``: the whole transform.
@@ -87,8 +88,8 @@ def measure(records_dir, passes: int, size: int = READ_IMAGE_SIZE) -> list[tuple
         ("decode: simplejpeg, whole image", lambda i: simplejpeg.decode_jpeg(encoded[i], "RGB", fastdct=True)),
         ("decode: simplejpeg, 7/8 scale (min_height = 0.85 x height)",
          lambda i: simplejpeg.decode_jpeg(encoded[i], "RGB", fastdct=True, min_height=int(0.85 * shapes[i][0]))),
-        ("resize: OpenCV bilinear, float32 (train_crop's)", cv2_float),
-        ("resize: OpenCV bilinear, uint8", lambda i: cv2.resize(crops[i], out)),
+        ("resize: OpenCV bilinear, uint8 (train_crop's)", lambda i: cv2.resize(crops[i], out)),
+        ("resize: OpenCV bilinear, float32, rounded", cv2_float),
         ("resize: Pillow BILINEAR, box", lambda i: images[i].resize(out, Image.BILINEAR, box=boxes[i])),
         ("resize: Pillow BILINEAR, box, reducing_gap=2", lambda i: images[i].resize(out, Image.BILINEAR, box=boxes[i], reducing_gap=2.0)),
         ("resize: NumPy, the same arithmetic", lambda i: numpy_bilinear(crops[i], size)),
