@@ -27,7 +27,6 @@ from collections.abc import Sequence
 import grain
 
 from imagerecords import streams
-from imagerecords.source import RecordSource
 
 _LOG = logging.getLogger(__name__)
 
@@ -105,8 +104,8 @@ def dataset(
             ``default_read_options(num_workers)``).
     """
     index, count = host(shard_index, shard_count)
-    source = RecordSource(path, split)
     fields = tuple(fields)
+    source = streams.open_source(path, split, fields)
     padding = streams.padding_values(source, fields)
     if training:
         order = streams.TrainOrder(len(source), batch_size, index, count, seed)

@@ -31,7 +31,6 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from imagerecords import streams, transforms
-from imagerecords.source import RecordSource
 
 _LOG = logging.getLogger(__name__)
 
@@ -157,10 +156,10 @@ def _undecoded_train(record: dict, slot, rng, *, size: int, fields: Sequence[str
     The draws are ``transforms.train_crop``'s, in its order: the same seed gives
     the same windows and flips as decoding in the workers.
     """
-    window = transforms.random_window(*transforms.jpeg_shape(record["image"]), rng)
+    jpeg, label = transforms.image_and_label(record)
+    window = transforms.random_window(*transforms.jpeg_shape(jpeg), rng)
     flip = bool(rng.random() < 0.5)
-    out = {"jpeg": record["image"], "window": tuple(window), "flip": flip}
-    out["label"] = int(record["label"])
+    out = {"jpeg": jpeg, "window": tuple(window), "flip": flip, "label": label}
     out.update((name, record[name]) for name in fields)
     return out
 
@@ -170,9 +169,9 @@ def _undecoded_eval(record: dict | None, slot, rng, *, size: int, padding: dict)
     if record is None:
         out = {"jpeg": None, "window": (0, 0, 1, 1), "flip": False, "label": 0, "mask": False}
         return {**out, **padding}
-    window = transforms.center_window(*transforms.jpeg_shape(record["image"]), size)
-    out = {"jpeg": record["image"], "window": tuple(window), "flip": False, "mask": True}
-    out["label"] = int(record["label"])
+    jpeg, label = transforms.image_and_label(record)
+    window = transforms.center_window(*transforms.jpeg_shape(jpeg), size)
+    out = {"jpeg": jpeg, "window": tuple(window), "flip": False, "mask": True, "label": label}
     out.update((name, record[name]) for name in padding)
     return out
 
@@ -244,8 +243,8 @@ def loader(
             (``multiprocessing_context``, ``pin_memory``, ``persistent_workers``, ...).
     """
     index, count = rank_and_world(rank, world_size)
-    source = RecordSource(path, split)
     fields = tuple(fields)
+    source = streams.open_source(path, split, fields)
     padding = streams.padding_values(source, fields)
     if training:
         order = streams.TrainOrder(len(source), batch_size, index, count, seed)

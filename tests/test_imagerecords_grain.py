@@ -308,3 +308,13 @@ def test_unknown_field_and_epochs_of_an_evaluation_are_refused(dataset):
 @pytest.mark.parametrize("workers, threads", [(0, streams.default_workers()), (1, 1), (4, 1)])
 def test_default_read_threads(workers, threads):
     assert imagerecords_grain.default_read_options(workers).num_threads == threads
+
+
+def test_serialized_records_give_the_same_batches_as_parsed_ones(dataset):
+    """Without kept fields the source hands over serialized records (half the parse)."""
+    kwargs = {"training": True, "num_epochs": 1}
+    parsed = _batches(dataset.path, "train", fields=("filename",), **kwargs)
+    serialized = _batches(dataset.path, "train", **kwargs)
+    assert set(serialized[0]) == {"image", "label"}
+    for a, b in zip(parsed, serialized, strict=True):
+        assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["label"], b["label"])

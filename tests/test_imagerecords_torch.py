@@ -303,6 +303,19 @@ def test_device_decode_on_the_cpu_training(dataset):
     assert np.mean(gaps) < 3
 
 
+def test_serialized_records_give_the_same_batches_as_parsed_ones(dataset):
+    """Without kept fields the source hands over serialized records, on either path."""
+    for device in (None, "cpu"):
+        kwargs = {"training": True, "device": device}
+        parsed = list(_loader(dataset.path, "train", fields=("filename",), **kwargs))
+        serialized = list(_loader(dataset.path, "train", **kwargs))
+        assert set(serialized[0]) == {"image", "label"}
+        assert _same_images(parsed, serialized)
+        assert all(
+            torch.equal(a["label"], b["label"]) for a, b in zip(parsed, serialized, strict=True)
+        )
+
+
 @pytest.mark.parametrize("ranks, batch", [(2, 4), (3, 1)])  # (3, 1): an all-padding batch
 def test_device_decode_on_the_cpu_evaluation_with_padding(dataset, ranks, batch):
     source = RecordSource(dataset.path, "val")
