@@ -12,7 +12,7 @@ LATEST_VENV := .venv-latest
 BEAM ?= 2.60.0
 BEAM_VENV := .venv-beam-$(BEAM)
 
-.PHONY: demo test test-any-machine test-latest beam-range lint format bench clean
+.PHONY: demo test test-any-machine test-latest beam-range test-torch lint format bench clean
 
 $(STAMP): setup.py $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,5 +65,23 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+# The PyTorch tests (pytest -m torch) in a venv of their own, with the test
+# extras and the torch extra: `make test` leaves them out (tests/conftest.py). PyPI's Linux torch is
+# the CUDA build (~3 GB of wheels, CUDA libraries included); it runs on a CPU,
+# and it is the build PyPI's torchvision (needed for its JPEG decoder) loads
+# its C ops against.
+TORCH_VENV := .venv-torch
+TORCH_PY := $(TORCH_VENV)/bin/python
+TORCH_STAMP := $(TORCH_VENV)/.installed
+
+$(TORCH_STAMP): setup.py $(LOCK)
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install --quiet --upgrade pip
+	$(TORCH_PY) -m pip install --quiet -c $(LOCK) -e ".[test,torch]"
+	touch $(TORCH_STAMP)
+
+test-torch: $(TORCH_STAMP)
+	$(TORCH_PY) -m pytest -q -m torch -n 2 --dist loadfile
+
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) .venv-beam-* .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(LATEST_VENV) $(TORCH_VENV) .venv-beam-* .pytest_cache .ruff_cache *.egg-info

@@ -47,7 +47,17 @@ DASK_REQUIRES = ["dask[distributed]>=2024.4.2"]
 # converter nor the tf.data reader needs them. TFDS, like the reader, uses the
 # training job's own TensorFlow. Not torch: PyPI's Linux wheel pulls several GB
 # of CUDA libraries; the source serves PyTorch's map-style protocol without it.
-TRAINERS_REQUIRES = ["grain>=0.2.18", "tensorflow-datasets>=4.9.10"]
+# imagerecords.transforms resizes with OpenCV's SIMD bilinear (docs/trainers.md,
+# "Why OpenCV": a fifth of Pillow's CPU per image, and the reader's arithmetic).
+TRAINERS_REQUIRES = [
+    "grain>=0.2.18",
+    "tensorflow-datasets>=4.9.10",
+    "opencv-python-headless>=4.8",
+]
+
+# imagerecords.torch: the DataLoader, and torchvision's batched JPEG decoder for
+# decoding on the GPU. `make test-torch` installs it in a venv of its own.
+TORCH_REQUIRES = ["torch>=2.4", "torchvision>=0.19"]
 
 BENCH_REQUIRES = [
     "matplotlib>=3.8",
@@ -79,6 +89,7 @@ setuptools.setup(
         "test": TEST_REQUIRES + BENCH_REQUIRES + DASK_REQUIRES + TRAINERS_REQUIRES,
         "dask": DASK_REQUIRES,
         "trainers": TRAINERS_REQUIRES,
+        "torch": TORCH_REQUIRES,
         "bench": BENCH_REQUIRES + ["tensorflow-cpu>=2.16"],
     },
     entry_points={

@@ -11,14 +11,17 @@ flipped half the time, from the same converted web set.
   beside the shards), ``as_dataset(shuffle_files=True)`` with the image left
   encoded, then ``decode_and_crop_jpeg`` of a sampled window,
   ``resize``, flip, batch, prefetch.
-* ``grain_source``: Grain over ``imagerecords.RecordSource``: a global shuffle,
-  the Pillow transform of docs/trainers.md (``augment.py``, loaded from the doc
-  itself, so what is timed is what is documented), batch, on one worker process
-  per core (``mp_prefetch``).
+* ``grain_source``: Grain over ``imagerecords.RecordSource`` (``parse=False``):
+  a global shuffle, ``imagerecords.transforms.train_crop`` (the reader's window and resize
+  without TensorFlow, docs/trainers.md), batch, on one worker process per
+  core (``mp_prefetch``), each computing one batch at a time.
+* ``grain_threads``: the same pipeline in the loader's own process, one read
+  thread per core (``ReadOptions``): simplejpeg and OpenCV release the GIL
+  while they work, so the threads decode in parallel and no batch crosses
+  between processes.
 
-PyTorch's ``DataLoader`` is not timed: torch is not installed (PyPI's Linux
-wheel pulls several GB of CUDA libraries); it would run the same Pillow
-transform over the same source in its worker processes.
+PyTorch's ``DataLoader`` is not timed: torch is not installed; over the same
+source it runs the same ``train_crop`` in its worker processes.
 """
 
 from __future__ import annotations
@@ -26,21 +29,19 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
-import types
 from pathlib import Path
 
 from beam_pipeline.core.metadata import INFO_FILE
 from bench.read_pipelines import Pipeline
-from bench.settings import REPO_DIR
 
-VARIANTS = ("reader_uint8", "tfds_as_dataset", "grain_source")
+VARIANTS = ("reader_uint8", "tfds_as_dataset", "grain_source", "grain_threads")
 LABELS = {
     "reader_uint8": "imagerecords tf.data reader, uint8 batches",
     "tfds_as_dataset": "TFDS builder_from_directory + as_dataset, decode_and_crop_jpeg",
-    "grain_source": "Grain MapDataset over RecordSource, Pillow crop (docs/trainers.md)",
+    "grain_source": "Grain MapDataset over RecordSource + imagerecords.transforms.train_crop, "
+    "a worker process per core",
+    "grain_threads": "the same Grain pipeline, a read thread per core in one process",
 }
-TRAINERS_DOC = REPO_DIR / "docs" / "trainers.md"
 SHUFFLE_SEED = 0
 
 
@@ -98,35 +99,36 @@ def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
     )
 
 
-_AUGMENT: types.ModuleType | None = None
+@functools.cache
+def _one_opencv_thread() -> None:
+    """OpenCV spreads each resize over its own thread pool: for one small image per call,
+    beside the loader's own threads or processes, that costs more than it saves (5%
+    of the threaded Grain row's CPU per image); docs/trainers.md tells loaders so."""
+    import cv2
 
-
-def documented_augment() -> types.ModuleType:
-    """The ``augment.py`` block of docs/trainers.md as a module (loaded once per process)."""
-    global _AUGMENT
-    if _AUGMENT is None:
-        blocks = re.findall(r"```python\n(# augment\.py\n.*?)```", TRAINERS_DOC.read_text(), re.S)
-        module = types.ModuleType("augment")
-        exec(compile(blocks[0], str(TRAINERS_DOC), "exec"), module.__dict__)
-        _AUGMENT = module
-    return _AUGMENT
+    cv2.setNumThreads(1)
 
 
 def grain_crop(record, rng, size):
-    """Top-level (so Grain's worker processes can unpickle it): the documented crop."""
-    return documented_augment().random_crop(record, rng, size=size)
+    """Top-level (so Grain's worker processes can unpickle it): the transform timed."""
+    from imagerecords.transforms import train_crop
+
+    _one_opencv_thread()
+    return train_crop(record, rng, size)
 
 
 def as_pair(batch):
     return batch["image"], batch["label"]
 
 
-def grain_source(records_dir: Path, batch: int, size: int) -> Pipeline:
+def _grain_batches(records_dir: Path, batch: int, size: int):
+    """The Grain pipeline of both Grain rows, up to the batches: ``(MapDataset, records)``."""
     import grain
 
     from imagerecords import RecordSource
 
-    source = RecordSource(str(records_dir), "train")
+    # The serialized records: train_crop parses only the JPEG and the label.
+    source = RecordSource(str(records_dir), "train", parse=False)
     ds = (
         grain.MapDataset.source(source)
         .shuffle(seed=SHUFFLE_SEED)
@@ -134,14 +136,33 @@ def grain_source(records_dir: Path, batch: int, size: int) -> Pipeline:
         .random_map(functools.partial(grain_crop, size=size), seed=SHUFFLE_SEED)
         .batch(batch, drop_remainder=True)
         .map(as_pair)
-        .to_iter_dataset()
-        .mp_prefetch(grain.MultiprocessingOptions(num_workers=os.cpu_count() or 1))
     )
-    return Pipeline(ds, len(source), True)
+    return ds, len(source)
+
+
+def grain_source(records_dir: Path, batch: int, size: int) -> Pipeline:
+    import grain
+
+    ds, records = _grain_batches(records_dir, batch, size)
+    # One batch at a time in each worker: more read threads there only contend
+    # for the worker's GIL (Grain's default of 16 cost a quarter more CPU).
+    ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=os.cpu_count() or 1))
+    return Pipeline(ds, records, True)
+
+
+def grain_threads(records_dir: Path, batch: int, size: int) -> Pipeline:
+    import grain
+
+    ds, records = _grain_batches(records_dir, batch, size)
+    threads = os.cpu_count() or 1
+    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
+    return Pipeline(ds.to_iter_dataset(options), records, True)
 
 
 BUILDERS = {
     "reader_uint8": reader_uint8,
     "tfds_as_dataset": tfds_as_dataset,
     "grain_source": grain_source,
+    "grain_threads": grain_threads,
 }

@@ -9,8 +9,9 @@ times each loader of ``bench.trainer_pipelines`` in its own child process
 (``bench.trainer_worker``): fresh imports, its own thread pools and worker
 processes, rounds interleaved so that a burst of load from elsewhere hits one
 round of each loader. Reported per loader: the best round's images/s, and the
-CPU per image of the loader's whole process tree, median and range over the
-rounds: on a shared machine the steadier of the two.
+CPU per image of the loader's whole process tree, best and range over the
+rounds (on a shared machine the steadier of the two), and that CPU over the
+tf.data reader's in the same run.
 
 Examples::
 
@@ -24,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -35,6 +35,8 @@ from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR, Si
 from bench.trainer_pipelines import LABELS, VARIANTS
 
 RESULT_NAME = "trainers"  # trainers.json and trainers.md
+# The loader every other is compared with, in the same run.
+BASELINE = "reader_uint8"
 
 
 def records_for(sizes: Sizes, cache_dir: Path, log_dir: Path) -> Path:
@@ -67,7 +69,10 @@ def run_one(variant: str, records: Path, sizes: Sizes, log_path: Path) -> dict:
 
 
 def summarize(variant: str, rounds: list[dict]) -> dict:
-    """One table row from a loader's rounds: best images/s, CPU per image median and range."""
+    """One table row from a loader's rounds: the best images/s and CPU per image, and the range.
+
+    The best round is the one least disturbed by the machine's other work.
+    """
     ok = [r for r in rounds if r["ok"]]
     row = {"variant": variant, "label": LABELS[variant], "ok": bool(ok), "rounds": rounds}
     if not ok:
@@ -76,12 +81,20 @@ def summarize(variant: str, rounds: list[dict]) -> dict:
     cpu = [r["cpu_ms_per_image"] for r in ok]
     row.update(
         images_per_s=max(r["images_per_s"] for r in ok),
-        cpu_ms_per_image=statistics.median(cpu),
+        cpu_ms_per_image=min(cpu),
         cpu_ms_range=[min(cpu), max(cpu)],
         peak_tree_rss_mb=max(r["peak_tree_rss_mb"] for r in ok),
         rounds_ok=len(ok),
     )
     return row
+
+
+def cpu_ratios(rows: list[dict], baseline: str = BASELINE) -> dict[str, float]:
+    """Each measured loader's best CPU per image over the baseline's, from the same run."""
+    base = next((r for r in rows if r["variant"] == baseline and r["ok"]), None)
+    if base is None:
+        return {}
+    return {r["variant"]: r["cpu_ms_per_image"] / base["cpu_ms_per_image"] for r in rows if r["ok"]}
 
 
 def run_trainers(sizes: Sizes, cache_dir: Path, rounds: int, variants=VARIANTS) -> dict:
@@ -94,6 +107,8 @@ def run_trainers(sizes: Sizes, cache_dir: Path, rounds: int, variants=VARIANTS) 
         for variant in variants:
             log_path = log_dir / f"trainer-{variant}-r{round_index}.log"
             result = run_one(variant, records, sizes, log_path)
+            # Other jobs share the machine: each round keeps the load it ran under.
+            result["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
             runs[variant].append(result)
             figures = (
                 f"{result['images_per_s']:8.1f} images/s {result['cpu_ms_per_image']:6.2f} "
@@ -101,7 +116,11 @@ def run_trainers(sizes: Sizes, cache_dir: Path, rounds: int, variants=VARIANTS) 
                 if result["ok"]
                 else f"n/a: {result['note']}"
             )
-            print(f"[bench] trainer {variant:<16} round {round_index + 1}: {figures}", flush=True)
+            print(
+                f"[bench] trainer {variant:<16} round {round_index + 1}: {figures} "
+                f"(load {result['loadavg_1min_end']})",
+                flush=True,
+            )
     info = json.loads((records / INFO_FILE).read_text())
     return {
         "sizes": sizes.name,
@@ -127,19 +146,22 @@ def _number(value: float) -> str:
 def table(result: dict) -> str:
     """The Markdown table of a result: one row per loader."""
     rounds = result["rounds"]
+    ratios = cpu_ratios(result["rows"])
     lines = [
-        f"| loader | images/s (best of {rounds}) | CPU ms per image (median; range) "
-        "| peak RSS (MB) |",
-        "|---|---:|---:|---:|",
+        f"| loader | images/s (best of {rounds}) | CPU ms per image (best of {rounds}; range) "
+        f"| CPU per image, x {LABELS[BASELINE].split(',')[0]} | peak RSS (MB) |",
+        "|---|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         if not r["ok"]:
-            lines.append(f"| {r['label']} | n/a: {r['note']} | | |")
+            lines.append(f"| {r['label']} | n/a: {r['note']} | | | |")
             continue
         low, high = r["cpu_ms_range"]
+        ratio = f"{ratios[r['variant']]:.2f}" if r["variant"] in ratios else "n/a"
         lines.append(
             f"| {r['label']} | {_number(r['images_per_s'])} | "
-            f"{r['cpu_ms_per_image']:.2f} ({low:.2f}-{high:.2f}) | {r['peak_tree_rss_mb']} |"
+            f"{r['cpu_ms_per_image']:.2f} ({low:.2f}-{high:.2f}) | {ratio} | "
+            f"{r['peak_tree_rss_mb']} |"
         )
     return "\n".join(lines)
 
@@ -164,9 +186,8 @@ def markdown(result: dict) -> str:
         "",
         table(result),
         "",
-        "PyTorch's `DataLoader` is not timed: torch is not installed here (PyPI's Linux "
-        "wheel pulls several GB of CUDA libraries); over `RecordSource` it would run the "
-        "Grain row's Pillow transform in its worker processes.",
+        "PyTorch's `DataLoader` is not timed: torch is not installed here; over "
+        "`RecordSource` it runs the Grain rows' `train_crop` in its worker processes.",
     ]
     return "\n".join(lines) + "\n"
 

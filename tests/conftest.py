@@ -15,11 +15,29 @@ marker, so this module enforces it:
   when it runs, so the first check alone would depend on the order of tests.
 """
 
+import importlib.util
 import subprocess
 
 import pytest
 
-from tests.gcs_fixtures import (  # noqa: F401 (pytest collects fixtures by name)
+# The PyTorch tests (marked `torch`) need torch and torchvision, which `make
+# test` does not install: there they are left out, and the run ends with one
+# line that says so; `make test-torch` runs them in a venv that has both.
+HAS_TORCH = importlib.util.find_spec("torchvision") is not None
+NO_TORCH = (
+    "torch is not installed here: the PyTorch tests (pytest -m torch) did not run; "
+    "make test-torch runs them"
+)
+collect_ignore = [] if HAS_TORCH else ["test_imagerecords_torch.py"]
+
+# In `make test-torch`'s venv: torchvision loads triton, which crashes the
+# process (SIGSEGV) when TensorFlow was imported before it (triton 3.8, TF
+# 2.21); the other order works. Test modules import TensorFlow as they are
+# collected, so torchvision goes first, before any of them.
+if HAS_TORCH:
+    import torchvision  # noqa: F401
+
+from tests.gcs_fixtures import (  # noqa: E402, F401 (pytest collects fixtures by name)
     gcs_account,
     gcs_bucket,
     gcs_emulator,
@@ -55,6 +73,11 @@ def unmarked_e2e_fixture_users(items) -> list[str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    if not HAS_TORCH:
+        left_out = [item for item in items if item.get_closest_marker("torch")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker("torch")]
     unmarked = unmarked_e2e_fixture_users(items)
     if unmarked:
         listed = "\n  ".join(unmarked)
@@ -72,3 +95,8 @@ def pytest_runtest_protocol(item, nextitem):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(subprocess.Popen, "_execute_child", _refuse_process)
         yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not HAS_TORCH:
+        terminalreporter.write_line(NO_TORCH)

@@ -30,6 +30,7 @@ TOOLS = [
     "page_faults",
     "shard_memory",
     "progress_cost",
+    "crop_costs",
 ]
 
 
@@ -86,3 +87,20 @@ def test_profile_op_decodes_the_readers_training_windows(tmp_path):
     # Different seeds draw different windows somewhere in the batch.
     _, other = profile_op.training_windows(records, 5, seed=1)
     assert (other.numpy() != hw).any()
+
+
+def test_crop_costs_numpy_row_is_the_readers_resize():
+    """The NumPy row of bench.tools.crop_costs times the reader's arithmetic, not another."""
+    import numpy as np
+    import tensorflow as tf
+
+    from bench.tools.crop_costs import numpy_bilinear
+    from reader import decode
+
+    window = np.random.default_rng(0).integers(0, 256, (37, 90, 3), dtype=np.uint8)
+    for size in (224, 20):
+        theirs = decode.normalize(
+            decode.resize(window, (size, size), "bilinear"), "0_255", tf.uint8
+        )
+        diff = np.abs(numpy_bilinear(window, size).astype(int) - theirs.numpy())
+        assert diff.max() <= 1 and diff.mean() < 0.01

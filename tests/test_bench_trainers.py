@@ -88,21 +88,29 @@ def _round(images_per_s, cpu_ms, rss=100):
             "peak_tree_rss_mb": rss}  # fmt: skip
 
 
-def test_a_row_is_the_best_rate_and_the_median_cpu_and_a_failure_says_why():
+def test_a_row_is_the_best_round_and_a_ratio_to_the_reader_and_a_failure_says_why():
     rounds = [_round(400.0, 3.0), _round(500.0, 2.5, 120), _round(450.0, 2.7)]
     row = trainers.summarize("grain_source", rounds)
-    assert row["images_per_s"] == 500.0 and row["cpu_ms_per_image"] == 2.7
+    assert row["images_per_s"] == 500.0 and row["cpu_ms_per_image"] == 2.5
     assert row["cpu_ms_range"] == [2.5, 3.0] and row["peak_tree_rss_mb"] == 120
+    reader = trainers.summarize("reader_uint8", [_round(900.0, 0.6), _round(800.0, 0.5)])
     failed = {"variant": "tfds_as_dataset", "ok": False, "note": "exit 1: ImportError: tfds"}
     half = trainers.summarize("tfds_as_dataset", [failed, _round(300.0, 1.5)])
     assert half["ok"] and half["rounds_ok"] == 1 and half["cpu_ms_range"] == [1.5, 1.5]
     none = trainers.summarize("tfds_as_dataset", [failed])
     assert not none["ok"] and none["note"] == failed["note"]
-    result = {"rounds": 3, "rows": [row, none]}
+    assert trainers.cpu_ratios([reader, row, none]) == {"reader_uint8": 1.0, "grain_source": 5.0}
+    assert trainers.cpu_ratios([row]) == {}  # no reader measured: no ratio
+    result = {"rounds": 3, "rows": [reader, row, none]}
     text = trainers.table(result)
-    assert "| images/s (best of 3) |" in text
-    assert f"| {trainer_pipelines.LABELS['grain_source']} | 500 | 2.70 (2.50-3.00) | 120 |" in text
+    assert "| images/s (best of 3) | CPU ms per image (best of 3; range) |" in text
+    assert f"| {trainer_pipelines.LABELS['reader_uint8']} | 900 | 0.50 (0.50-0.60) | 1.00 |" in text
+    assert (
+        f"| {trainer_pipelines.LABELS['grain_source']} | 500 | 2.50 (2.50-3.00) | 5.00 | 120 |"
+        in text
+    )
     assert f"| {trainer_pipelines.LABELS['tfds_as_dataset']} | n/a: exit 1: " in text
+    assert "n/a" in trainers.table({"rounds": 3, "rows": [row]}).splitlines()[-1]
 
 
 @pytest.mark.e2e

@@ -20,6 +20,12 @@ per line:
 ``<!-- snippet: needs-gpu -->``, ``needs-tpu``, ``needs-cloud``
     Not run: it needs a GPU, a TPU, or a Google Cloud project (a bucket,
     credentials). The block must still compile.
+``<!-- snippet: needs-torch -->``
+    Needs torch and torchvision, which ``make test`` does not install: left out
+    there (tests/conftest.py ends the run with one line of how to run them);
+    ``make test-torch`` (pytest ``-m torch``) runs it. Such a block runs in a process of its own with the
+    file's other torch blocks (and its saved files), so it must not use what
+    the file's other blocks define.
 ``<!-- snippet: replace OLD NEW -->``
     Run with the text OLD replaced by NEW (shell quoting; OLD must occur).
     For data paths (``replace gs://bucket/records ./photos-records``) and for
@@ -82,6 +88,7 @@ class Block:
     line: int  # 1-based line of the block's first code line
     code: str
     skip: str | None = None  # the reason, for a needs-* block
+    torch: bool = False  # needs-torch: run by make test-torch
     replace: list = dataclasses.field(default_factory=list)  # (old, new) pairs
     given: list = dataclasses.field(default_factory=list)  # code run before it
 
@@ -109,6 +116,8 @@ def _apply(block: Block, directive: str) -> str | None:
     word, _, rest = directive.partition(" ")
     if word in SKIPS and not rest:
         block.skip = SKIPS[word]
+    elif word == "needs-torch" and not rest:
+        block.torch = True
     elif word == "given" and rest.strip():
         block.given.append(rest.strip())
     elif word == "replace":
@@ -239,19 +248,23 @@ def walkthrough(tmp_path_factory) -> Walkthrough:
 
 @pytest.fixture(scope="module")
 def results(walkthrough):
-    """file -> {block name -> result}, each file's blocks run once, on first use."""
-    cache: dict[str, dict] = {}
+    """(file, torch) -> {block name -> result}, each file's blocks run once, on first use.
 
-    def of(path: str) -> dict:
-        if path not in cache:
-            cache[path] = _run_file(path, walkthrough.folder)
-        return cache[path]
+    A file's torch blocks run apart from the others: without them where torch
+    is missing, and alone (with the saved files) for ``make test-torch``.
+    """
+    cache: dict[tuple[str, bool], dict] = {}
+
+    def of(path: str, torch: bool = False) -> dict:
+        if (path, torch) not in cache:
+            cache[path, torch] = _run_file(path, walkthrough.folder, torch)
+        return cache[path, torch]
 
     return of
 
 
-def _run_file(path: str, workdir) -> dict:
-    blocks = [b for b in ALL[path][0] if b.skip is None]
+def _run_file(path: str, workdir, torch: bool = False) -> dict:
+    blocks = [b for b in ALL[path][0] if b.skip is None and (b.torch == torch or b.file)]
     spec = [
         {
             "name": b.name,
@@ -262,7 +275,7 @@ def _run_file(path: str, workdir) -> dict:
         }
         for b in blocks
     ]
-    spec_path = workdir / f"{path.replace('/', '_')}.json"
+    spec_path = workdir / f"{path.replace('/', '_')}{'-torch' if torch else ''}.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     try:
@@ -295,12 +308,16 @@ def _run_file(path: str, workdir) -> dict:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, marks=pytest.mark.torch) if b.torch else b for b in BLOCKS],
+    ids=[b.name for b in BLOCKS],
+)
 def test_snippet_runs(block, results):
     compile(block.runnable_code(), block.path, "exec")  # even a skipped block must parse
     if block.skip:
         pytest.skip(block.skip)
-    result = results(block.path)[block.name]
+    result = results(block.path, block.torch)[block.name]
     assert result["ok"], f"{block.name} failed when run as pasted:\n{result['error']}"
 
 

@@ -2,9 +2,11 @@
 
 Datasets are converted by the real CLI; records are compared with TensorFlow's
 own parsing of the same shards (tests/contract.py), Grain is the real package,
-and gs:// is the GCS emulator behind a counting HTTP proxy. PyTorch is not
-installed (its Linux wheel pulls GB of CUDA libraries): its map-style protocol
-(``__len__``, ``__getitem__``, ``__getitems__``) is exercised with a plain loop.
+and gs:// is the GCS emulator behind a counting HTTP proxy. ``make test`` has
+no PyTorch (its Linux wheel pulls GB of CUDA libraries): the map-style protocol
+(``__len__``, ``__getitem__``, ``__getitems__``) is exercised here with a plain
+loop, and docs/trainers.md's PyTorch blocks (marked ``needs-torch``) run under
+``make test-torch``, as tests/test_imagerecords_torch.py does.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import http.client
-import io
 import json
 import os
 import pickle
@@ -30,7 +31,6 @@ from pathlib import Path
 import grain
 import numpy as np
 import pytest
-from PIL import Image
 
 from imagerecords import (
     CorruptRecordError,
@@ -385,7 +385,15 @@ def test_grain_data_loader_checkpoint_resumes_to_the_same_next_record(converted)
 
 
 def _doc_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    return [code for _, code in _marked_blocks()]
+
+
+def _marked_blocks() -> list[tuple[bool, str]]:
+    """(whether it needs torch: a ``needs-torch`` marker above it, its code) per block."""
+    found = re.findall(
+        r"(<!-- snippet: needs-torch -->\n)?```python\n(.*?)```", DOC.read_text(), re.S
+    )
+    return [(bool(marker), code) for marker, code in found]
 
 
 def _file_name(block: str) -> str | None:
@@ -403,11 +411,16 @@ def _doc_workdir(tmp_path: Path, dataset: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("number", [i for i, b in enumerate(_doc_blocks()) if not _file_name(b)])
+@pytest.mark.parametrize(
+    "number",
+    [
+        pytest.param(i, marks=pytest.mark.torch) if torch else i
+        for i, (torch, code) in enumerate(_marked_blocks())
+        if not _file_name(code)
+    ],
+)
 def test_docs_examples_run(converted, tmp_path, number):
-    block = _doc_blocks()[number]
-    if block.startswith("# needs: torch"):
-        pytest.importorskip("torch", reason="make test does not install torch")
+    _, block = _marked_blocks()[number]  # needs-torch ones: marked, and left out without torch
     workdir = _doc_workdir(tmp_path, converted.indexed)
     (workdir / "example.py").write_text(block)
     env = dict(
@@ -418,32 +431,6 @@ def test_docs_examples_run(converted, tmp_path, number):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-
-
-def test_docs_augment_example_crops_deterministically(converted, tmp_path):
-    """The documented Pillow transform: fixed-size uint8 windows, the seed decides them."""
-    workdir = _doc_workdir(tmp_path, converted.indexed)
-    sys.path.insert(0, str(workdir))
-    try:
-        augment = __import__("augment")
-    finally:
-        sys.path.remove(str(workdir))
-        sys.modules.pop("augment", None)
-    source = RecordSource(str(converted.indexed), "train")
-    record = source[0]
-    crops = [
-        augment.random_crop(record, np.random.default_rng(seed), size=64) for seed in (1, 1, 2)
-    ]
-    for crop in crops:
-        assert crop["image"].shape == (64, 64, 3) and crop["image"].dtype == np.uint8
-        assert crop["label"] == record["label"]
-    assert np.array_equal(crops[0]["image"], crops[1]["image"])
-    assert not np.array_equal(crops[0]["image"], crops[2]["image"])
-    centre = augment.center_crop(record, size=48)["image"]
-    full = np.asarray(Image.open(io.BytesIO(record["image"])).convert("RGB"))
-    assert centre.shape == (48, 48, 3)
-    # A centre crop of the whole image keeps its mean colour (roughly).
-    assert abs(float(centre.mean()) - float(full.mean())) < 25
 
 
 # ------------------------------------------------------------------ gs://

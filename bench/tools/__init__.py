@@ -16,4 +16,6 @@ Each is runnable on its own and writes only under the gitignored
   memory per shard in flight.
 * ``python -m bench.tools.progress_cost`` - the progress line's cost: per
   call, and a run on a terminal against ``--quiet``.
+* ``python -m bench.tools.crop_costs`` - ``imagerecords.transforms.train_crop``
+  step by step, and the resizes it could use, per image.
 """

@@ -1,0 +1,129 @@
+"""The Grain pipeline over a split: what a JAX training or evaluation loop iterates.
+
+``dataset(path, split, batch_size=..., image_size=..., training=...)`` returns
+a ``grain.IterDataset`` of dicts of NumPy batches::
+
+    {"image": uint8 [batch, size, size, 3], "label": int64 [batch]}
+    # evaluation adds "mask": bool [batch], False for padding
+
+Which records each host reads, in which order, and the crops' random numbers
+are ``imagerecords.streams``'s (a new permutation of the whole split each
+epoch; in evaluation every record once across the hosts, every host the same
+number of batches). The records are read and decoded in ``num_workers``
+processes (Grain's ``mp_prefetch``, which starts them with ``spawn``), each
+with ``read_options``' threads. The iterator's ``get_state()`` is a small
+dict; ``set_state`` on a new iterator of the same pipeline continues with the
+next batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import sys
+from collections.abc import Sequence
+
+import grain
+
+from imagerecords import streams
+
+_LOG = logging.getLogger(__name__)
+
+
+def host(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
+    """This host's ``(index, count)``: as given, else JAX's processes, else one host."""
+    if (shard_index is None) != (shard_count is None):
+        raise ValueError("give both shard_index and shard_count, or neither")
+    if shard_index is not None:
+        return streams.check_host(shard_index, shard_count)
+    if importlib.util.find_spec("jax") is not None:
+        import jax
+
+        return jax.process_index(), jax.process_count()
+    launched = streams.launched_processes()
+    if launched:
+        _LOG.warning(
+            "reading the whole split on this host: JAX is not installed and neither "
+            "shard_index nor shard_count is given, but %s=%d says this job has %d processes "
+            "(pass shard_index and shard_count so that each reads its part)",
+            launched[0],
+            launched[1],
+            launched[1],
+        )
+    return 0, 1
+
+
+def default_read_options(workers: int) -> grain.ReadOptions:
+    """Read threads per process: one under worker processes, else one per core.
+
+    Each element here is a whole batch. simplejpeg and OpenCV release the GIL,
+    so in one process a thread per core decodes in parallel; in each worker
+    process more threads only contend for its GIL (bench/trainer_pipelines.py
+    has the measurements).
+    """
+    if workers:
+        return grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)
+    cores = streams.default_workers()
+    return grain.ReadOptions(num_threads=cores, prefetch_buffer_size=cores)
+
+
+def dataset(
+    path: str,
+    split: str,
+    *,
+    batch_size: int,
+    image_size: int,
+    training: bool,
+    seed: int = 0,
+    shard_index: int | None = None,
+    shard_count: int | None = None,
+    num_workers: int | None = None,
+    num_epochs: int | None = None,
+    fields: Sequence[str] = (),
+    read_options: grain.ReadOptions | None = None,
+) -> grain.IterDataset:
+    """Batches of one split for this host.
+
+    Args:
+        path: the dataset folder, local or ``gs://``.
+        split: ``"train"``, ``"val"``, ...
+        batch_size: examples per batch on this host.
+        image_size: the side of the square images.
+        training: random crops of a new permutation each epoch, full batches
+            only; else every record once, in shard order, with padding and
+            ``mask``.
+        seed: decides the permutations and the crops.
+        shard_index, shard_count: this host and the number of hosts; by
+            default ``jax.process_index()`` and ``jax.process_count()``.
+        num_workers: processes that read and decode (0: in this process; by
+            default one per core).
+        num_epochs: training epochs before the iterator ends (None: forever).
+        fields: record fields to add to the batches (``"filename"``, ...).
+        read_options: Grain's read threads and buffer per process (by default
+            ``default_read_options(num_workers)``).
+    """
+    index, count = host(shard_index, shard_count)
+    fields = tuple(fields)
+    source = streams.open_source(path, split, fields)
+    padding = streams.padding_values(source, fields)
+    if training:
+        order = streams.TrainOrder(len(source), batch_size, index, count, seed)
+        length = sys.maxsize if num_epochs is None else order.per_epoch * num_epochs
+        make = functools.partial(streams.train_example, size=image_size, fields=fields)
+    else:
+        if num_epochs not in (None, 1):
+            raise ValueError(f"num_epochs={num_epochs}: an evaluation reads the split once")
+        order = streams.EvalOrder(len(source), batch_size, index, count)
+        length = order.length
+        make = functools.partial(streams.eval_example, size=image_size, padding=padding)
+    examples = streams.Examples(source, order, make, length, seed)
+    batches = grain.MapDataset.source(examples).batch(batch_size, drop_remainder=training)
+    workers = streams.default_workers() if num_workers is None else num_workers
+    out = batches.to_iter_dataset(read_options or default_read_options(workers))
+    if workers:
+        out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return out
+
+
+__all__ = ["dataset", "default_read_options", "host"]

@@ -1,0 +1,275 @@
+"""A PyTorch DataLoader over a split: what a PyTorch training or evaluation loop iterates.
+
+``loader(path, split, batch_size=..., image_size=..., training=...)`` returns
+a :class:`Loader`, a ``torch.utils.data.DataLoader`` of dicts::
+
+    {"image": uint8 [batch, 3, size, size], "label": int64 [batch]}
+    # evaluation adds "mask": bool [batch], False for padding
+
+(the images in ``torch.channels_last`` memory order, the layout convolutions
+run fastest in). Which records each rank reads, in which order, and the crops'
+random numbers are ``imagerecords.streams``'s, the same as the Grain
+pipeline's for the same seed: a new permutation of the whole split each epoch
+(``set_epoch``), every rank the same number of batches; in evaluation every
+record once across the ranks, with a mask for the padding (where
+``DistributedSampler`` would repeat records).
+
+With ``device="cuda"`` the workers only read the records and draw the crop
+windows; the loader decodes each batch with torchvision's batched nvJPEG
+decoder on that device and crops, resizes and flips it there (``device="cpu"``
+runs the same code on the CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from imagerecords import streams, transforms
+
+_LOG = logging.getLogger(__name__)
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's ``(rank, world size)``: as given, else torch.distributed's, else one."""
+    if (rank is None) != (world_size is None):
+        raise ValueError("give both rank and world_size, or neither")
+    if rank is not None:
+        return streams.check_host(rank, world_size)
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank(), distributed.get_world_size()
+    launched = streams.launched_processes()
+    if launched:
+        _LOG.warning(
+            "reading the whole split in this process: torch.distributed is not initialised "
+            "and neither rank nor world_size is given, but %s=%d says this job has %d "
+            "processes (initialise torch.distributed first, or pass rank and world_size)",
+            launched[0],
+            launched[1],
+            launched[1],
+        )
+    return 0, 1
+
+
+def collate(examples: list[dict]) -> dict:
+    """Examples -> a batch: images ``[B, 3, H, W]`` uint8, numbers as tensors, text as lists."""
+    batch = {}
+    for key, first in examples[0].items():
+        values = [example[key] for example in examples]
+        if key == "image":
+            # np.stack makes a fresh, writable array: from_numpy shares it, no copy.
+            batch[key] = torch.from_numpy(np.stack(values)).permute(0, 3, 1, 2)
+        elif key == "jpeg":  # None for padding
+            batch[key] = [
+                None if data is None else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                for data in values
+            ]
+        elif isinstance(first, bool | np.bool_):
+            batch[key] = torch.tensor(values, dtype=torch.bool)
+        elif isinstance(first, int | np.integer | tuple):  # labels, numbers, crop windows
+            batch[key] = torch.tensor(values, dtype=torch.int64)
+        else:
+            batch[key] = values
+    return batch
+
+
+class Positions(Sampler):
+    """One epoch's positions of a rank's stream, from a batch on (after a restored state).
+
+    Epoch ``e`` starts at position ``e * stride`` of the stream and yields
+    ``batches`` whole batches of it (training drops the epoch's remainder).
+    """
+
+    def __init__(self, stride: int, batches: int, batch_size: int, training: bool):
+        self.stride, self.batches = stride, batches
+        self.batch_size, self.training = batch_size, training
+        self.epoch, self.start_batch = 0, 0
+
+    def __iter__(self):
+        base = self.epoch * self.stride
+        first, end = self.start_batch * self.batch_size, self.batches * self.batch_size
+        return iter(range(base + first, base + end))
+
+    def __len__(self) -> int:
+        return (self.batches - self.start_batch) * self.batch_size
+
+
+class Loader(DataLoader):
+    """A ``DataLoader`` that knows its epoch and where in it a checkpoint was taken.
+
+    ``set_epoch(e)`` before each epoch draws epoch ``e``'s permutation (as with
+    ``DistributedSampler``). ``state_dict()`` is ``{"epoch", "batch"}``: the
+    epoch and the number of its batches handed out; ``load_state_dict`` on a
+    new loader of the same configuration makes its next iteration start at
+    that batch (``set_epoch`` of the same epoch keeps it), reading none of the
+    batches before it.
+    """
+
+    def __init__(self, examples, positions: Positions, *, device=None, image_size=0, **kwargs):
+        super().__init__(
+            examples,
+            batch_size=positions.batch_size,
+            sampler=positions,
+            drop_last=positions.training,
+            collate_fn=collate,
+            **kwargs,
+        )
+        self.positions = positions
+        self.device = None if device is None else torch.device(device)
+        self.image_size = image_size
+        self._handed_out = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.positions.epoch:
+            self.positions.start_batch = 0
+        self.positions.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.positions.epoch, "batch": self._handed_out}
+
+    def load_state_dict(self, state: dict) -> None:
+        batches = self.positions.batches
+        if not 0 <= state["batch"] <= batches:
+            raise ValueError(f"batch {state['batch']} of an epoch of {batches} batches")
+        self.positions.epoch, self.positions.start_batch = state["epoch"], state["batch"]
+        self._handed_out = state["batch"]
+
+    def __iter__(self):
+        self._handed_out = self.positions.start_batch
+        for batch in super().__iter__():
+            if self.device is not None:
+                batch = decode_batch(batch, self.device, self.image_size)
+            self._handed_out += 1
+            yield batch
+        self.positions.start_batch = 0  # the next pass of this epoch is a whole one
+
+
+def _undecoded_train(record: dict, slot, rng, *, size: int, fields: Sequence[str]) -> dict:
+    """A training example left for the device to decode: the JPEG, its window, the flip.
+
+    The draws are ``transforms.train_crop``'s, in its order: the same seed gives
+    the same windows and flips as decoding in the workers.
+    """
+    jpeg, label = transforms.image_and_label(record)
+    window = transforms.random_window(*transforms.jpeg_shape(jpeg), rng)
+    flip = bool(rng.random() < 0.5)
+    out = {"jpeg": jpeg, "window": tuple(window), "flip": flip, "label": label}
+    out.update((name, record[name]) for name in fields)
+    return out
+
+
+def _undecoded_eval(record: dict | None, slot, rng, *, size: int, padding: dict) -> dict:
+    """An evaluation example left for the device to decode, or padding (no JPEG)."""
+    if record is None:
+        out = {"jpeg": None, "window": (0, 0, 1, 1), "flip": False, "label": 0, "mask": False}
+        return {**out, **padding}
+    jpeg, label = transforms.image_and_label(record)
+    window = transforms.center_window(*transforms.jpeg_shape(jpeg), size)
+    out = {"jpeg": jpeg, "window": tuple(window), "flip": False, "mask": True, "label": label}
+    out.update((name, record[name]) for name in padding)
+    return out
+
+
+def decode_batch(batch: dict, device: torch.device, size: int) -> dict:
+    """A batch of JPEGs and windows -> its images, decoded, cropped and resized on ``device``.
+
+    torchvision decodes the whole batch in one call (nvJPEG on a GPU); each
+    window is then resized as the reader does (bilinear, half-pixel centres,
+    no antialiasing: ``tf.image.resize``'s), rounded, mirrored if drawn so.
+    Padding (no JPEG) stays zero.
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    jpegs = batch.pop("jpeg")
+    real = [i for i, data in enumerate(jpegs) if data is not None]
+    images = (
+        decode_jpeg([jpegs[i] for i in real], mode=ImageReadMode.RGB, device=device) if real else []
+    )
+    out = torch.zeros((len(jpegs), 3, size, size), dtype=torch.uint8, device=device)
+    out = out.contiguous(memory_format=torch.channels_last)
+    windows, flips = batch.pop("window").tolist(), batch.pop("flip").tolist()
+    for i, image in zip(real, images, strict=True):
+        top, left, height, width = windows[i]
+        crop = image[None, :, top : top + height, left : left + width].float()
+        resized = torch.nn.functional.interpolate(
+            crop, size=(size, size), mode="bilinear", align_corners=False, antialias=False
+        )
+        pixels = resized[0].round_().clamp_(0, 255).to(torch.uint8)
+        out[i] = pixels.flip(-1) if flips[i] else pixels
+    batch["image"] = out
+    return batch
+
+
+def loader(
+    path: str,
+    split: str,
+    *,
+    batch_size: int,
+    image_size: int,
+    training: bool,
+    seed: int = 0,
+    num_workers: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: str | torch.device | None = None,
+    fields: Sequence[str] = (),
+    **dataloader_args,
+) -> Loader:
+    """Batches of one split for this rank.
+
+    Args:
+        path: the dataset folder, local or ``gs://``.
+        split: ``"train"``, ``"val"``, ...
+        batch_size: examples per batch on this rank.
+        image_size: the side of the square images.
+        training: random crops of a new permutation each epoch, full batches
+            only; else every record once, in shard order, with padding and
+            ``mask``.
+        seed: decides the permutations and the crops.
+        num_workers: DataLoader worker processes (0: in this process; by
+            default one per core), persistent unless ``persistent_workers=False``.
+        rank, world_size: this process and the number of processes; by
+            default ``torch.distributed``'s when it is initialised.
+        device: decode on this device (``"cuda"``) in the loader's process,
+            with torchvision; None: decode in the workers, with the CPU.
+        fields: record fields to add to the batches (``"filename"``, ...).
+        dataloader_args: any other ``DataLoader`` argument
+            (``multiprocessing_context``, ``pin_memory``, ``persistent_workers``, ...).
+    """
+    index, count = rank_and_world(rank, world_size)
+    fields = tuple(fields)
+    source = streams.open_source(path, split, fields)
+    padding = streams.padding_values(source, fields)
+    if training:
+        order = streams.TrainOrder(len(source), batch_size, index, count, seed)
+        positions = Positions(order.per_epoch, order.per_epoch // batch_size, batch_size, True)
+        make = streams.train_example if device is None else _undecoded_train
+        make = functools.partial(make, size=image_size, fields=fields)
+    else:
+        order = streams.EvalOrder(len(source), batch_size, index, count)
+        positions = Positions(0, order.batches, batch_size, False)
+        make = streams.eval_example if device is None else _undecoded_eval
+        make = functools.partial(make, size=image_size, padding=padding)
+    # The sampler gives every position; the examples' length is not asked.
+    examples = streams.Examples(source, order, make, len(positions), seed)
+    workers = streams.default_workers() if num_workers is None else num_workers
+    # Workers that live from epoch to epoch: no process start (and, with spawn,
+    # no imports) at every set_epoch; the sampler runs here, so they need no news.
+    dataloader_args.setdefault("persistent_workers", workers > 0)
+    return Loader(
+        examples,
+        positions,
+        device=device,
+        image_size=image_size,
+        num_workers=workers,
+        **dataloader_args,
+    )
+
+
+__all__ = ["Loader", "collate", "decode_batch", "loader", "rank_and_world"]
