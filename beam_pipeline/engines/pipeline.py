@@ -43,7 +43,7 @@ from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import by_shard
 from beam_pipeline.stages.staging import write_staged_shard
-from beam_pipeline.storage import listing
+from beam_pipeline.storage import discovery, listing
 
 REJECTED = "rejected"
 GROUPS = "groups"
@@ -189,7 +189,7 @@ class _ConvertFn(beam.DoFn):
 
     ``shown``: where the progress goes when the step runs in the launching
     process (DirectRunner ``in_memory``): the local engine's ``converting``
-    phase, with the total :func:`listing.estimate_image_count` finds, the
+    phase, with the total :func:`discovery.estimate_image_count` finds, the
     percentage and the time left. None elsewhere (a worker sees only its own
     part): a plain log line of its count now and then.
     """
@@ -212,7 +212,7 @@ class _ConvertFn(beam.DoFn):
             )
             # Counted here before the first image (a plain walk, about 1 us a file;
             # 0 where it cannot count, a gs:// input), so every line has its total.
-            total = listing.estimate_image_count(self._layout) or None
+            total = discovery.estimate_image_count(self._layout) or None
             self._phase = reporter.phase("converting", total, "images")
 
     def _show_progress(self, counted: dict[str, int]) -> None:
