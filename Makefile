@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench flags clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
+
+# deploy/metadata.json's parameters and the README's flag table, from
+# beam_pipeline/core/flags.py (tests/test_flags.py fails when they differ).
+flags: $(STAMP)
+	PYTHONPATH=. $(PY) scripts/write_flags.py
 
 bench: $(STAMP)
 	$(PY) -m bench
