@@ -85,8 +85,7 @@ def _another_value(flag: flags.Flag):
         return not flag.default
     if flag.check and flag.check.choices:
         return next(c for c in flag.check.choices if c != flag.default)
-    other = flag.default - 1
-    assert not flag.problem(other), flag.name
+    other = next(v for v in (flag.default + 1, flag.default - 1) if not flag.problem(v))
     return flag.field_value(other)
 
 

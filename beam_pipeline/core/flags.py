@@ -523,9 +523,9 @@ def check_fields(config, skip: frozenset[str] = frozenset()) -> None:
             raise ValueError(problem)
 
 
-def check_values(values: dict, flags=FLAGS) -> None:
+def check_values(values: dict) -> None:
     """Raises ValueError for the first flag whose value (of ``values``, by name) is refused."""
-    for flag in flags:
+    for flag in FLAGS:
         if flag.name in values:
             problem = flag.problem(values[flag.name])
             if problem:

@@ -34,7 +34,9 @@ class JobConfig:
     and imagerecords.json's settings are derived from these declarations.
     """
 
-    layout: discovery.Layout = _field(
+    # The input as discovery found it; None in the config parsing gives, before
+    # the job looks at the input (arguments.discover fills it).
+    layout: discovery.Layout | None = _field(
         metadata=settings.parts(
             settings.decides(
                 "input", info="source", value=lambda c: c.layout.manifest or c.layout.root
