@@ -31,7 +31,7 @@ format: $(STAMP)
 # deploy/metadata.json's parameters and the README's flag table, from
 # beam_pipeline/core/flags.py (tests/test_flags.py fails when they differ).
 flags: $(STAMP)
-	PYTHONPATH=. $(PY) scripts/write_flags.py
+	$(PY) scripts/write_flags.py
 
 bench: $(STAMP)
 	$(PY) -m bench

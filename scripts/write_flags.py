@@ -15,9 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from beam_pipeline.core import flags
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's table, not an installed copy's
+
+from beam_pipeline.core import flags  # noqa: E402
+
 METADATA = ROOT / "deploy" / "metadata.json"
 README = ROOT / "README.md"
 
