@@ -12,7 +12,7 @@ LATEST_VENV := .venv-latest
 BEAM ?= 2.60.0
 BEAM_VENV := .venv-beam-$(BEAM)
 
-.PHONY: demo test test-any-machine test-latest beam-range test-torch lint format bench clean
+.PHONY: demo test test-any-machine test-latest beam-range test-torch lint format bench flags clean
 
 $(STAMP): setup.py $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
+
+# deploy/metadata.json's parameters and the README's flag table, from
+# beam_pipeline/core/flags.py (tests/test_flags.py fails when they differ).
+flags: $(STAMP)
+	$(PY) scripts/write_flags.py
 
 bench: $(STAMP)
 	$(PY) -m bench

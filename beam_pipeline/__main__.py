@@ -73,8 +73,8 @@ def _books_message(error: BaseException) -> str | None:
 
 def _gcs_lost_message(error: BaseException, parsed) -> str | None:
     """The message for GCS out of reach where no step named the URL (Beam's listing)."""
-    args = parsed[0] if parsed else None
-    paths = (args.input, args.manifest, args.output) if args else ()
+    options = parsed.options if parsed else None
+    paths = (options.input, options.manifest, parsed.config.output) if parsed else ()
     roots = [p for p in paths if p and p.startswith("gs://")]
     if not roots:
         return None
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parsed = None
     try:
         parsed = parse_args(argv)
-        verbose = parsed[0].verbose
+        verbose = parsed.options.verbose
         ctrl_c = _CtrlC(verbose)
         if not verbose:
             # Beam logs an error raised in a step (with its traceback) before
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in (beam_private.STEP_ERRORS_LOGGER, beam_private.JOB_SERVICE_LOGGER):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
             os.environ.setdefault(DASK_LOG_LEVEL_ENV, "warning")  # a value set by the user wins
-        if not parsed[0].quiet:
+        if not parsed.options.quiet:
             # A remote worker's progress line ("converted N images so far (R images/s)").
             logging.getLogger("beam_pipeline").setLevel(logging.INFO)
         with ctrl_c:

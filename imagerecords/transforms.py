@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 import simplejpeg
-
 from beam_pipeline.core.records import Example
+
 from imagerecords.source import FIELD_NAMES
 
 try:

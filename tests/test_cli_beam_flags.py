@@ -327,7 +327,7 @@ def test_a_flex_template_launch_leaves_the_runner_options_to_its_launcher(monkey
     from beam_pipeline.cli import arguments
 
     monkeypatch.setenv("IMAGERECORDS_LENIENT_OPTIONS", "1")
-    _, beam = arguments.parse_args(
+    beam = arguments.parse_args(
         ["--input", "gs://b/i", "--output", "gs://b/o", "--runner=dataflow"]
-    )
+    ).beam
     assert beam.runner == "DataflowRunner"

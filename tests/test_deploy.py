@@ -14,6 +14,7 @@ from packaging.utils import canonicalize_name
 
 from beam_pipeline.__main__ import parse_args
 from beam_pipeline.beam_internals import beam_private
+from beam_pipeline.core import flags
 from tests import contract
 from tests.image_factory import make_class_folders
 
@@ -100,40 +101,38 @@ def test_constraints_resolve_with_setup_py():
     assert _constraint_problems(constraints, _install_requires()) == []
 
 
+# A value for each template parameter that has no default; the others launch
+# with their declared default (beam_pipeline/core/flags.py) or a sample below.
+NO_DEFAULT = {
+    "input": "gs://b/images",
+    "output": "gs://b/records",
+    "manifest": "gs://b/list.csv",
+    "reuse": "gs://b/records-v1",
+    "group_by": r"^([^/]+/patient\d+)_",
+}
+SAMPLES = {"image_size": "224", "resize": "crop", "upscale": "true", "resample": "lanczos"}
+SAMPLES |= {"min_shards": "8", "overwrite": "false", "index_files": "true"}
+
+
 def test_template_parameters_are_cli_flags_with_working_regexes():
     metadata = json.loads((DEPLOY / "metadata.json").read_text())
-    samples = {
-        "input": "gs://b/images",
-        "output": "gs://b/records",
-        "manifest": "gs://b/list.csv",
-        "splits": "train=0.9,val=0.1",
-        "seed": "7",
-        "image_size": "224",
-        "resize": "crop",
-        "upscale": "true",
-        "jpeg_quality": "95",
-        "resample": "lanczos",
-        "target_shard_mb": "150.5",
-        "min_shards": "8",
-        "max_reject_fraction": "0.05",
-        "overwrite": "false",
-        "index_files": "true",
-        "reuse": "gs://b/records-v1",
-        "group_by": r"^([^/]+/patient\d+)_",
-    }
-    names = [p["name"] for p in metadata["parameters"]]
-    assert sorted(names) == sorted(samples)
+    declared = {flag.name: flag for flag in flags.FLAGS}
+    samples = {}
     for parameter in metadata["parameters"]:
+        name = parameter["name"]
+        assert name in declared, f"{name} is no flag"
+        samples[name] = SAMPLES.get(name) or NO_DEFAULT.get(name) or declared[name].default_text
         for regex in parameter.get("regexes", []):
-            assert re.match(regex, samples[parameter["name"]]), parameter["name"]
+            assert re.match(regex, samples[name]), name
     # What the launcher passes: --name=value for every parameter.
-    args, beam_args = parse_args([f"--{n}={v}" for n, v in samples.items()] + ["--wait=false"])
-    assert not beam_args  # no Beam flag (a BeamFlags is false without any)
-    assert args.image_size == 224 and args.resize == "crop" and args.upscale is True
-    assert args.overwrite is False and args.wait is False and args.min_shards == 8
-    assert args.index_files is True and args.image_spec.resample == "lanczos"
-    assert args.reuse == "gs://b/records-v1"
-    assert args.group_by == r"^([^/]+/patient\d+)_"
+    command = parse_args([f"--{n}={v}" for n, v in samples.items()] + ["--wait=false"])
+    config, options = command.config, command.options
+    assert not command.beam  # no Beam flag (a BeamFlags is false without any)
+    assert config.image.size == 224 and config.image.resize == "crop" and config.image.upscale
+    assert options.overwrite is False and options.wait is False and config.min_shards == 8
+    assert config.index_files is True and config.image.resample == "lanczos"
+    assert config.reuse == "gs://b/records-v1"
+    assert config.group_by == r"^([^/]+/patient\d+)_"
 
 
 @pytest.mark.e2e

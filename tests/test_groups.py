@@ -436,9 +436,8 @@ def test_the_summary_says_how_many_groups_each_split_has(folder, tmp_path, capsy
 
 def test_dry_run_report_returns_the_block(folder, tmp_path):
     root, _ = folder
-    args, beam = arguments.parse_args(
+    command = arguments.parse_args(
         ["--input", str(root), "--output", str(tmp_path / "o"), "--group_by", GROUP_BY]
     )
-    layout = discovery.discover(str(root))
-    found = dryrun.report(args, beam, layout, None, out=io.StringIO())
+    found = dryrun.report(arguments.discover(command), None, out=io.StringIO())
     assert found["groups"]["groups"] == PATIENTS

@@ -13,23 +13,58 @@ number of conversion processes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
 from beam_pipeline.beam_internals import beam_options, beam_private
-from beam_pipeline.core import groups, images, keys, tfds_metadata
+from beam_pipeline.core import flags, images
 from beam_pipeline.core.errors import UsageError
-from beam_pipeline.storage import discovery, gcs
+from beam_pipeline.core.flags import MAX_PROCESSES_PER_CORE
+from beam_pipeline.stages.job_config import JobConfig
+from beam_pipeline.storage import discovery, paths
 
 EXAMPLE_ARGS = (
     "--input ./flowers --output ./flowers-records --splits train=0.9,val=0.1 --image_size 256"
 )
 
 
-# Conversion is CPU work (decode, resize, encode): a few processes per core
-# cover the time each waits on its file (gs:// reads included); many more
-# only share the same cores, and each holds its own memory.
-MAX_PROCESSES_PER_CORE = 4
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How this run goes, beside the dataset it makes: the flags that fill no
+    config field (core/flags.py), each checked by its flag's check."""
+
+    input: str | None
+    manifest: str | None
+    skip_unreadable_folders: bool
+    overwrite: bool
+    local_processes: int | None
+    dry_run: bool
+    gcs_timeout_s: float
+    quiet: bool
+    verbose: bool
+    wait: bool
+
+    def __post_init__(self):
+        try:
+            flags.check_values(dataclasses.asdict(self))
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        if not self.input and not self.manifest:
+            raise UsageError("--input is required (or --manifest FILE)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """The command line, parsed: the job's config, the run's options, Beam's flags.
+
+    ``config.layout`` is None until :func:`discover` finds the input (parsing
+    reads no folder).
+    """
+
+    config: JobConfig
+    options: RunOptions
+    beam: beam_options.BeamFlags
 
 
 def capped_processes(requested: int, cpus: int) -> tuple[int, str | None]:
@@ -49,16 +84,17 @@ def capped_processes(requested: int, cpus: int) -> tuple[int, str | None]:
 
 def _boolean(text: str) -> bool:
     value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
+    if not value:
         return False
+    if value in flags.BOOLEAN_WORDS:
+        return flags.BOOLEAN_WORDS[value]
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 # A switch that also takes a value: `--overwrite` and `--overwrite=true` both work,
 # as Dataflow Flex Templates pass every parameter as --name=value.
-_FLAG = {"nargs": "?", "const": True, "default": False, "type": _boolean, "metavar": "BOOL"}
+_SWITCH = {"nargs": "?", "const": True, "type": _boolean, "metavar": "BOOL"}
+_TYPES = {"str": str, "int": int, "float": float}
 
 
 def program_name(argv0: str) -> str:
@@ -79,147 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"example: {prog} {EXAMPLE_ARGS}",
         allow_abbrev=False,
     )
-    add = parser.add_argument
-    add(
-        "--input",
-        help="Image root: INPUT/<class>/**/<image>, or INPUT/{train,val,test}/<class>/...; "
-        "with --manifest, the folder its relative paths start from",
-    )
-    add("--output", required=True, help="Output folder (local path or gs://bucket/prefix)")
-    add(
-        "--manifest",
-        help="CSV or JSONL with path,label[,split] rows instead of class folders; relative "
-        "paths start from --input if given, else from the manifest's own folder",
-    )
-    add(
-        "--splits",
-        default=keys.DEFAULT_SPLITS,
-        help="NAME=FRACTION,... summing to 1; names of letters, digits and _, not 'all' "
-        "(TFDS reserves it) (default %(default)s)",
-    )
-    add("--seed", type=int, default=42, help="Seed of the split and shuffle hashes (default 42)")
-    add(
-        groups.FLAG,
-        metavar="REGEX",
-        help="Keep each group of images in one split: the first capture group of a search "
-        "of the image ID (its path relative to --input) names its group, whose split is "
-        "drawn from that name; an ID that does not match is its own group (a manifest "
-        "may give a group column instead). E.g. '^([^/]+/patient\\d+)_'",
-    )
-    add("--image_size", type=int, default=256, help="Target size in pixels (default 256)")
-    add(
-        "--resize",
-        default="shorter",
-        help="shorter: shorter side = size; longer: longer side = size; crop: centre "
-        "crop to exactly size x size (smaller images are enlarged first); pad: exactly "
-        "size x size, letterboxed with black bars (smaller images are centred, not "
-        "enlarged, unless --upscale); none (default shorter)",
-    )
-    add(
-        "--upscale",
-        **_FLAG,
-        help="Also enlarge images smaller than --image_size (shorter, longer, pad; "
-        "crop always does)",
-    )
-    add("--jpeg_quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
-    add(
-        "--resample",
-        default="bicubic",
-        help="Downscaling filter: bicubic|bilinear (faster, softer)|lanczos (sharper, slower); "
-        "default bicubic",
-    )
-    add(
-        "--image_timeout_s",
-        type=float,
-        default=60.0,
-        help="Reject an image whose conversion takes longer than this (default 60; 0: no limit)",
-    )
-    add(
-        "--target_shard_mb", type=float, default=200.0, help="Target shard size in MB (default 200)"
-    )
-    add("--min_shards", type=int, default=1, help="Minimum shards per split (default 1)")
-    add(
-        "--max_reject_fraction",
-        type=float,
-        default=0.01,
-        help="Fail (and write no imagerecords.json) if more images are rejected (default 0.01)",
-    )
-    add("--overwrite", **_FLAG, help="Replace the outputs of an earlier run in --output")
-    add(
-        "--reuse",
-        metavar="OLD",
-        help="A finished dataset of this input made with the same image settings (local or "
-        "gs://; only read): an image whose source file has the SHA-256 its record names is "
-        "copied from it, not converted again. The output is what a full conversion writes",
-    )
-    add(
-        discovery.SKIP_UNREADABLE_FLAG,
-        **_FLAG,
-        help="When a local class folder cannot be read, list it in skipped.jsonl (its class "
-        "keeps its place in labels.txt) and convert the rest; default: such a folder stops "
-        "the job before it starts",
-    )
-    add(
-        "--dedupe",
-        **_FLAG,
-        help="Keep one image of each group of identical source files (the smallest ID); "
-        "reject the others as 'duplicate of <id>' (they do not count towards "
-        "--max_reject_fraction). Groups are always reported in duplicates.jsonl",
-    )
-    add(
-        "--index_files",
-        **_FLAG,
-        help="Also write <shard>.tfrecord.idx files ('offset length' per record, the "
-        "format NVIDIA DALI's TFRecord reader needs)",
-    )
-    add(
-        "--tfds_name",
-        default=tfds_metadata.DEFAULT_NAME,
-        help="The dataset's name in TFDS's metadata files, which let "
-        "tfds.builder_from_directory(OUTPUT) read the shards: lower-case letters, digits "
-        f"and _ (default {tfds_metadata.DEFAULT_NAME})",
-    )
-    add(
-        "--tfds_version",
-        default=tfds_metadata.DEFAULT_VERSION,
-        help=f"The dataset's version in TFDS's metadata files, MAJOR.MINOR.PATCH "
-        f"(default {tfds_metadata.DEFAULT_VERSION})",
-    )
-    add(
-        "--local_processes",
-        type=int,
-        default=None,
-        help="Convert images in this many local processes, at least 1, on a local run: "
-        "the local engine or Beam's DirectRunner in_memory (default: all cores; 1 when "
-        f"--direct_running_mode is given; at most {MAX_PROCESSES_PER_CORE} per core, a "
-        "larger number is capped with one line)",
-    )
-    add(
-        "--dry_run",
-        **_FLAG,
-        help="Write nothing: list the input, convert a sample in memory and print what the "
-        "job would produce (records, bytes and shards per split, likely rejects) and take "
-        "(local time, Dataflow vCPU-hours and cost for --machine_type)",
-    )
-    add(
-        "--gcs_timeout_s",
-        type=float,
-        default=gcs.DEFAULT_TIMEOUT_S,
-        help="Stop the run (one error line; rerunning resumes it) when Google Cloud Storage "
-        "has not answered a request for this long (default %(default)g: rides out the "
-        "blips the storage client retries, and still ends a run whose connection is gone "
-        "within minutes)",
-    )
-    add("--quiet", **_FLAG, help="Print only the summary")
-    add("--verbose", **_FLAG, help="Show the traceback of an error, not only its one line")
-    add(
-        "--wait",
-        type=_boolean,
-        default=True,
-        metavar="true|false",
-        help="Wait for the job and print its summary (default true; a Flex Template "
-        "launch passes false and returns once the job is submitted)",
-    )
+    for flag in flags.FLAGS:
+        kind = _SWITCH if flag.kind == "bool" else {"type": _TYPES[flag.kind]}
+        named = {"metavar": flag.metavar} if flag.metavar else {}
+        parser.add_argument(
+            flag.option,
+            default=flag.default,
+            required=flag.required,
+            help=flag.help_text,
+            **kind,
+            **named,
+        )
     return parser
 
 
@@ -262,12 +168,13 @@ def _check_beam_args(beam_args: list[str]) -> beam_options.BeamFlags:
 _OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
 
 
-def parse_args(argv: list[str]):
-    """-> (our namespace, Beam's flags). Raises UsageError for any bad argument, Beam's included.
+def parse_args(argv: list[str]) -> Command:
+    """The command line as a :class:`Command`. Raises UsageError for any bad argument,
+    Beam's included.
 
-    Imports no Beam, so a bad flag is refused before any process is forked.
-    Beam's flags come back read (:class:`beam_options.BeamFlags`): whatever
-    depends on one reads it there, never from the command line again.
+    Imports no Beam and reads no folder, so a bad flag is refused before any
+    process is forked. Beam's flags come back read (:class:`beam_options.BeamFlags`):
+    whatever depends on one reads it there, never from the command line again.
     """
     parser = build_parser()
     parser.__class__ = _Parser
@@ -285,31 +192,44 @@ def parse_args(argv: list[str]):
     missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
-    if not args.input and not args.manifest:
-        raise UsageError("--input is required (or --manifest FILE)")
+    given = vars(args)
+    options = RunOptions(**{f.name: given[f.name] for f in flags.FLAGS if f.field is None})
+    if options.local_processes is not None:
+        capped, note = capped_processes(options.local_processes, os.cpu_count() or 1)
+        if note and not options.quiet:
+            print(f"imagerecords: {note}", file=sys.stderr, flush=True)
+        options = dataclasses.replace(options, local_processes=capped)
+    return Command(_config(given, beam, options), options, beam)
+
+
+# Paths normalised where they enter: every later step compares and joins these.
+_PATHS = ("output", "reuse")
+
+
+def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> JobConfig:
+    """The JobConfig of the flags' values, each in the field its flag fills (core/flags.py)."""
+    values, image = {}, {}
     try:
-        args.split_fractions = keys.parse_splits(args.splits)
-        groups.check_group_by(args.group_by)
-        args.image_spec = images.ImageSpec.from_flags(vars(args))
+        for flag in flags.FLAGS:
+            if flag.field is None:
+                continue
+            value = flag.field_value(given[flag.name])
+            if flag.name in _PATHS and value:
+                value = paths.normalize_root(value)
+            block, _, name = flag.field.rpartition(".")
+            (image if block == "image" else values)[name] = value
+        spec = images.ImageSpec(**image)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    if not args.target_shard_mb > 0:
-        raise UsageError(f"--target_shard_mb must be positive, got {args.target_shard_mb:g}")
-    if args.local_processes is not None and args.local_processes < 1:
-        raise UsageError(f"--local_processes must be at least 1, got {args.local_processes}")
-    if args.local_processes is not None:
-        args.local_processes, note = capped_processes(args.local_processes, os.cpu_count() or 1)
-        if note and not args.quiet:
-            print(f"imagerecords: {note}", file=sys.stderr, flush=True)
-    if not args.gcs_timeout_s > 0:
-        raise UsageError(f"--gcs_timeout_s must be positive, got {args.gcs_timeout_s:g}")
-    if args.min_shards < 1:
-        raise UsageError(f"--min_shards must be at least 1, got {args.min_shards}")
-    if not 0.0 <= args.max_reject_fraction <= 1.0:
-        raise UsageError(
-            f"--max_reject_fraction must be in [0, 1], got {args.max_reject_fraction:g}"
-        )
-    return args, beam
+    _, processes = with_local_defaults(beam, options.local_processes)
+    return JobConfig(layout=None, image=spec, conversion_processes=processes, **values)
+
+
+def discover(command: Command) -> Command:
+    """The command with its config's layout: the input found (``discovery.discover``)."""
+    options = command.options
+    layout = discovery.discover(options.input, options.manifest, options.skip_unreadable_folders)
+    return dataclasses.replace(command, config=dataclasses.replace(command.config, layout=layout))
 
 
 def with_local_defaults(

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from beam_pipeline.cli import arguments
-from beam_pipeline.core import groups, images, keys, settings
+from beam_pipeline.core import groups, images, keys, metadata, settings
 from beam_pipeline.core.elements import ImageRef, Rejection
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice
@@ -33,8 +33,7 @@ from beam_pipeline.stages import convert, reuse, reuse_scan
 from beam_pipeline.storage import discovery, listing, paths, reading
 
 SAMPLE_SIZE = 300
-# Stop converting the sample after this much CPU (with SAMPLE_MIN images at
-# least): a sample of large photos must not make the dry run slow.
+# The sample's CPU budget (SAMPLE_MIN images at least): large photos must not slow it.
 SAMPLE_CPU_BUDGET_S = 8.0
 SAMPLE_MIN = 30
 _REMOTE_READERS = 16  # threads reading sampled images from GCS
@@ -409,62 +408,60 @@ def _fmt_usd(usd: float) -> str:
     return f"~${usd:,.2f}" if usd >= 0.01 else "under $0.01"
 
 
-def local_run(args, beam, layout) -> tuple[str, int, bool]:
+def local_run(config, options, beam) -> tuple[str, int, bool]:
     """How the job would convert here: (what runs it, its conversion processes,
     whether on Beam), decided as the job decides (``choice.choose_engine``,
     ``arguments.with_local_defaults``). A job for another runner (Dataflow,
     Dask) is estimated on the local engine, for comparison."""
-    engine = choice.choose_engine(beam, layout, paths.normalize_root(args.output))
-    local_beam, processes = arguments.with_local_defaults(beam, args.local_processes)
+    engine = choice.choose_engine(beam, config.layout, config.output)
+    local_beam, processes = arguments.with_local_defaults(beam, options.local_processes)
     if engine == choice.LOCAL_ENGINE:
         return "local engine", processes, False
     if local_beam.on_direct_runner:
         mode = local_beam.direct_running_mode
         return f"Beam DirectRunner {mode}", arguments.direct_workers(local_beam, processes), True
-    return "local engine", args.local_processes or os.cpu_count() or 1, False
+    return "local engine", options.local_processes or os.cpu_count() or 1, False
 
 
-def report(
-    args, beam, layout, output_problem: str | None, out=None, old: reuse.OldDataset = None
-) -> dict:
+def report(command, output_problem: str | None, out=None, old: reuse.OldDataset = None) -> dict:
     """Lists, samples, estimates and prints; returns the numbers (for tests and tools).
 
-    ``beam``: Beam's flags (``arguments.parse_args``'s).
+    ``command``: the parsed command line (``arguments.Command``), its input discovered.
 
     ``old``: --reuse's dataset: what the run would reuse, convert and drop is
     counted (reuse.forecast) and the time estimates are for that run.
     """
     started = time.perf_counter()
+    config, beam = command.config, command.beam
+    layout = config.layout
     out = out or sys.stdout
     say = lambda text="": print(text, file=out)  # noqa: E731
     try:
         machine = machine_type(beam.machine_type or DEFAULT_MACHINE_TYPE)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    fractions = args.split_fractions
-    found = census(layout, args.seed, fractions, args.group_by)
+    fractions = config.splits
+    found = census(layout, config.seed, fractions, config.group_by)
     listed_s = time.perf_counter() - started
     if not found.refs:
         raise UsageError(f"--input: no image files found under {layout.root}")
-    # The job's split order: the layout's own splits, else --splits, then any
-    # others a manifest names.
-    configured = list(layout.split_names or fractions)
-    present = {split for split, _ in found.counts}
-    split_names = configured + sorted(present - set(configured))
+    # The job's split order (finalize): the config's, then any others a manifest names.
+    split_names = metadata.split_order(config.split_names, [split for split, _ in found.counts])
     sample = convert_sample(
-        found.refs, args.image_spec, args.seed, layout.classes, SAMPLE_SIZE, SAMPLE_CPU_BUDGET_S
+        found.refs, config.image, config.seed, layout.classes, SAMPLE_SIZE, SAMPLE_CPU_BUDGET_S
     )
-    target = int(args.target_shard_mb * 2**20)
-    splits = estimate_splits(found, sample, split_names, target, args.min_shards)
+    splits = estimate_splits(
+        found, sample, split_names, config.target_shard_bytes, config.min_shards
+    )
     total_images = len(found.refs)
     cpu_per_image = sample.cpu_s / max(1, sample.converted)
     ahead = None
     if old is not None:
         index = reuse_scan.build_index(old.shards)
         budget = reuse.FORECAST_BUDGET_S
-        ahead = reuse.forecast(found.refs, index, layout.classes, args.seed, budget)
+        ahead = reuse.forecast(found.refs, index, layout.classes, config.seed, budget)
     run_cpu_per_image = ahead.cpu_per_image(cpu_per_image) if ahead else cpu_per_image
-    engine, processes, on_beam = local_run(args, beam, layout)
+    engine, processes, on_beam = local_run(config, command.options, beam)
     total_bytes = sum(s.bytes for s in splits)
     cost = dataflow_cost(total_images, run_cpu_per_image, total_bytes, machine)
 
@@ -493,7 +490,7 @@ def report(
     if empty:
         say(f"warning: {len(empty)} classes have no images: {', '.join(empty[:10])}")
     asked = None if layout.kind == "presplit" else fractions
-    grouped = groups.info_block(found.groups, args.group_by, split_names, asked)
+    grouped = groups.info_block(found.groups, config.group_by, split_names, asked)
     for line in groups.report_lines(grouped):
         say(line)
     for why, files in found.skipped.items():
@@ -507,7 +504,7 @@ def report(
     say()
     say(
         f"sample: {sample.converted} images converted in memory "
-        f"({settings.describe(settings.image_settings(args.image_spec))})"
+        f"({settings.describe(settings.image_settings(config.image))})"
     )
     say(
         f"{'split':<12}{'images':>10}{'records':>10}{'rejects':>9}{'output':>11}{'shards':>8}"
@@ -526,10 +523,10 @@ def report(
         for kind, n in kinds.most_common(5):
             example = next(i for i, r in sample.rejections if reason_kind(r) == kind)
             say(f"  ~{n / sample.converted * total_images:,.0f} {kind} (e.g. {example})")
-        if reject_rate > args.max_reject_fraction:
+        if reject_rate > config.max_reject_fraction:
             say(
                 f"warning: ~{reject_rate:.1%} rejected is above --max_reject_fraction "
-                f"{args.max_reject_fraction:g}: the job would likely fail"
+                f"{config.max_reject_fraction:g}: the job would likely fail"
             )
     else:
         say(f"likely rejects: none in the sample of {sample.converted}")
@@ -575,25 +572,28 @@ def report(
     }
 
 
-def run(args, beam, check_output) -> dict:
+def run(command, check_output) -> dict:
     """The ``--dry_run`` entry point of the CLI: the same input checks as a real run.
 
     Args:
+        command: the parsed command line (``arguments.Command``).
         check_output: the CLI's read-only output check; what it refuses is
             reported as a warning instead of stopping the dry run.
     """
-    layout = discovery.discover(args.input, args.manifest, args.skip_unreadable_folders)
-    output = paths.normalize_root(args.output)
+    command = arguments.discover(command)
+    config = command.config
+    layout, output = config.layout, config.output
     problem = None
     try:
-        check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+        root = layout.root if layout.kind != "manifest" else None
+        check_output(output, root, command.options.overwrite)
     except UsageError as error:
         problem = str(error)
     old = None
-    if args.reuse:
+    if config.reuse:
         try:
-            old = reuse.open_old(args.reuse)
-            reuse.check(old, output, settings.image_settings(args.image_spec))
+            old = reuse.open_old(config.reuse)
+            reuse.check(old, output, settings.image_settings(config.image))
         except UsageError as error:
             problem, old = problem or str(error), None
-    return report(args, beam, layout, problem, old=old)
+    return report(command, problem, old=old)

@@ -3,7 +3,7 @@
 :func:`run` parses the arguments (``arguments.py``), finds the input's
 layout, checks ``--output`` and an earlier run's leftovers (``resume.py``),
 starts the local conversion processes, turns the arguments into a
-:class:`~beam_pipeline.stages.job_config.JobConfig` (:func:`config_from_args`),
+:class:`~beam_pipeline.stages.job_config.JobConfig` (``arguments.parse_args`` made it),
 runs it on the engine :func:`choice.choose_engine` picks (the local engine, or the
 Beam graph: :func:`build_and_run`) and prints the summary (``summary.py``).
 Beam's flags are read once, by ``arguments.parse_args``
@@ -67,14 +67,14 @@ def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
     resume.check(out, overwrite)
 
 
-def check_reuse(args, output: str, say) -> None:
+def check_reuse(config: JobConfig, say) -> None:
     """--reuse: a finished dataset of the same image settings, all its shards there,
     not --output under any spelling. Reads only its metadata and lists its
     shards (reuse.py)."""
 
-    if args.reuse:
-        old = reuse.open_old(args.reuse)
-        reuse.check(old, output, settings.image_settings(args.image_spec))
+    if config.reuse:
+        old = reuse.open_old(config.reuse)
+        reuse.check(old, config.output, settings.image_settings(config.image))
         note = reuse.version_note(old)
         if note:
             say(note)
@@ -98,37 +98,6 @@ def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
         else:
             say(f"imagerecords: starting over the unfinished run in {output}")
     return done
-
-
-def config_from_args(args, layout, conversion_processes: int):
-    """The pipeline's JobConfig from the parsed arguments and the input's layout.
-
-    Args:
-        args: What :func:`arguments.parse_args` returned (our flags).
-        layout: The input, as :func:`discovery.discover` found it.
-        conversion_processes: Local conversion processes (1: convert in the step).
-
-    Raises:
-        UsageError: a value the config refuses (JobConfig checks its own values).
-    """
-
-    return JobConfig(
-        layout=layout,
-        output=paths.normalize_root(args.output),
-        splits=args.split_fractions,
-        seed=args.seed,
-        group_by=args.group_by,
-        image=args.image_spec,
-        target_shard_bytes=int(args.target_shard_mb * 2**20),
-        min_shards=args.min_shards,
-        max_reject_fraction=args.max_reject_fraction,
-        index_files=args.index_files,
-        conversion_processes=conversion_processes,
-        dedupe=args.dedupe,
-        tfds_name=args.tfds_name,
-        tfds_version=args.tfds_version,
-        reuse=paths.normalize_root(args.reuse) if args.reuse else None,
-    )
 
 
 def _describe_input(layout, say) -> None:
@@ -242,18 +211,17 @@ def build_and_run(
     return result
 
 
-def _run_local_engine(args, layout, pool, say) -> dict[str, int]:
+def _run_local_engine(config: JobConfig, quiet: bool, pool, say) -> dict[str, int]:
     """Runs the job on the local engine with the conversion processes ``pool``; its counters."""
 
     processes = pool.processes
-    config = config_from_args(args, layout, processes)
-    _describe_input(layout, say)
+    _describe_input(config.layout, say)
     say(
         f"imagerecords: running on the local engine ({processes} conversion processes; "
         "--runner DirectRunner runs the same job on Beam)"
     )
     with _collector_skips_the_graph():
-        return local_engine.run(config, progress.Reporter(enabled=not args.quiet), pool)
+        return local_engine.run(config, progress.Reporter(enabled=not quiet), pool)
 
 
 def _workers_log_path(output: str) -> str:
@@ -270,22 +238,23 @@ def _point_to_workers_log(workers_log: str | None) -> None:
         print(f"imagerecords: the worker processes' messages are in {workers_log}", file=sys.stderr)
 
 
-def _convert_ahead(args, layout, pool, spill_dir: str | None, done: dict) -> None:
+def _convert_ahead(config: JobConfig, pool, spill_dir: str | None, done: dict) -> None:
     """Has the conversion processes convert the first images while Beam loads."""
 
+    layout = config.layout
     # (Under --reuse most images need no conversion: none is begun ahead.)
-    if layout.kind != "manifest" and paths.is_local(layout.root) and not args.reuse:
+    if layout.kind != "manifest" and paths.is_local(layout.root) and not config.reuse:
         refs = discovery.local_refs(
             layout,
             CONVERT_AHEAD_LIMIT,
             CONVERT_AHEAD_BYTES,
-            args.seed,
-            args.split_fractions,
-            args.group_by,
+            config.seed,
+            config.splits,
+            config.group_by,
         )
         pool.convert_ahead(
             [ref for ref in refs if ref.image_id not in done],
-            (args.image_spec, args.seed, layout.classes, spill_dir),
+            (config.image, config.seed, layout.classes, spill_dir),
         )
 
 
@@ -294,7 +263,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
 
     Args:
         argv: The command line (default ``sys.argv[1:]``).
-        parsed: What :func:`arguments.parse_args` returned for it, when already parsed.
+        parsed: The :class:`arguments.Command` of it, when already parsed.
 
     Raises:
         UsageError: bad arguments or input, before any work starts.
@@ -303,34 +272,37 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         errors.RunStopped: GCS out of reach for --gcs_timeout_s, a file that
             could not be written (the error names it).
     """
-    args, given_beam = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.dry_run:
+    command = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
+    options, given_beam = command.options, command.beam
+    if options.dry_run:
         from beam_pipeline.cli import dryrun
 
-        return dryrun.run(args, given_beam, check_output)
+        return dryrun.run(command, check_output)
     started, cpu_started = time.monotonic(), summary.cpu_seconds()
-    if not args.wait and given_beam.on_dask:
+    if not options.wait and given_beam.on_dask:
         raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
-    beam, processes = arguments.with_local_defaults(given_beam, args.local_processes)
-    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    beam, processes = arguments.with_local_defaults(given_beam, options.local_processes)
+    say = (
+        (lambda *a: None) if options.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    )
 
     # Every process of this run (forked or started) retries GCS this long at most.
-    gcs.set_timeout(args.gcs_timeout_s)
+    gcs.set_timeout(options.gcs_timeout_s)
     # Local input and output are checked without Beam, so that the conversion
     # processes can start (and start converting) while Beam loads.
-    layout = discovery.discover(args.input, args.manifest, args.skip_unreadable_folders)
-    output = paths.normalize_root(args.output)
+    config = arguments.discover(command).config
+    layout, output = config.layout, config.output
     # Every refusal before anything is written: the output is prepared (cleared
     # with --overwrite) only below. OLD first: an --output that is OLD is refused as such.
-    check_reuse(args, output, say)
-    check_output(output, layout.root if layout.kind != "manifest" else None, args.overwrite)
+    check_reuse(config, say)
+    check_output(output, layout.root if layout.kind != "manifest" else None, options.overwrite)
     # (with_local_defaults gave the local engine its processes: one per core by default)
     engine = choice.choose_engine(given_beam, layout, output)
     spill_dir = (
         spill.default_dir(output) if processes > 1 or engine == choice.LOCAL_ENGINE else None
     )
     workers_log = (
-        None if args.verbose or engine == choice.LOCAL_ENGINE else _workers_log_path(output)
+        None if options.verbose or engine == choice.LOCAL_ENGINE else _workers_log_path(output)
     )
     template = beam.given("template_location")
     # A template build writes nothing to --output: it neither locks nor prepares it.
@@ -338,9 +310,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         if template:
             found = resume.Leftovers("empty")
         else:
-            found = resume.prepare(
-                output, resume.key(config_from_args(args, layout, 1)), args.overwrite, spill_dir
-            )
+            found = resume.prepare(output, resume.key(config), options.overwrite, spill_dir)
         try:
             try:
                 pool = None
@@ -351,22 +321,22 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
                     pool = local_pool.start(processes)
                 done = _report_leftovers(found, output, spill_dir, say)
                 if engine == choice.LOCAL_ENGINE:
-                    counted = _run_local_engine(args, layout, pool, say)
+                    counted = _run_local_engine(config, options.quiet, pool, say)
                     return _finish(output, started, cpu_started, counted, True)
                 if pool is not None:
-                    _convert_ahead(args, layout, pool, spill_dir, done)
+                    _convert_ahead(config, pool, spill_dir, done)
                     uses_gcs = not choice.all_local(layout, output) or paths.is_gcs(
-                        args.reuse or ""
+                        config.reuse or ""
                     )
                     beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
                 if held is not None:
                     held.start_heartbeat()  # a thread: only once the pool has forked
-                # pipeline.py imports Beam: the config is made after the pool started.
-                config = config_from_args(args, layout, processes)
                 _describe_input(layout, say)
                 try:
-                    shown = progress.Reporter(enabled=not args.quiet)
-                    result = build_and_run(config, beam, args.wait, say, workers_log, pool, shown)
+                    shown = progress.Reporter(enabled=not options.quiet)
+                    result = build_and_run(
+                        config, beam, options.wait, say, workers_log, pool, shown
+                    )
                 except BaseException:
                     _point_to_workers_log(workers_log)
                     raise

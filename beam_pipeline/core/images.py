@@ -12,16 +12,13 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
-from beam_pipeline.core import colour, jpeg, settings
+from beam_pipeline.core import colour, flags, jpeg, settings
 
-RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
-# --resample: the downscaling filter. Bicubic is the default; bilinear is faster
-# and softer, Lanczos sharper and slower (docs/performance.md, "Codec study").
-RESAMPLE_FILTERS = {
-    "bicubic": Image.Resampling.BICUBIC,
-    "bilinear": Image.Resampling.BILINEAR,
-    "lanczos": Image.Resampling.LANCZOS,
-}
+RESIZE_MODES = flags.RESIZE_MODES
+# --resample: the downscaling filter, each Pillow's of its name. Bicubic is the
+# default; bilinear is faster and softer, Lanczos sharper and slower
+# (docs/performance.md, "Codec study").
+RESAMPLE_FILTERS = {name: Image.Resampling[name.upper()] for name in flags.RESAMPLE_NAMES}
 
 # Formats recognised by content (docs/format.md section 2). Camera MPO files open
 # through the JPEG plugin and are read as their first frame.
@@ -73,8 +70,9 @@ class Rejected(Exception):
     """An input that cannot become a record; ``str()`` is the reason."""
 
 
-def _setting(default, declared: dict):
-    return dataclasses.field(default=default, metadata=declared)
+def _setting(flag: str, declared: dict):
+    """A field filled by ``--flag`` (its default and check: core/flags.py)."""
+    return flags.field(flag, declared, prefix="image.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,15 +85,17 @@ class ImageSpec:
     these declarations).
     """
 
-    resize: str = _setting("shorter", settings.decides("resize", info="image.resize"))
-    size: int = _setting(256, settings.decides("image_size", info="image.size"))
-    upscale: bool = _setting(False, settings.decides("upscale", info="image.upscale"))
-    jpeg_quality: int = _setting(90, settings.decides("jpeg_quality", info="image.jpeg_quality"))
-    resample: str = _setting("bicubic", settings.decides("resample", info="image.resample"))
+    resize: str = _setting("resize", settings.decides("resize", info="image.resize"))
+    size: int = _setting("image_size", settings.decides("image_size", info="image.size"))
+    upscale: bool = _setting("upscale", settings.decides("upscale", info="image.upscale"))
+    jpeg_quality: int = _setting(
+        "jpeg_quality", settings.decides("jpeg_quality", info="image.jpeg_quality")
+    )
+    resample: str = _setting("resample", settings.decides("resample", info="image.resample"))
     # Not part of how images are stored, but it travels with them to every
     # converting process: the per-image time limit (--image_timeout_s; 0: none).
     timeout_s: float = _setting(
-        60.0,
+        "image_timeout_s",
         settings.does_not_decide(
             "it decides only which images are given up on, which depends on the machine's "
             "load as much as on the image: a timed-out image is retried by a resumed run",
@@ -104,26 +104,9 @@ class ImageSpec:
         ),
     )
 
-    @classmethod
-    def from_flags(cls, flags) -> ImageSpec:
-        """The spec of the command line's values (``vars(args)``): each field from its flag."""
-        return settings.from_flags(cls, flags)
-
     def __post_init__(self):
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(
-                f"--resize must be one of {', '.join(RESIZE_MODES)}; got {self.resize!r}"
-            )
-        if self.resize != "none" and not 1 <= self.size <= 65500:
-            raise ValueError(f"--image_size must be in 1..65500, got {self.size}")
-        if not 1 <= self.jpeg_quality <= 100:
-            raise ValueError(f"--jpeg_quality must be in 1..100, got {self.jpeg_quality}")
-        if self.resample not in RESAMPLE_FILTERS:
-            raise ValueError(
-                f"--resample must be one of {', '.join(RESAMPLE_FILTERS)}; got {self.resample!r}"
-            )
-        if not 0 <= self.timeout_s <= 86400:  # also refuses NaN
-            raise ValueError(f"--image_timeout_s must be in 0..86400, got {self.timeout_s:g}")
+        # No size to check when images keep theirs.
+        flags.check_fields(self, skip=frozenset({"size"} if self.resize == "none" else ()))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -190,12 +190,3 @@ def show(value) -> str:
 def describe(values: Mapping[str, object]) -> str:
     """``"resize shorter, image_size 256, upscale off, jpeg_quality 90, resample bicubic"``."""
     return ", ".join(f"{name} {show(value)}" for name, value in values.items())
-
-
-def from_flags(config_type, flags: Mapping[str, object]):
-    """A config whose every named field takes the command line's value of ``--name``."""
-    values = {}
-    for field in dataclasses.fields(config_type):
-        (setting,) = declaration(field)
-        values[field.name] = flags[setting.name]
-    return config_type(**values)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from beam_pipeline.core import groups, images, keys, settings, spill, tfds_metadata
+from beam_pipeline.core import flags, images, keys, settings, spill, tfds_metadata
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, paths
 
@@ -34,7 +34,9 @@ class JobConfig:
     and imagerecords.json's settings are derived from these declarations.
     """
 
-    layout: discovery.Layout = _field(
+    # The input as discovery found it; None in the config parsing gives, before
+    # the job looks at the input (arguments.discover fills it).
+    layout: discovery.Layout | None = _field(
         metadata=settings.parts(
             settings.decides(
                 "input", info="source", value=lambda c: c.layout.manifest or c.layout.root
@@ -49,44 +51,44 @@ class JobConfig:
     splits: dict[str, float] = _field(
         metadata=settings.decides("splits", info="config.splits", value=_splits)
     )
-    seed: int = _field(default=42, metadata=settings.decides("seed", info="seed"))
+    seed: int = flags.field("seed", settings.decides("seed", info="seed"))
     # --group_by: a regex whose first capture group of an image ID names its group,
     # whose split it takes (core/groups.py); recorded in the "groups" block.
-    group_by: str | None = _field(
-        default=None, metadata=settings.decides("group_by", info="groups.group_by")
+    group_by: str | None = flags.field(
+        "group_by", settings.decides("group_by", info="groups.group_by")
     )
     image: images.ImageSpec = _field(
         default=images.ImageSpec(), metadata=settings.nested(images.ImageSpec)
     )
-    target_shard_bytes: int = _field(
-        default=200 * 2**20,
-        metadata=settings.does_not_decide(
+    target_shard_bytes: int = flags.field(
+        "target_shard_mb",
+        settings.does_not_decide(
             "it only decides how the same records are cut into shards",
             name="target_shard_mb",
             info="config.target_shard_mb",
             value=lambda c: c.target_shard_bytes / 2**20,
         ),
     )
-    min_shards: int = _field(
-        default=1,
-        metadata=settings.does_not_decide(
+    min_shards: int = flags.field(
+        "min_shards",
+        settings.does_not_decide(
             "it only decides how the same records are cut into shards",
             name="min_shards",
             info="config.min_shards",
         ),
     )
-    max_reject_fraction: float = _field(
-        default=0.01,
-        metadata=settings.does_not_decide(
+    max_reject_fraction: float = flags.field(
+        "max_reject_fraction",
+        settings.does_not_decide(
             "it only decides whether the books are accepted",
             name="max_reject_fraction",
             info="config.max_reject_fraction",
         ),
     )
     # Also write <shard>.idx: "offset length" per record (NVIDIA DALI's format).
-    index_files: bool = _field(
-        default=False,
-        metadata=settings.does_not_decide(_RECORDS_ALREADY_MADE, name="index_files"),
+    index_files: bool = flags.field(
+        "index_files",
+        settings.does_not_decide(_RECORDS_ALREADY_MADE, name="index_files"),
     )
     # >1: convert in that many local processes, which spill the records to
     # local disk (one machine: in-process or multi_processing DirectRunner).
@@ -101,9 +103,9 @@ class JobConfig:
         default=None, metadata=settings.does_not_decide("where records wait, not what they are")
     )
     # Keep one image of each group of identical source files (--dedupe).
-    dedupe: bool = _field(
-        default=False,
-        metadata=settings.does_not_decide(
+    dedupe: bool = flags.field(
+        "dedupe",
+        settings.does_not_decide(
             _RECORDS_ALREADY_MADE + ": the copies are dropped after conversion",
             name="dedupe",
             info="config.dedupe",
@@ -113,21 +115,19 @@ class JobConfig:
     # The dataset's name and version in TFDS's metadata files (tfds_metadata.py).
     # Not the output folder's name by default: the same input and settings give
     # the same bytes wherever they are written.
-    tfds_name: str = _field(
-        default=tfds_metadata.DEFAULT_NAME,
-        metadata=settings.does_not_decide(_TFDS_ONLY, name="tfds_name", info="config.tfds_name"),
+    tfds_name: str = flags.field(
+        "tfds_name",
+        settings.does_not_decide(_TFDS_ONLY, name="tfds_name", info="config.tfds_name"),
     )
-    tfds_version: str = _field(
-        default=tfds_metadata.DEFAULT_VERSION,
-        metadata=settings.does_not_decide(
-            _TFDS_ONLY, name="tfds_version", info="config.tfds_version"
-        ),
+    tfds_version: str = flags.field(
+        "tfds_version",
+        settings.does_not_decide(_TFDS_ONLY, name="tfds_version", info="config.tfds_version"),
     )
     # --reuse: a finished dataset whose records of unchanged images are copied
     # (reuse.py); the output is the same bytes a full conversion writes.
-    reuse: str | None = _field(
-        default=None,
-        metadata=settings.does_not_decide(
+    reuse: str | None = flags.field(
+        "reuse",
+        settings.does_not_decide(
             "a reused record is the bytes a conversion would write: it decides how "
             "records are made, not what they are",
             name="reuse",
@@ -144,17 +144,9 @@ class JobConfig:
         if abs(sum(fractions) - 1.0) > keys.FRACTION_TOLERANCE:
             raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
         try:
-            groups.check_group_by(self.group_by)
+            flags.check_fields(self)  # each flag's own check (core/flags.py)
         except ValueError as error:
             raise UsageError(str(error)) from None
-        if not self.target_shard_bytes > 0:
-            raise UsageError("--target_shard_mb must be positive")
-        if self.min_shards < 1:
-            raise UsageError(f"--min_shards must be at least 1, got {self.min_shards}")
-        if not 0.0 <= self.max_reject_fraction <= 1.0:
-            raise UsageError(
-                f"--max_reject_fraction must be in [0, 1], got {self.max_reject_fraction:g}"
-            )
         if self.conversion_processes < 1:
             raise UsageError(
                 f"--local_processes must be at least 1, got {self.conversion_processes}"

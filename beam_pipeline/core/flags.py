@@ -1,0 +1,591 @@
+"""Every flag of the converter's command line, declared once: :data:`FLAGS`.
+
+Each :class:`Flag` gives its name, kind, default, help, check, the
+:class:`~beam_pipeline.stages.job_config.JobConfig` (or ``ImageSpec``) field
+it fills, and whether and how the Flex Template offers it. Everything else
+is derived from this table, never written out again:
+
+* the argparse parser (``cli/arguments.py``) and its help, whose defaults are
+  the declared ones;
+* the defaults of the config fields (:func:`field`) and their value checks
+  (:func:`check_fields`, run by the configs themselves, so code building a
+  config gets the command line's errors);
+* ``deploy/metadata.json``'s parameters, regexes included (:func:`template_parameters`),
+  and the README's flag table (:func:`readme_table`), both written by
+  ``make flags`` and compared by ``tests/test_flags.py``.
+
+Whether a setting decides a record's bytes stays where the configs declare
+it (``settings.py``). Pure: no Beam, no Pillow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from beam_pipeline.core import groups, keys, tfds_metadata
+
+RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
+# --resample's names; each is the Pillow filter of that name (images.py).
+RESAMPLE_NAMES = ("bicubic", "bilinear", "lanczos")
+MAX_IMAGE_SIZE = 65500  # JPEG's largest side
+# Conversion is CPU work (decode, resize, encode): a few processes per core
+# cover the time each waits on its file (gs:// reads included); many more
+# only share the same cores, and each holds its own memory.
+MAX_PROCESSES_PER_CORE = 4
+
+_GCS_PATH = r"^gs://[^\n\r]+$"
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A value check: ``problem(value)`` says what is wrong ("" when nothing);
+    ``regex`` is the shape of a valid value as text (the template's check);
+    ``choices``: the values allowed, where they are a list."""
+
+    problem: Callable[[Any], str]
+    regex: str | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _int_range_regex(lo: int, hi: int | None) -> str:
+    """A regex of the decimal integers in ``lo..hi`` (``hi`` None: no bound), ``0 <= lo <= 9``
+    when unbounded."""
+    if hi is None:
+        if not 0 <= lo <= 9:
+            raise ValueError("an unbounded range starts at 0..9")
+        return f"^([{lo}-9]|[1-9][0-9]+)$"
+    parts = []
+    for digits in range(len(str(lo)), len(str(hi)) + 1):
+        low = max(lo, 10 ** (digits - 1) if digits > 1 else 0)
+        high = min(hi, 10**digits - 1)
+        if low <= high:
+            parts.extend(_digits_between(str(low), str(high)))
+    return "^(" + "|".join(parts) + ")$"
+
+
+def _digit_class(first: int, last: int) -> str:
+    return str(first) if first == last else f"[{first}-{last}]"
+
+
+def _digits_between(low: str, high: str) -> list[str]:
+    """Regexes matching exactly the numbers ``low..high`` of one length (as strings)."""
+    rest = len(low) - 1
+    if rest == 0:
+        return [_digit_class(int(low), int(high))]
+    if low[0] == high[0]:
+        return [low[0] + part for part in _digits_between(low[1:], high[1:])]
+    first, last, parts, tail = int(low[0]), int(high[0]), [], []
+    if low[1:] != "0" * rest:  # low's first digit only partly
+        parts = [low[0] + part for part in _digits_between(low[1:], "9" * rest)]
+        first += 1
+    if high[1:] != "9" * rest:  # high's first digit only partly
+        tail = [high[0] + part for part in _digits_between("0" * rest, high[1:])]
+        last -= 1
+    if first <= last:
+        parts.append(_digit_class(first, last) + "[0-9]" * rest)
+    return parts + tail
+
+
+def one_of(choices: tuple[str, ...]) -> Check:
+    return Check(
+        lambda v: "" if v in choices else f"must be one of {', '.join(choices)}; got {v!r}",
+        "^(" + "|".join(choices) + ")$",
+        choices,
+    )
+
+
+def int_range(lo: int, hi: int | None = None) -> Check:
+    def problem(v):
+        if lo <= v and (hi is None or v <= hi):
+            return ""
+        return (
+            f"must be at least {lo}, got {v}" if hi is None else f"must be in {lo}..{hi}, got {v}"
+        )
+
+    return Check(problem, _int_range_regex(lo, hi))
+
+
+def positive() -> Check:
+    return Check(lambda v: "" if v > 0 else f"must be positive, got {v:g}", r"^[0-9]+(\.[0-9]+)?$")
+
+
+def fraction() -> Check:
+    return Check(
+        lambda v: "" if 0.0 <= v <= 1.0 else f"must be in [0, 1], got {v:g}",
+        r"^(0(\.[0-9]+)?|1(\.0+)?)$",
+    )
+
+
+def seconds_limit(hi: float) -> Check:
+    """0 (no limit) up to ``hi`` seconds; refuses NaN."""
+    return Check(
+        lambda v: "" if 0 <= v <= hi else f"must be in 0..{hi:g}, got {v:g}",
+        r"^[0-9]+(\.[0-9]+)?$",
+    )
+
+
+def _raises(parse: Callable[[Any], object]) -> Callable[[Any], str]:
+    """A check from a function that raises ValueError naming the problem."""
+
+    def problem(value):
+        try:
+            parse(value)
+        except ValueError as error:
+            return str(error)
+        return ""
+
+    return problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """The flag as a Flex Template parameter (``deploy/metadata.json``).
+
+    ``regex``: where a template value must differ from the command line's
+    (a ``gs://`` path); by default the regex of the flag's check or kind.
+    ``help``: where the template's user needs other words than ``--help``'s.
+    """
+
+    label: str
+    regex: str | None = None
+    help: str | None = None
+
+
+# A switch's value, as text (any case): on the command line and in the template.
+BOOLEAN_WORDS = {"true": True, "1": True, "yes": True, "on": True}
+BOOLEAN_WORDS |= {"false": False, "0": False, "no": False, "off": False}
+_KIND_REGEX = {
+    "bool": "^(" + "|".join(BOOLEAN_WORDS) + ")$",
+    "int": "^-?[0-9]+$",
+    "float": r"^[0-9]+(\.[0-9]+)?$",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One flag: ``--name``.
+
+    Attributes:
+        name: The flag without its ``--``.
+        help: What it does; ``{default}`` is replaced by the default.
+        kind: ``str``, ``int``, ``float`` or ``bool`` (a switch that also
+            takes a value: ``--overwrite`` and ``--overwrite=true``).
+        default: Its value when not given (None: none).
+        check: What a value must be; the configs run it (:func:`check_fields`).
+            A ``str`` check receives the text, or None when not given.
+        field: The config field it fills: ``"seed"`` (JobConfig),
+            ``"image.size"`` (JobConfig's ImageSpec); None: a run option
+            (``RunOptions``, of the flag's name) that decides nothing of the output.
+        to_field: The field's value from the flag's (default: the same).
+        from_field: The flag's value from the field's, to check a converted field.
+        metavar: The value's name in ``--help``.
+        required: The command line must give it.
+        template: How the Flex Template offers it; None: it does not.
+        shown_default: The default in words, where the value is decided later
+            (``--local_processes``: the number of cores).
+    """
+
+    name: str
+    help: str
+    kind: str = "str"
+    default: Any = None
+    check: Check | None = None
+    field: str | None = None
+    to_field: Callable[[Any], Any] | None = None
+    from_field: Callable[[Any], Any] | None = None
+    metavar: str | None = None
+    required: bool = False
+    template: Template | None = None
+    shown_default: str | None = None
+
+    @property
+    def option(self) -> str:
+        return f"--{self.name}"
+
+    @property
+    def default_text(self) -> str:
+        if self.shown_default is not None:
+            return self.shown_default
+        if self.default is None:
+            return "none"
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        if isinstance(self.default, float):
+            return f"{self.default:g}"
+        return str(self.default)
+
+    @property
+    def help_text(self) -> str:
+        return self.help.replace("{default}", self.default_text)
+
+    def problem(self, value) -> str:
+        """The error line's text for a bad ``value`` ("" when it is good)."""
+        if self.check is None:
+            return ""
+        found = self.check.problem(value)
+        if not found or found.startswith(self.option):
+            return found
+        return f"{self.option} {found}"
+
+    def field_value(self, value):
+        return self.to_field(value) if self.to_field and value is not None else value
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "input",
+        "Image root: INPUT/<class>/**/<image>, or INPUT/{train,val,test}/<class>/...; with "
+        "--manifest, the folder its relative paths start from",
+        template=Template(
+            "Input images",
+            _GCS_PATH,
+            "gs://bucket/prefix holding one folder per class (or train/val/test folders of "
+            "class folders). Leave empty when using manifest.",
+        ),
+    ),
+    Flag(
+        "output",
+        "Output folder (local path or gs://bucket/prefix)",
+        required=True,
+        field="output",
+        template=Template(
+            "Output folder",
+            _GCS_PATH,
+            "gs://bucket/prefix for the shards, labels.txt, rejects.jsonl and "
+            "imagerecords.json. Must be empty unless overwrite is true.",
+        ),
+    ),
+    Flag(
+        "manifest",
+        "CSV or JSONL with path,label[,split] rows instead of class folders; relative paths "
+        "start from --input if given, else from the manifest's own folder",
+        metavar="FILE",
+        template=Template("Manifest", r"^gs://[^\n\r]+\.(csv|jsonl)$"),
+    ),
+    Flag(
+        "splits",
+        "NAME=FRACTION,... summing to 1; names of letters, digits and _, not 'all' (TFDS "
+        "reserves it), no two differing only in case (default {default})",
+        default=keys.DEFAULT_SPLITS,
+        check=Check(
+            _raises(keys.parse_splits), r"^[A-Za-z0-9_]+=[0-9.]+(,[A-Za-z0-9_]+=[0-9.]+)*$"
+        ),
+        field="splits",
+        to_field=keys.parse_splits,
+        template=Template("Split fractions"),
+    ),
+    Flag(
+        "seed",
+        "Seed of the split and shuffle hashes (default {default})",
+        kind="int",
+        default=42,
+        field="seed",
+        template=Template("Seed"),
+    ),
+    Flag(
+        "group_by",
+        "Keep each group of images in one split: the first capture group of a search of the "
+        "image ID (its path relative to --input) names its group, whose split is drawn from "
+        "that name; an ID that does not match is its own group (a manifest may give a group "
+        "column instead). E.g. '^([^/]+/patient\\d+)_'",
+        metavar="REGEX",
+        check=Check(_raises(groups.check_group_by), r"^[^\n\r]*\([^\n\r]*$"),
+        field="group_by",
+        template=Template("Group pattern"),
+    ),
+    Flag(
+        "image_size",
+        "Target size in pixels (default {default})",
+        kind="int",
+        default=256,
+        check=int_range(1, MAX_IMAGE_SIZE),
+        field="image.size",
+        template=Template("Image size"),
+    ),
+    Flag(
+        "resize",
+        "shorter: shorter side = size; longer: longer side = size; crop: centre crop to "
+        "exactly size x size (smaller images are enlarged first); pad: exactly size x size, "
+        "letterboxed with black bars (smaller images are centred, not enlarged, unless "
+        "--upscale); none (default {default})",
+        default="shorter",
+        check=one_of(RESIZE_MODES),
+        field="image.resize",
+        template=Template("Resize mode"),
+    ),
+    Flag(
+        "upscale",
+        "Also enlarge images smaller than --image_size (shorter, longer, pad; crop always "
+        "does) (default {default})",
+        kind="bool",
+        default=False,
+        field="image.upscale",
+        template=Template("Upscale small images"),
+    ),
+    Flag(
+        "jpeg_quality",
+        "JPEG quality of the stored images, 1-100 (default {default})",
+        kind="int",
+        default=90,
+        check=int_range(1, 100),
+        field="image.jpeg_quality",
+        template=Template("JPEG quality"),
+    ),
+    Flag(
+        "resample",
+        "Downscaling filter: bicubic, bilinear (faster, softer) or lanczos (sharper, slower) "
+        "(default {default})",
+        default="bicubic",
+        check=one_of(RESAMPLE_NAMES),
+        field="image.resample",
+        template=Template("Downscaling filter"),
+    ),
+    Flag(
+        "image_timeout_s",
+        "Reject an image whose conversion takes longer than this many seconds (default "
+        "{default}; 0: no limit)",
+        kind="float",
+        default=60.0,
+        check=seconds_limit(86400),
+        field="image.timeout_s",
+    ),
+    Flag(
+        "target_shard_mb",
+        "Target shard size in MB: shards per split = max(min_shards, ceil(split bytes / "
+        "target)), exactly (fewer only when the split has fewer records) (default {default})",
+        kind="float",
+        default=200.0,
+        check=positive(),
+        field="target_shard_bytes",
+        to_field=lambda mb: int(mb * 2**20),
+        from_field=lambda size: size / 2**20,
+        template=Template("Target shard size (MB)"),
+    ),
+    Flag(
+        "min_shards",
+        "Minimum shards per split; raise it to at least the number of hosts that read the "
+        "data (default {default})",
+        kind="int",
+        default=1,
+        check=int_range(1),
+        field="min_shards",
+        template=Template("Minimum shards per split"),
+    ),
+    Flag(
+        "max_reject_fraction",
+        "Fail (and write no imagerecords.json) if a larger fraction of the images is "
+        "rejected (default {default})",
+        kind="float",
+        default=0.01,
+        check=fraction(),
+        field="max_reject_fraction",
+        template=Template("Maximum rejected fraction"),
+    ),
+    Flag(
+        "overwrite",
+        "Replace a finished dataset (or other files) in --output; not needed to resume an "
+        "unfinished run (default {default})",
+        kind="bool",
+        default=False,
+        template=Template("Overwrite"),
+    ),
+    Flag(
+        "reuse",
+        "A finished dataset of this input made with the same image settings (local or gs://; "
+        "only read): an image whose source file has the SHA-256 its record names is copied "
+        "from it, not converted again. The output is what a full conversion writes",
+        metavar="OLD",
+        field="reuse",
+        template=Template("Previous dataset to reuse", _GCS_PATH),
+    ),
+    Flag(
+        "skip_unreadable_folders",
+        "When a local class folder cannot be read, list it in skipped.jsonl (its class keeps "
+        "its place in labels.txt) and convert the rest; default: such a folder stops the job "
+        "before it starts",
+        kind="bool",
+        default=False,
+    ),
+    Flag(
+        "dedupe",
+        "Keep one image of each group of identical source files (the smallest ID); reject "
+        "the others as 'duplicate of <id>' (they do not count towards "
+        "--max_reject_fraction). Groups are always reported in duplicates.jsonl (default "
+        "{default})",
+        kind="bool",
+        default=False,
+        field="dedupe",
+    ),
+    Flag(
+        "index_files",
+        "Also write <shard>.tfrecord.idx files ('offset length' per record, the format "
+        "NVIDIA DALI's TFRecord reader needs) (default {default})",
+        kind="bool",
+        default=False,
+        field="index_files",
+        template=Template("Index files"),
+    ),
+    Flag(
+        "tfds_name",
+        "The dataset's name in TFDS's metadata files, which let "
+        "tfds.builder_from_directory(OUTPUT) read the shards: lower-case letters, digits and "
+        "_ (default {default})",
+        default=tfds_metadata.DEFAULT_NAME,
+        field="tfds_name",
+    ),
+    Flag(
+        "tfds_version",
+        "The dataset's version in TFDS's metadata files, MAJOR.MINOR.PATCH (default {default})",
+        default=tfds_metadata.DEFAULT_VERSION,
+        field="tfds_version",
+    ),
+    Flag(
+        "local_processes",
+        "Convert images in this many local processes, at least 1, on a local run: the local "
+        "engine or Beam's DirectRunner in_memory (default {default}; at most "
+        f"{MAX_PROCESSES_PER_CORE} per core, a larger number is capped with one line)",
+        kind="int",
+        check=Check(lambda v: "" if v is None or v >= 1 else f"must be at least 1, got {v}"),
+        shown_default="all cores; 1 when --direct_running_mode is given",
+    ),
+    Flag(
+        "dry_run",
+        "Write nothing: list the input, convert a sample in memory and print what the job "
+        "would produce (records, bytes and shards per split, likely rejects) and take (local "
+        "time, Dataflow vCPU-hours and cost for --machine_type)",
+        kind="bool",
+        default=False,
+    ),
+    Flag(
+        "gcs_timeout_s",
+        "Stop the run (one error line; rerunning resumes it) when Google Cloud Storage has "
+        "not answered a request for this long (default {default}: rides out the blips the "
+        "storage client retries, and still ends a run whose connection is gone within minutes)",
+        kind="float",
+        default=300.0,
+        check=positive(),
+    ),
+    Flag("quiet", "Print only the summary", kind="bool", default=False),
+    Flag(
+        "verbose",
+        "Show the traceback of an error, not only its one line",
+        kind="bool",
+        default=False,
+    ),
+    Flag(
+        "wait",
+        "Wait for the job and print its summary (default {default}; a Flex Template launch "
+        "passes false and returns once the job is submitted)",
+        kind="bool",
+        default=True,
+    ),
+)
+
+BY_NAME = {flag.name: flag for flag in FLAGS}
+BY_FIELD = {flag.field: flag for flag in FLAGS if flag.field}
+
+
+def default(name: str):
+    return BY_NAME[name].default
+
+
+def field(flag_name: str, declared: dict | None = None, *, prefix: str = ""):
+    """A config field filled by ``--flag_name``: its default is the flag's
+    (converted to the field's value), ``declared`` its settings metadata."""
+    flag = BY_NAME[flag_name]
+    if flag.field is None or not flag.field.startswith(prefix):
+        raise ValueError(f"--{flag_name} fills no field under {prefix!r}")
+    metadata = {**(declared or {}), _FLAG_KEY: flag_name}
+    if flag.default is None and flag.required:
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=flag.field_value(flag.default), metadata=metadata)
+
+
+_FLAG_KEY = "imagerecords.flag"
+
+
+def check_fields(config, skip: frozenset[str] = frozenset()) -> None:
+    """Raises ValueError naming the first field of ``config`` whose flag's check refuses it."""
+    for config_field in dataclasses.fields(config):
+        name = config_field.metadata.get(_FLAG_KEY)
+        if name is None or config_field.name in skip:
+            continue
+        flag = BY_NAME[name]
+        value = getattr(config, config_field.name)
+        if flag.to_field is not None:
+            if flag.from_field is None:
+                continue  # the field is checked as what it became (JobConfig.splits)
+            value = flag.from_field(value)
+        problem = flag.problem(value)
+        if problem:
+            raise ValueError(problem)
+
+
+def check_values(values: dict) -> None:
+    """Raises ValueError for the first flag whose value (of ``values``, by name) is refused."""
+    for flag in FLAGS:
+        if flag.name in values:
+            problem = flag.problem(values[flag.name])
+            if problem:
+                raise ValueError(problem)
+
+
+# ----------------------------------------------------------- derived documents
+
+
+def template_parameters() -> list[dict]:
+    """``deploy/metadata.json``'s parameters: one per flag the template offers."""
+    found = []
+    for flag in FLAGS:
+        if flag.template is None:
+            continue
+        regex = (
+            flag.template.regex or (flag.check and flag.check.regex) or _KIND_REGEX.get(flag.kind)
+        )
+        entry = {
+            "name": flag.name,
+            "label": flag.template.label,
+            "helpText": flag.template.help or flag.help_text,
+            "isOptional": not flag.required,
+        }
+        if regex:
+            entry["regexes"] = [regex]
+        found.append(entry)
+    return found
+
+
+README_BEGIN = "<!-- flags: made by `make flags` from beam_pipeline/core/flags.py -->"
+README_END = "<!-- /flags -->"
+
+
+def _markdown(text: str) -> str:
+    """Help text as a table cell shows it: no HTML tags, emphasis or column breaks."""
+    for plain, escaped in (("<", "&lt;"), (">", "&gt;"), ("*", "\\*"), ("|", "\\|")):
+        text = text.replace(plain, escaped)
+    return text
+
+
+def _help_without_default(flag: Flag) -> str:
+    """The help, less its default (the table's own column)."""
+    text = flag.help.replace(" (default {default})", "")
+    for said in ("default {default}; ", "default {default}: ", "default {default}"):
+        text = text.replace(said, "")
+    return text
+
+
+def readme_table() -> str:
+    """The README's flag table, one row per flag, between its markers."""
+    rows = [README_BEGIN, "", "| flag | default | meaning |", "|---|---|---|"]
+    for flag in FLAGS:
+        name = f"`{flag.option}`" + (f" {flag.metavar}" if flag.metavar else "")
+        if flag.required:
+            shown = "required"
+        elif isinstance(flag.default, bool):
+            shown = "on" if flag.default else "off"
+        else:
+            shown = flag.default_text
+        rows.append(f"| {name} | {_markdown(shown)} | {_markdown(_help_without_default(flag))} |")
+    rows += ["", README_END]
+    return "\n".join(rows)

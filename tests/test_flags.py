@@ -1,0 +1,196 @@
+"""The flag table (beam_pipeline/core/flags.py) is the one declaration of every flag.
+
+The parser, the configs' defaults and checks, the Flex Template's parameters
+and the README's flag table come from it; these tests fail when one of
+them is written out by hand again, or disagrees with the table.
+"""
+
+import dataclasses
+import importlib.util
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from beam_pipeline.__main__ import main
+from beam_pipeline.cli import arguments, dryrun
+from beam_pipeline.core import flags, images, keys
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.stages.job_config import JobConfig
+from tests.image_factory import make_class_folders
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _writer():
+    spec = importlib.util.spec_from_file_location(
+        "write_flags", ROOT / "scripts" / "write_flags.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", ["deploy/metadata.json", "README.md"])
+def test_the_generated_files_are_what_make_flags_writes(path):
+    writer = _writer()
+    render = writer.metadata_text if path.endswith(".json") else writer.readme_text
+    current = (ROOT / path).read_text()
+    assert render(current) == current, f"{path} differs from core/flags.py: run make flags"
+
+
+def test_the_readme_table_has_one_row_per_flag():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index(flags.README_BEGIN) : readme.index(flags.README_END)]
+    named = re.findall(r"^\| `--(\w+)`", table, re.M)
+    assert named == [flag.name for flag in flags.FLAGS]
+
+
+@pytest.mark.parametrize(
+    "lo, hi", [(1, 100), (1, 65500), (0, 86400), (3, 7), (10, 999), (5, 12), (99, 101), (1, None)]
+)
+def test_an_integer_range_regex_matches_exactly_the_range(lo, hi):
+    regex = re.compile(flags._int_range_regex(lo, hi))
+    top = (hi or 2000) + 100
+    wrong = [n for n in range(top) if bool(regex.match(str(n))) != (lo <= n <= (hi or top))]
+    assert wrong == []
+    assert not regex.match("-1") and not regex.match("01" if lo else "-0")
+
+
+# Texts a flag may be given; the template must not refuse one the flag accepts.
+_TRIES = ["0", "1", "-1", "7", "42", "100", "101", "65500", "65501", "0.5", "1.0", "1.5", "abc"]
+_TRIES += [*flags.BOOLEAN_WORDS, "maybe"]
+
+
+@pytest.mark.parametrize(
+    "flag", [f for f in flags.FLAGS if f.template and not f.template.regex], ids=lambda f: f.name
+)
+def test_a_template_regex_refuses_no_value_the_flag_accepts(flag):
+    parameter = next(p for p in flags.template_parameters() if p["name"] == flag.name)
+    (regex,) = parameter["regexes"]
+    tries = [*_TRIES, flag.default_text]
+    if flag.check:
+        tries += flag.check.choices
+    for text in tries:
+        value = _value(flag, text)
+        good = value is not _BAD and not flag.problem(value)
+        if good:
+            assert re.match(regex, text), f"--{flag.name}={text} is good, the template refuses it"
+        elif (flag.kind == "int" and flag.check) or flag.kind == "bool":
+            # An integer range and a switch are exact: nothing bad gets through either.
+            assert not re.match(regex, text), f"the template lets --{flag.name}={text} through"
+
+
+_BAD = object()
+
+
+def _value(flag, text):
+    try:
+        if flag.kind == "bool":
+            return arguments._boolean(text)
+        return {"int": int, "float": float, "str": str}[flag.kind](text)
+    except Exception:  # argparse's ArgumentTypeError included
+        return _BAD
+
+
+def _config_fields():
+    found = {f.name: f for f in dataclasses.fields(JobConfig)}
+    found.update({f"image.{f.name}": f for f in dataclasses.fields(images.ImageSpec)})
+    return found
+
+
+def test_every_flag_fills_a_config_field_or_a_run_option():
+    fields = _config_fields()
+    for flag in flags.FLAGS:
+        if flag.field:
+            assert flag.field in fields, f"--{flag.name} fills no field {flag.field}"
+    run_flags = [f.name for f in flags.FLAGS if f.field is None]
+    assert sorted(f.name for f in dataclasses.fields(arguments.RunOptions)) == sorted(run_flags)
+
+
+def test_a_field_filled_by_a_flag_takes_its_default_from_the_flag():
+    for name, field in _config_fields().items():
+        flag = flags.BY_FIELD.get(name)
+        if flag is None or flag.required or name == "splits":
+            continue
+        assert field.metadata.get("imagerecords.flag") == flag.name, (
+            f"{name}: declare it with flags.field({flag.name!r}) (its default and check)"
+        )
+        assert field.default == flag.field_value(flag.default), name
+
+
+def test_the_help_shows_each_declared_default():
+    shown = arguments.build_parser().format_help()
+    shown = " ".join(shown.split())
+    for flag in flags.FLAGS:
+        if "{default}" in flag.help:
+            assert f"default {flag.default_text}" in shown, flag.name
+
+
+# A bad value of each checked flag that fills a config field.
+BAD = [
+    ("image_size", "0"),
+    ("jpeg_quality", "101"),
+    ("resize", "stretch"),
+    ("resample", "nearest"),
+    ("image_timeout_s", "-1"),
+    ("target_shard_mb", "0"),
+    ("min_shards", "0"),
+    ("max_reject_fraction", "1.5"),
+    ("group_by", "no-capture-group"),
+]
+
+
+@pytest.mark.parametrize("name, text", BAD)
+def test_the_command_line_and_a_config_built_in_code_refuse_alike(name, text, tmp_path):
+    """One check per value: the CLI's error line is the config's own message."""
+    argv = ["--input", str(tmp_path), "--output", str(tmp_path / "o"), f"--{name}={text}"]
+    with pytest.raises(UsageError) as cli:
+        arguments.parse_args(argv)
+    flag = flags.BY_NAME[name]
+    value = flag.field_value(_value(flag, text))
+    block, _, field = flag.field.rpartition(".")
+    with pytest.raises(ValueError) as built:
+        if block == "image":
+            images.ImageSpec(**{field: value})
+        else:
+            JobConfig(layout=None, output="o", splits={"train": 1.0}, **{field: value})
+    assert str(cli.value) == str(built.value)
+
+
+def test_parsing_gives_a_frozen_config_and_run_options(tmp_path):
+    argv = ["--input", str(tmp_path), "--output", str(tmp_path / "o"), "--quiet"]
+    command = arguments.parse_args([*argv, "--min_shards", "3", "--image_size", "64"])
+    assert isinstance(command.config, JobConfig) and command.config.min_shards == 3
+    assert command.config.image.size == 64 and command.config.splits == keys.parse_splits(
+        keys.DEFAULT_SPLITS
+    )
+    assert command.options.quiet is True and command.options.wait is True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.options.extra = 1
+
+
+def test_the_dry_run_plans_with_the_config_it_is_given(tmp_path):
+    root = tmp_path / "in"
+    make_class_folders(str(root), classes=("a", "b"), per_class=6, nested=False)
+    command = arguments.parse_args(["--input", str(root), "--output", str(tmp_path / "o")])
+    command = arguments.discover(command)
+    # A config that no flag spelled: the dry run must take its splits and shard settings.
+    config = dataclasses.replace(command.config, splits={"only": 1.0}, min_shards=4)
+    found = dryrun.report(dataclasses.replace(command, config=config), None, out=io.StringIO())
+    assert list(found["splits"]) == ["only"]
+    assert found["splits"]["only"]["shards"] == 4
+
+
+def test_a_capped_local_processes_is_what_the_config_gets(tmp_path, capsys):
+    argv = ["--input", str(tmp_path), "--output", str(tmp_path / "o"), "--local_processes=100000"]
+    command = arguments.parse_args(argv)
+    cap = flags.MAX_PROCESSES_PER_CORE * (__import__("os").cpu_count() or 1)
+    assert command.options.local_processes == cap == command.config.conversion_processes
+    assert "is more than" in capsys.readouterr().err
+
+
+def test_a_typo_still_gets_its_suggestion(tmp_path, capsys):
+    assert main(["--input", str(tmp_path), "--output", str(tmp_path / "o"), "--jpeg_qualty=9"]) == 2
+    assert "did you mean --jpeg_quality?" in capsys.readouterr().err
