@@ -47,8 +47,8 @@ DASK_REQUIRES = ["dask[distributed]>=2024.4.2"]
 # converter nor the tf.data reader needs them. TFDS, like the reader, uses the
 # training job's own TensorFlow. Not torch: PyPI's Linux wheel pulls several GB
 # of CUDA libraries; the source serves PyTorch's map-style protocol without it.
-# imagerecords.transforms resizes with OpenCV's SIMD bilinear (docs/trainers.md,
-# "Why OpenCV": a fifth of Pillow's CPU per image, and the reader's arithmetic).
+# imagerecords.transforms resizes with OpenCV's SIMD bilinear: a fifth of Pillow's
+# CPU per image, and the reader's arithmetic (docs/trainers.md, imagerecords.transforms).
 TRAINERS_REQUIRES = [
     "grain>=0.2.18",
     "tensorflow-datasets>=4.9.10",

@@ -1,8 +1,9 @@
 """The tf.data reader's training and evaluation crops, for records of ``RecordSource``.
 
 ``train_crop(record, rng, size)`` and ``eval_crop(record, size)`` turn a record
-(the dict ``RecordSource`` returns) into ``{"image": uint8 [size, size, 3],
-"label": int}``, the way ``reader.make_dataset`` does, without TensorFlow:
+(the dict ``RecordSource`` returns, or its serialized Example with
+``parse=False``) into ``{"image": uint8 [size, size, 3], "label": int}``, the
+way ``reader.make_dataset`` does, without TensorFlow:
 
 * the training window is drawn with the rules of TensorFlow's
   ``sample_distorted_bounding_box`` as the reader calls it (``random_window``):
@@ -32,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 import simplejpeg
-from beam_pipeline.core.records import Example
+from imagerecords.codec import Example
 
 from imagerecords.source import FIELD_NAMES
 
@@ -53,7 +54,7 @@ MAX_ATTEMPTS = 10
 MIN_OBJECT_COVERED = 0.1
 CENTER_CROP_FRACTION = 0.875
 
-# libjpeg-turbo's power-of-two DCT scales: the others (3/8, 5/8, ...) take longer
+# libjpeg-turbo's power-of-two DCT scales: its others (7/8, 5/8, ...) take longer
 # than a full decode.
 DCT_SCALES = (8, 4, 2)
 # simplejpeg picks the smallest M/8 scale whose output is at least the size
@@ -191,10 +192,10 @@ def _decode(encoded: bytes, scale: int, height: int, width: int) -> tuple[np.nda
     """RGB pixels at 1/``scale`` (or whole, if libjpeg chose otherwise) and the scale used."""
     if scale > 1:
         want = (-(-height // scale), -(-width // scale))
-        # fastdct: libjpeg's fast integer IDCT, TensorFlow's default, so the pixels are
-        # the reader's. strict=False: a libjpeg warning is no reason to stop a training run; the
-        # source checked the record's CRCs, and the converter writes only JPEGs
-        # that decode without one.
+        # fastdct: libjpeg's fast integer IDCT, TensorFlow's default, so the pixels
+        # are the reader's. strict=False: a libjpeg warning is no reason to stop a
+        # training run; the source checked the record's CRCs, and the converter
+        # writes only JPEGs that decode without one.
         pixels = simplejpeg.decode_jpeg(
             encoded, "RGB", fastdct=True, min_height=want[0], min_width=want[1], strict=False
         )
@@ -216,7 +217,7 @@ def _crop_resize(encoded: bytes, shape: tuple[int, int], window: Window, size: i
         # at the window's edges, as tf.image.resize does with half-pixel centres.
         # Its 11-bit fixed-point weights leave a tenth of the pixels one level from
         # TensorFlow's float32 result; resizing a float32 copy instead matches it
-        # but for float rounding, at a tenth more CPU per image.
+        # but for float rounding, for a quarter more resize time.
         crop = pixels[window.y : window.y + window.height, window.x : window.x + window.width]
         return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
     # Decoded pixel i covers stored pixels [i * scale, (i + 1) * scale): the
@@ -255,7 +256,7 @@ def _check_size(size: int) -> int:
     return int(size)
 
 
-def train_crop(record: dict, rng: np.random.Generator, size: int) -> dict:
+def train_crop(record: dict | bytes, rng: np.random.Generator, size: int) -> dict:
     """Training: the reader's random window, resized to ``size`` x ``size``, mirrored half the time.
 
     Args:
@@ -276,7 +277,7 @@ def train_crop(record: dict, rng: np.random.Generator, size: int) -> dict:
     return {"image": image, "label": label}
 
 
-def eval_crop(record: dict, size: int) -> dict:
+def eval_crop(record: dict | bytes, size: int) -> dict:
     """Evaluation: the reader's centre window (0.875 of the largest square), resized; no draw."""
     size = _check_size(size)
     encoded, label = image_and_label(record)
