@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 import simplejpeg
-from imagerecords.codec import Example
 
+from imagerecords.codec import Example
 from imagerecords.source import FIELD_NAMES
 
 try:

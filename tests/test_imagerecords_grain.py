@@ -118,6 +118,7 @@ def test_launched_processes(environ, found):
 # ------------------------------------------------------------------ evaluation
 
 
+@pytest.mark.e2e
 # val's 5 records share out unevenly: 2 + 3 and 1 + 2 + 2 make unequal batch counts
 # without the padding batches.
 @pytest.mark.parametrize(
@@ -157,6 +158,7 @@ def test_eval_every_record_once_across_hosts_equal_batches_masked(dataset, split
     assert padding == hosts * len(per_host[0]) * batch - len(expected)
 
 
+@pytest.mark.e2e
 def test_eval_pixels_are_the_eval_crop_in_shard_order(dataset):
     from imagerecords import transforms
 
@@ -170,6 +172,7 @@ def test_eval_pixels_are_the_eval_crop_in_shard_order(dataset):
 # ------------------------------------------------------------------ training
 
 
+@pytest.mark.e2e
 def test_training_every_record_once_per_epoch_new_order_deterministic(dataset):
     source = RecordSource(dataset.path, "train")
     n = len(source)  # 34; batches of 2, so epochs end on batch boundaries
@@ -200,6 +203,7 @@ def test_training_every_record_once_per_epoch_new_order_deterministic(dataset):
     assert [int(x) for b in run for x in b["label"]] == [labels[name] for name in names]
 
 
+@pytest.mark.e2e
 def test_training_hosts_read_disjoint_parts_of_each_epoch(dataset):
     per_host = [
         _names(
@@ -220,6 +224,7 @@ def test_training_hosts_read_disjoint_parts_of_each_epoch(dataset):
     assert len(set().union(*per_host)) == 33
 
 
+@pytest.mark.e2e
 def test_workers_give_the_same_batches_as_one_process(dataset):
     kwargs = {"training": True, "num_epochs": 1, "fields": ("filename",)}
     alone = _batches(dataset.path, "train", num_workers=0, **kwargs)
@@ -228,6 +233,7 @@ def test_workers_give_the_same_batches_as_one_process(dataset):
     assert all(np.array_equal(a["image"], b["image"]) for a, b in zip(alone, workers, strict=True))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("workers", [0, 2])
 def test_checkpoint_restores_to_the_next_batch(dataset, workers):
     def pipeline():
@@ -298,6 +304,7 @@ def test_jax_processes_decide_the_host(tmp_path, monkeypatch):
     assert imagerecords_grain.host(0, 1) == (0, 1)  # given wins
 
 
+@pytest.mark.e2e
 def test_unknown_field_and_epochs_of_an_evaluation_are_refused(dataset):
     with pytest.raises(ValueError, match=r"fields \['nope'\] are not in the records"):
         _batches(dataset.path, "val", training=False, fields=("nope",))
@@ -310,6 +317,7 @@ def test_default_read_threads(workers, threads):
     assert imagerecords_grain.default_read_options(workers).num_threads == threads
 
 
+@pytest.mark.e2e
 def test_serialized_records_give_the_same_batches_as_parsed_ones(dataset):
     """Without kept fields the source hands over serialized records (half the parse)."""
     kwargs = {"training": True, "num_epochs": 1}

@@ -29,7 +29,7 @@ from imagerecords import grain as imagerecords_grain  # noqa: E402
 from imagerecords import torch as imagerecords_torch  # noqa: E402
 from tests import trainer_fixtures  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.e2e]  # the fixture converts with the CLI
 
 
 @pytest.fixture(scope="module")
