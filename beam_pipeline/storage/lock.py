@@ -367,7 +367,10 @@ class GcsLock:
                 )
                 self.generation = self._blob.generation
             except api.PreconditionFailed:
-                found = _read(self._blob)
+                try:
+                    found = _read(self._blob)
+                except Exception:  # noqa: BLE001 - no answer now: the next beat asks again
+                    continue
                 if found and found[0] and found[0].get("token") == self._owner["token"]:
                     self.generation = found[1]  # our renewal went through; its answer did not
                     continue
