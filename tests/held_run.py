@@ -2,9 +2,13 @@
 
     python -m tests.held_run GATE AFTER -- ARGS...
 
-runs ``python -m beam_pipeline ARGS`` with one change: each converting
-process, after AFTER images, waits until the file GATE exists before it
-converts the next (outside the per-image time limit). A test that needs a
+runs ``python -m beam_pipeline ARGS`` with one change: once AFTER images
+have been begun in all (the command line and every process forked from it
+count together), each converting process waits until the file GATE exists
+before it converts its next image (outside the per-image time limit). The
+count is shared, not per process: the converter hands results back in order,
+so a process held on its own count while the other still had work could
+stall the run with fewer images converted than the test waits for. A test that needs a
 run still going (to start a second one into its output, to kill it)
 otherwise races the run's end, which a fast or idle machine can reach before
 the test acts; with the run held, the test acts first for certain, then
@@ -14,6 +18,7 @@ from the command line, so they inherit the change.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import runpy
 import sys
@@ -28,14 +33,17 @@ def command(gate, after: int, args: list[str]) -> list[str]:
 
 
 def hold(gate: str, after: int) -> None:
-    """Makes each process of this one (forks included) wait for ``gate`` after ``after`` images."""
+    """Makes every process of this one (forks included) wait for ``gate`` once
+    ``after`` images have been begun by all of them together."""
     real = convert.decode_data
-    done = {}  # per process: a fork starts with its parent's count, so keyed by pid
+    # Shared memory, made before the pool forks: every process counts into it.
+    begun = multiprocessing.get_context("fork").Value("q", 0)
 
     def decode_data(*args, **kwargs):
-        pid = os.getpid()
-        done[pid] = done.get(pid, 0) + 1
-        while done[pid] > after and not os.path.exists(gate):
+        with begun.get_lock():
+            begun.value += 1
+            held = begun.value > after
+        while held and not os.path.exists(gate):
             time.sleep(0.01)
         return real(*args, **kwargs)
 

@@ -43,11 +43,11 @@ def _command(images, out):
 
 
 def _start(images, out, gate) -> subprocess.Popen:
-    """The CLI into ``out``, each of its 2 processes held after 250 images until ``gate``
+    """The CLI into ``out``, its 2 processes held after 500 images in all until ``gate``
     exists (tests/held_run.py): it cannot end before the test has done its part."""
     args = [*_command(images, out)[3:], "--local_processes", "2"]
     return subprocess.Popen(
-        held_run.command(gate, 250, args),
+        held_run.command(gate, 500, args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -63,12 +63,14 @@ def _spilled(out) -> int:
 def _kill_midway(root, out, at_least: int, *extra):
     """Starts the CLI and SIGKILLs its whole process group once records are on disk.
 
-    The run is held (tests/held_run.py): each of its 2 conversion processes
-    waits, a few images past its half of ``at_least``, for a gate that never
-    opens, so it is still running when killed, however fast the machine.
+    The run is held (tests/held_run.py): a few images past ``at_least`` its
+    conversion processes wait for a gate that never opens, so it is still
+    running when killed, however fast the machine.
     """
-    after = (at_least + 1) // 2 + 25
-    assert 2 * after < 3 * PER_CLASS, "the run must be held before its last image"
+    # Held after this many images in all: each process's unfinished chunk is not
+    # spilled yet, and rejections are not records.
+    after = at_least + 50
+    assert after < 3 * PER_CLASS, "the run must be held before its last image"
     process = subprocess.Popen(
         held_run.command(out.parent / "gate", after, _command(root, out, *extra)[3:]),
         stdout=subprocess.DEVNULL,
