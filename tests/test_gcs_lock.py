@@ -96,12 +96,18 @@ def test_a_stale_lock_is_taken_over_by_one_run_only(gcs_emulator, gcs_bucket):
     assert gcs_emulator.list_names(out) == []
 
 
+@pytest.mark.parametrize("sigint", ["python's", "ignored"])
 def test_the_heartbeat_renews_the_lock_and_a_takeover_stops_the_run(
-    gcs_emulator, gcs_bucket, monkeypatch
+    gcs_emulator, gcs_bucket, monkeypatch, sigint
 ):
+    """The takeover stops the run at once, even in a call that blocks, and in a run
+    started in the background of a shell (SIGINT ignored, which interrupt_main obeys)."""
     monkeypatch.setenv(lock.HEARTBEAT_ENV, "0.5")
     out = f"gs://{gcs_bucket}/out"
     held = lock.acquire(out)
+    previous = signal.signal(
+        signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler
+    )
     try:
         first = json.loads(gcs_emulator.read_bytes(_lock_url(out)))["heartbeat"]
         held.start_heartbeat()
@@ -117,6 +123,7 @@ def test_the_heartbeat_renews_the_lock_and_a_takeover_stops_the_run(
         assert held.lost
     finally:
         held.release()
+        signal.signal(signal.SIGINT, previous)
     # Not deleted: it is the other run's now.
     assert json.loads(gcs_emulator.read_bytes(_lock_url(out)))["host"] == "elsewhere"
 

@@ -53,6 +53,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -294,6 +295,7 @@ class GcsLock:
         self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._previous_handler = None  # STOP_SIGNAL's, while the heartbeat runs
         _fences[url] = self  # check_fence here: the generation this run wrote last
         os.environ[FENCE_ENV] = f"{url} {owner['token']}"
 
@@ -344,6 +346,8 @@ class GcsLock:
     def start_heartbeat(self) -> None:
         """Starts renewing the lock (after the local pool forked: no thread before that)."""
         if self._thread is None:
+            if threading.current_thread() is threading.main_thread():
+                self._previous_handler = signal.signal(STOP_SIGNAL, _stop_run)
             self._thread = threading.Thread(
                 target=self._beat, name="imagerecords-lock", daemon=True
             )
@@ -376,7 +380,7 @@ class GcsLock:
                     continue
                 self.lost = True
                 if not self._stop.is_set():
-                    _thread.interrupt_main()  # job.run reports OutputTakenOver
+                    _interrupt_main()  # job.run reports OutputTakenOver
                 return
             except Exception:  # noqa: BLE001 - GCS unreachable: the run's own requests say so
                 continue
@@ -394,6 +398,9 @@ class GcsLock:
         period = self._owner["heartbeat_s"]
         if self._thread is not None:
             self._thread.join(_attempt_s(period) + 5)
+        if self._previous_handler is not None:
+            signal.signal(STOP_SIGNAL, self._previous_handler)
+            self._previous_handler = None
         _fences.pop(self.url, None)
         if os.environ.get(FENCE_ENV, "").split(" ")[0] == self.url:
             del os.environ[FENCE_ENV]
@@ -423,6 +430,25 @@ def _heartbeat_age(owner: dict | None) -> str:
 
 # How long giving a gs:// lock back may take when GCS does not answer.
 _RELEASE_S = 10.0
+
+
+# How the heartbeat stops the run when another took the lock over: a real
+# signal to the main thread ends whatever call it waits in (interrupt_main only
+# flags the next bytecode), and unlike SIGINT it is not ignored in a run started
+# in the background of a shell.
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def _stop_run(signum, frame) -> None:
+    raise KeyboardInterrupt  # job.run reports it as OutputTakenOver: the lock is lost
+
+
+def _interrupt_main() -> None:
+    """Raises KeyboardInterrupt in the main thread at once (the heartbeat's thread calls it)."""
+    if signal.getsignal(STOP_SIGNAL) is _stop_run:
+        signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
+    else:  # the heartbeat was started from another thread: no handler of ours
+        _thread.interrupt_main()
 
 
 def _attempt_s(period: float) -> float:
