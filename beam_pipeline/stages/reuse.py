@@ -277,16 +277,7 @@ def read_record(old: OldRecord) -> bytes:
             than the scan read (OLD was rewritten during the run).
         errors.StorageUnreachable: GCS out of reach for --gcs_timeout_s.
     """
-    try:
-        framed = read_old(_files, old.shard, old.offset, old.offset + old.size)
-    except errors.RunStopped:
-        raise  # GCS out of reach (read_old's bound): not a change of OLD
-    except Exception as error:
-        if storage.is_gcs(old.shard):
-            from beam_pipeline.storage import gcs
-
-            gcs.raise_if_unreachable(error, old.shard)
-        raise changed(old.shard, f"cannot be read ({type(error).__name__}: {error})") from None
+    framed = read_old(_files, old.shard, old.offset, old.offset + old.size)
     if len(framed) != old.size:
         raise changed(old.shard, f"ends before byte {old.offset + old.size}")
     if codec.frame_crc(framed[-codec.FRAME_FOOT :]) != old.crc or not codec.is_intact(framed):

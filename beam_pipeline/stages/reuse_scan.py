@@ -85,14 +85,26 @@ class _Windows:
 
 
 def read_old(files: storage.Files, path: str, start: int, stop: int) -> bytes:
-    """Bytes ``[start, stop)`` of a file of OLD: from gs:// within --gcs_timeout_s
-    (``gcs.read_range`` stops the run when GCS does not answer, hanging or
-    refusing), else through ``files``."""
-    if storage.is_gcs(path):
-        from beam_pipeline.storage import gcs  # loads the storage client: gs:// only
+    """Bytes ``[start, stop)`` of a file of OLD: from gs:// within --gcs_timeout_s,
+    else through ``files``. The one read of OLD's shards, by the scan and the take.
 
-        return gcs.read_range(path, start, stop)
-    return files.read(path, start, stop)
+    Raises:
+        errors.StorageUnreachable: GCS did not answer (hanging or refusing).
+        OldDatasetChanged: the file cannot be read (gone since the launch found it).
+    """
+    gcs_path = storage.is_gcs(path)
+    try:
+        if gcs_path:
+            from beam_pipeline.storage import gcs  # loads the storage client: gs:// only
+
+            return gcs.read_range(path, start, stop)
+        return files.read(path, start, stop)
+    except errors.RunStopped:
+        raise  # GCS out of reach: not a change of OLD
+    except Exception as error:
+        if gcs_path:
+            gcs.raise_if_unreachable(error, path)
+        raise changed(path, f"cannot be read ({type(error).__name__}: {error})") from None
 
 
 def changed(shard: str, what: str) -> OldDatasetChanged:
@@ -103,20 +115,6 @@ def changed(shard: str, what: str) -> OldDatasetChanged:
         f"{errors.NOT_FINISHED}; let whatever writes to it finish, then "
         f"{errors.RESUME_HINT} (or convert without --reuse)"
     )
-
-
-def _read_window(stream: _Windows, n: int, shard: OldShard) -> bytes:
-    """``stream.read``, a shard that cannot be read (gone since launch) stopping the run."""
-    try:
-        return stream.read(n)
-    except errors.RunStopped:
-        raise  # GCS out of reach (read_old's bound): not a change of OLD
-    except Exception as error:
-        if storage.is_gcs(shard.path):
-            from beam_pipeline.storage import gcs
-
-            gcs.raise_if_unreachable(error, shard.path)
-        raise changed(shard.path, f"cannot be read ({type(error).__name__}: {error})") from None
 
 
 def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) -> str:
@@ -133,7 +131,7 @@ def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) ->
     stream = _Windows(files or storage.Files(), shard.path, shard.num_bytes)
     while stream.position < shard.num_bytes:
         offset = stream.position
-        header = _read_window(stream, codec.FRAME_HEAD, shard)
+        header = stream.read(codec.FRAME_HEAD)
         if len(header) < codec.FRAME_HEAD:
             raise changed(shard.path, f"ends at byte {stream.position}, not {shard.num_bytes}")
         if not codec.header_intact(header):
@@ -141,8 +139,8 @@ def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) ->
         length = codec.stated_length(header)
         if offset + codec.FRAME_OVERHEAD + length > shard.num_bytes:
             return f"a record at byte {offset} that runs past the shard's end"
-        payload = _read_window(stream, length, shard)
-        footer = _read_window(stream, codec.FRAME_FOOT, shard)
+        payload = stream.read(length)
+        footer = stream.read(codec.FRAME_FOOT)
         if len(payload) != length or len(footer) != codec.FRAME_FOOT:
             raise changed(shard.path, f"ends at byte {stream.position}, not {shard.num_bytes}")
         if not codec.data_intact(payload, footer):
