@@ -135,16 +135,11 @@ def _read_all(fd, process) -> bytes:
     return out
 
 
-# A terminal of 120 columns, and one that says 0 x 0 (a pseudo-terminal whose
-# size nobody set, as `script` or `docker run -t` give): tqdm hid the line there.
-@pytest.mark.e2e
-@pytest.mark.parametrize("rows, columns", [(40, 120), (0, 0)])
-def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path, rows, columns):
+def _shown_on_terminal(command: list[str], rows: int, columns: int) -> str:
+    """What ``command`` shows on a pseudo-terminal of that size; it must exit 0."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    process = subprocess.Popen(
-        _cli(folder, tmp_path / "out"), stdin=subprocess.DEVNULL, stdout=follower, stderr=follower
-    )
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
     os.close(follower)
     try:
         shown = _read_all(leader, process).decode("utf-8", "replace")
@@ -152,6 +147,15 @@ def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path, 
         os.close(leader)
         process.wait(timeout=300)
     assert process.returncode == 0, shown
+    return shown
+
+
+# A terminal of 120 columns, and one that says 0 x 0 (a pseudo-terminal whose
+# size nobody set, as `script` or `docker run -t` give): tqdm hid the line there.
+@pytest.mark.e2e
+@pytest.mark.parametrize("rows, columns", [(40, 120), (0, 0)])
+def test_a_terminal_gets_a_live_line_with_total_and_time_left(folder, tmp_path, rows, columns):
+    shown = _shown_on_terminal(_cli(folder, tmp_path / "out"), rows, columns)
     # Redrawn in place, with done/total, a percentage and the time left ([elapsed<left]).
     assert "\rimagerecords: converting: 100%|" in shown
     assert f"| {IMAGES}/{IMAGES} [" in shown
@@ -165,21 +169,7 @@ BEAM = ("--runner", "DirectRunner")
 
 @pytest.mark.e2e
 def test_a_beam_run_in_a_terminal_gets_the_live_line_with_total_and_time_left(folder, tmp_path):
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    process = subprocess.Popen(
-        _cli(folder, tmp_path / "out", *BEAM),
-        stdin=subprocess.DEVNULL,
-        stdout=follower,
-        stderr=follower,
-    )
-    os.close(follower)
-    try:
-        shown = _read_all(leader, process).decode("utf-8", "replace")
-    finally:
-        os.close(leader)
-        process.wait(timeout=300)
-    assert process.returncode == 0, shown
+    shown = _shown_on_terminal(_cli(folder, tmp_path / "out", *BEAM), 40, 120)
     assert "imagerecords: running on DirectRunner (in_memory" in shown
     assert "\rimagerecords: converting: 100%|" in shown
     assert f"| {IMAGES}/{IMAGES} [" in shown and " images/s" in shown
