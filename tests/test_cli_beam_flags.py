@@ -9,6 +9,7 @@ report.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -134,6 +135,82 @@ def test_the_dry_run_reports_the_runner_and_processes_the_job_would_use(
 ):
     extra = ["--local_processes", "3", "--direct_num_workers", "2"]
     assert _dry_run_line(images, tmp_path, capsys, *flags, *extra) == expected
+
+
+@pytest.mark.parametrize(
+    "flags, cpus, expected",
+    [
+        (["--direct_running_mode=multi_processing", "--direct_num_workers=9"], 2, 8),
+        (["--direct_running_mode=multi_processing", "--direct_num_workers=8"], 2, None),
+        (["--direct_running_mode=multi_processing", "--direct_num_workers=5"], 1, 4),
+        (["--direct_running_mode=multi_processing", "--direct_num_workers=0"], 1, None),
+        (["--direct_running_mode=multi_processing"], 1, None),
+        # Only multi_processing forks a process per worker.
+        (["--direct_running_mode=in_memory", "--direct_num_workers=100"], 1, None),
+        (["--direct_num_workers=100"], 1, None),
+        (["--runner=DaskRunner", "--direct_running_mode=multi_processing"], 1, None),
+        (
+            ["--runner=DaskRunner", "--direct_running_mode=multi_processing"]
+            + ["--direct_num_workers=100"],
+            1,
+            None,
+        ),
+        # The last of a repeated flag is the one capped, as Beam reads it.
+        (
+            ["--direct_running_mode=multi_processing", "--direct_num_workers=100"]
+            + ["--direct_num_workers", "3"],
+            1,
+            None,
+        ),
+        (
+            ["--direct_running_mode=multi_processing", "--direct_num_workers=3"]
+            + ["--direct_num_workers", "100"],
+            1,
+            4,
+        ),
+    ],
+)
+def test_direct_num_workers_beyond_four_per_core_are_capped_in_multi_processing(
+    flags, cpus, expected
+):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipeline.cli.arguments import capped_direct_workers
+
+    given = beam_options.check(flags)
+    beam, note = capped_direct_workers(given, cpus)
+    if expected is None:
+        assert (beam, note) == (given, None)
+        return
+    assert beam.direct_num_workers == expected
+    # Beam itself reads the capped count from the flags the job hands it.
+    assert PipelineOptions(list(beam.args)).get_all_options()["direct_num_workers"] == expected
+    requested = given.direct_num_workers
+    assert note == (
+        f"--direct_num_workers {requested} is more than {expected} (4 per core "
+        f"on this machine's {cpus} cores); running {expected}"
+    )
+
+
+def test_a_capped_direct_num_workers_is_said_once_and_is_what_the_dry_run_reports(
+    images, tmp_path, capsys
+):
+    from beam_pipeline.core.flags import MAX_PROCESSES_PER_CORE
+
+    cap = MAX_PROCESSES_PER_CORE * (os.cpu_count() or 1)
+    argv = ["--input", str(images), "--output", str(tmp_path / "o"), "--dry_run"]
+    argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={cap + 1}"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if "is more than" in line]
+    assert notes == [
+        f"imagerecords: --direct_num_workers {cap + 1} is more than {cap} "
+        f"({MAX_PROCESSES_PER_CORE} per core on this machine's {os.cpu_count() or 1} cores); "
+        f"running {cap}"
+    ]
+    assert f"local run (Beam DirectRunner multi_processing, {cap} conversion processes): " in (
+        captured.out
+    )
 
 
 @pytest.mark.e2e

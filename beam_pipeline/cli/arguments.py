@@ -67,8 +67,11 @@ class Command:
     beam: beam_options.BeamFlags
 
 
-def capped_processes(requested: int, cpus: int) -> tuple[int, str | None]:
-    """``--local_processes`` as run on ``cpus`` cores, and the line saying it was capped.
+def capped_processes(
+    requested: int, cpus: int, flag: str = "--local_processes"
+) -> tuple[int, str | None]:
+    """A count of processes (``flag``'s value) as run on ``cpus`` cores, and the line
+    saying it was capped.
 
     Each conversion process is forked up front; a count far beyond the cores
     would fork until the kernel's out-of-memory killer ends the run.
@@ -77,9 +80,28 @@ def capped_processes(requested: int, cpus: int) -> tuple[int, str | None]:
     if requested <= cap:
         return requested, None
     return cap, (
-        f"--local_processes {requested} is more than {cap} ({MAX_PROCESSES_PER_CORE} per core "
+        f"{flag} {requested} is more than {cap} ({MAX_PROCESSES_PER_CORE} per core "
         f"on this machine's {cpus} cores); running {cap}"
     )
+
+
+def capped_direct_workers(
+    beam: beam_options.BeamFlags, cpus: int
+) -> tuple[beam_options.BeamFlags, str | None]:
+    """Beam's flags with ``--direct_num_workers`` capped as ``--local_processes`` is,
+    where Beam forks that many worker processes (DirectRunner's ``multi_processing``
+    mode), and the line saying it was capped.
+
+    The cap is a later ``--direct_num_workers``: Beam's parser takes the last
+    one, and so do the dry run and the job, which read these flags.
+    """
+    workers = beam.direct_num_workers
+    if not (beam.on_direct_runner and beam.direct_running_mode == "multi_processing" and workers):
+        return beam, None
+    capped, note = capped_processes(workers, cpus, "--direct_num_workers")
+    if note is None:
+        return beam, None
+    return beam.plus([f"--direct_num_workers={capped}"]), note
 
 
 def _boolean(text: str) -> bool:
@@ -194,11 +216,17 @@ def parse_args(argv: list[str]) -> Command:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
     given = vars(args)
     options = RunOptions(**{f.name: given[f.name] for f in flags.FLAGS if f.field is None})
+    cpus = os.cpu_count() or 1
+    notes = []
     if options.local_processes is not None:
-        capped, note = capped_processes(options.local_processes, os.cpu_count() or 1)
+        capped, note = capped_processes(options.local_processes, cpus)
+        notes.append(note)
+        options = dataclasses.replace(options, local_processes=capped)
+    beam, note = capped_direct_workers(beam, cpus)
+    notes.append(note)
+    for note in notes:
         if note and not options.quiet:
             print(f"imagerecords: {note}", file=sys.stderr, flush=True)
-        options = dataclasses.replace(options, local_processes=capped)
     return Command(_config(given, beam, options), options, beam)
 
 

@@ -445,7 +445,8 @@ FLAGS: tuple[Flag, ...] = (
         "local_processes",
         "Convert images in this many local processes, at least 1, on a local run: the local "
         "engine or Beam's DirectRunner in_memory (default {default}; at most "
-        f"{MAX_PROCESSES_PER_CORE} per core, a larger number is capped with one line)",
+        f"{MAX_PROCESSES_PER_CORE} per core, a larger number is capped with one line; so is "
+        "--direct_num_workers in Beam's multi_processing mode)",
         kind="int",
         check=Check(lambda v: "" if v is None or v >= 1 else f"must be at least 1, got {v}"),
         shown_default="all cores; 1 when --direct_running_mode is given",
