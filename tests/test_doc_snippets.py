@@ -421,3 +421,18 @@ def test_links_and_named_sections_resolve():
     problems = [p for path in DOCS for p in _doc_link_problems(path)]
     problems += [p for path in _sources() for p in _named_section_problems(path)]
     assert problems == []
+
+
+@pytest.mark.e2e
+def test_ruff_format_leaves_every_markdown_file_as_it_is():
+    """`make lint` runs `ruff format --check .`, which formats the Python blocks of
+    Markdown files too: a block it would rewrite fails the lint."""
+    markdown = [path for path in _sources() if path.endswith(".md")]
+    assert "README.md" in markdown and "docs/trainers.md" in markdown
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--force-exclude", *markdown],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
