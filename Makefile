@@ -36,8 +36,9 @@ test-fast: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"
 
-# Before a change that touches timing, processes or TensorFlow is done: oneDNN
-# on and off, and twice under load (scripts/test_any_machine.sh says how).
+# Before a change that touches timing, processes or TensorFlow is done, on a
+# fresh clone: oneDNN on and off, and twice under load (the README's
+# development section; scripts/test_any_machine.sh --help).
 test-any-machine: $(STAMP)
 	scripts/test_any_machine.sh
 
