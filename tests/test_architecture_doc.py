@@ -1,5 +1,5 @@
-"""docs/architecture.md names every module of the product, and no module that is gone;
-no module of the product is 600 lines or more."""
+"""docs/architecture.md names every module of the product, and no module that is gone,
+each on a catalogue line of its own; no module of the product is 600 lines or more."""
 
 import re
 from collections import Counter
@@ -11,6 +11,8 @@ PACKAGES = ("beam_pipeline", "reader", "imagerecords")
 
 # Every `...py` in backticks: `local_engine.py`, `storage/listing.py`, `reader/info.py`.
 NAMED = set(re.findall(r"`([\w./-]*\w\.py)`", ARCHITECTURE_MD))
+# The catalogue: one line per module, "* `cli/job.py`: what it is for."
+CATALOGUE = re.findall(r"^\* `([\w./-]*\w\.py)`: \S", ARCHITECTURE_MD, re.MULTILINE)
 
 
 def _modules() -> list[Path]:
@@ -41,6 +43,17 @@ def test_every_module_is_named():
         or (module.name in shared and not any("/" in n and _is(module, n) for n in NAMED))
     ]
     assert not missing, f"docs/architecture.md does not name: {', '.join(missing)}"
+
+
+def test_every_module_has_one_catalogue_line():
+    modules = _modules()
+    lines = {str(m): [n for n in CATALOGUE if _is(m, n)] for m in modules}
+    assert [m for m, found in lines.items() if len(found) != 1] == [], (
+        "docs/architecture.md: each module needs exactly one catalogue line "
+        "'* `package/module.py`: ...'"
+    )
+    strays = [n for n in CATALOGUE if not any(_is(m, n) for m in modules)]
+    assert strays == [], f"catalogue lines of no module: {', '.join(strays)}"
 
 
 def test_every_named_module_exists():
