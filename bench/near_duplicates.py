@@ -230,12 +230,15 @@ def search(
     found, candidates = [], 0
     for offset in nd.band_offsets(band_count):
         key = _band_of(flat, offset, band_bits)
-        packed = np.sort((key << shift) | np.arange(flat.size, dtype=np.uint64))
-        key_sorted = packed >> shift
-        order = (packed & entry_mask).astype(np.int64)
-        del packed
-        whole_key = key[::slots]
-        del key
+        whole_key = key[::slots].copy()
+        # In place, so the band's arrays are the key array, its sorted entries
+        # and a passing index: three of the hashes' count, not six.
+        key <<= shift
+        key |= np.arange(flat.size, dtype=np.uint64)
+        key.sort()
+        order = (key & entry_mask).view(np.int64)
+        key >>= shift
+        key_sorted = key
         for lo in range(0, n, chunk):
             q = np.arange(lo, min(n, lo + chunk))
             start = np.searchsorted(key_sorted, whole_key[q], "left")

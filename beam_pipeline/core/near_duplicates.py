@@ -7,8 +7,8 @@ whole image plus one of each of 18 sub-windows (a crop of the original is
 close to one of its windows), and its mean chromaticity, a cheap check that keeps a
 grey photo and a colour one of the same layout apart.
 
-The search never compares all pairs: each hash is cut into bands
-(``band_keys``), images that share a band key are candidates (on Beam a
+The search never compares all pairs: each hash is cut into overlapping
+bands (``band_keys``), images that share a band key are candidates (on Beam a
 ``GroupByKey`` on the key, here ``candidate_pairs``), and a candidate is a
 pair only if ``verify`` finds a whole-image hash of one within the calibrated
 Hamming distance of any hash of the other. Verified pairs are joined into
@@ -42,11 +42,11 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
     for y in (0.0, 0.5, 1.0)
 )
 # The band index: BAND_COUNT bands of BAND_BITS bits, evenly spaced around the
-# hash read as a ring (``band_offsets``), so bands overlap. Calibrated with
-# bench/near_duplicates.py (docs/performance.md): wider bands cut the random
-# candidates by half a bit each, more bands win back the copies whose few
-# differing bits fall in every band; 5 of 21 keep 98.4% of the calibration
-# copies where 4 disjoint bands of 16 keep 99.5% at 25 times the candidates.
+# hash read as a ring (``band_offsets``), so bands overlap. Each bit of width
+# halves the random candidates, which grow as the square of the images; each
+# band more wins back copies whose few differing bits fell in every other
+# band. Chosen with bench/near_duplicates.py against the cross-split recall
+# and the search's cost at 1.28 M images (docs/performance.md).
 BAND_BITS = 21
 BAND_COUNT = 5
 # Calibrated by bench/near_duplicates.py on real photos (docs/performance.md).
