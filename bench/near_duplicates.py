@@ -13,14 +13,17 @@ Three measurements, written to ``near.md`` and ``near.json``:
   format or size, and whether it passed through) against the CPU per image of
   ``images.convert`` of the same files, same run, best of N rounds;
 * **scale**: the band index's pair search on synthetic hash sets (random
-  64-bit hashes, six per image like the windowed scheme, with planted near
-  pairs) at 100k and 1.28 M images: wall time, peak memory of the arrays
-  (tracemalloc), candidates, pairs found of those planted.
+  64-bit hashes with the DC bit set, as many per image as the scheme has, and
+  planted near pairs) at 100k to 1.28 M images: CPU and wall time, peak
+  memory of the arrays (tracemalloc), candidates, pairs found of those
+  planted, and the search's CPU per image against a whole conversion's (the
+  scale part's web run, ``bench/results/scale.json``).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 import tracemalloc
@@ -32,6 +35,7 @@ from PIL import Image
 from beam_pipeline.core import images, keys
 from beam_pipeline.core import near_duplicates as nd
 from bench import data, near_data
+from bench.settings import RESULTS_DIR
 
 THRESHOLDS = tuple(range(0, 17))
 # The centre and four corners at 90% of each side: the first crop-tolerant try.
@@ -54,12 +58,17 @@ SCHEMES = {  # name -> (hash kind, windows)
 CHOSEN = "phash 18 windows"
 FULL_SCALE = (100_000, 400_000, 1_280_000)
 QUICK_SCALE = (20_000,)
-# Band widths measured: the calibration's recall through each, and the scale
-# search with each (16-bit bands only up to ``MAX_16_BIT``: their random
-# candidates grow as the square of the images, ~1.9e9 at 1.28 M).
-BAND_WIDTHS = (16, 21, 32)
+# Band layouts measured, (bits, count): the calibration's recall through
+# each, and the scale search with each. Four disjoint bands of 16 bits only up
+# to ``MAX_16_BIT``: their random candidates grow as the square of the images.
+CHOSEN_BANDS = (nd.BAND_BITS, nd.BAND_COUNT)
+BAND_LAYOUTS = ((16, 4), (21, 3), (20, 5), CHOSEN_BANDS, (22, 5), (24, 6), (32, 2))
+SCALE_LAYOUTS = ((16, 4), (21, 3), CHOSEN_BANDS)
 MAX_16_BIT = 400_000
 PLANTED = 1000
+# The whole-image hash's first bit is the DC coefficient against the median
+# of the others: set in every real hash.
+DC_BIT = np.uint64(1 << (nd.HASH_BITS - 1))
 
 
 def _load(path: Path) -> Image.Image:
@@ -67,7 +76,13 @@ def _load(path: Path) -> Image.Image:
         return im.convert("RGB")
 
 
-def calibrate(near: near_data.NearSet, kind: str, windows, band_bits: int = nd.BAND_BITS) -> dict:
+def calibrate(
+    near: near_data.NearSet,
+    kind: str,
+    windows,
+    band_bits: int = nd.BAND_BITS,
+    band_count: int = nd.BAND_COUNT,
+) -> dict:
     """Recall and false pairs of one scheme at every threshold in ``THRESHOLDS``."""
     names = near.names
     fps = [nd.fingerprint(_load(near.image_path(n)), kind, windows) for n in names]
@@ -75,7 +90,7 @@ def calibrate(near: near_data.NearSet, kind: str, windows, band_bits: int = nd.B
     origin = {n: n for n in near.originals} | {c: o for c, o, _ in near.copies}
     fractions = keys.parse_splits(keys.DEFAULT_SPLITS)
     split = {n: keys.assign_split(0, n, fractions) for n in names}
-    candidates = nd.candidate_pairs(fps, band_bits)
+    candidates = nd.candidate_pairs(fps, band_bits, band_count)
     # Distance and colour of every candidate, once; each threshold only filters.
     checked = {
         (i, j): (nd.distance(fps[i], fps[j]), nd.colours_agree(fps[i], fps[j]))
@@ -108,7 +123,23 @@ def calibrate(near: near_data.NearSet, kind: str, windows, band_bits: int = nd.B
                 "per_kind": {k: v[0] / v[1] for k, v in sorted(per_kind.items())},
             }
         )
-    return {"images": len(names), "candidates": len(candidates), "rows": rows}
+    copy_pairs = sum(origin[names[i]] == origin[names[j]] for i, j in candidates)
+    return {
+        "images": len(names),
+        "candidates": len(candidates),
+        # Candidates of distinct photos, against what uniform random hashes would
+        # give: real hashes share structure, so the scale search's random count
+        # is a floor.
+        "other_candidates": len(candidates) - copy_pairs,
+        "uniform_candidates": _uniform_candidates(len(names), len(windows), band_bits, band_count),
+        "rows": rows,
+    }
+
+
+def _uniform_candidates(images: int, slots: int, band_bits: int, band_count: int) -> float:
+    """Expected pairs of distinct images that share a band key, for random hashes:
+    every whole hash against every hash of the others, per band."""
+    return images * (images - 1) / 2 * 2 * slots * band_count / 2**band_bits
 
 
 def best_threshold(rows: list[dict], max_false_per_10k: float = 1.0) -> dict:
@@ -147,46 +178,67 @@ def _decoded(jpeg: bytes) -> Image.Image:
 
 
 def synthetic_hashes(n: int, planted: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(n, len(WINDOWS))`` random uint64 hashes; the first ``planted`` pairs of
-    rows ``(2k, 2k+1)`` are near copies: the whole-image hash of ``2k+1`` is
-    ``2k``'s third window's with 0-6 bits flipped. Returns the hashes and the
-    planted pairs."""
+    """``(n, len(WINDOWS))`` random uint64 hashes with the DC bit set; the first
+    ``planted`` pairs of rows ``(2k, 2k+1)`` are near copies: the whole-image
+    hash of ``2k+1`` is ``2k``'s third window's with 0, 2, 4 or 6 of its other
+    bits flipped (a real pair's distance is even: each hash has as many bits
+    above its median). Returns the hashes and the planted pairs."""
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 2**63, size=(n, len(nd.WINDOWS)), dtype=np.int64).view(np.uint64)
-    hashes ^= rng.integers(0, 2, size=hashes.shape, dtype=np.uint64) << np.uint64(63)
+    hashes |= DC_BIT
     pairs = np.stack([np.arange(planted) * 2, np.arange(planted) * 2 + 1], axis=1)
     for k, (a, b) in enumerate(pairs):
-        flips = rng.choice(64, size=k % 7, replace=False)
+        flips = rng.choice(nd.HASH_BITS - 1, size=2 * (k % 4), replace=False)
         hashes[b, 0] = hashes[a, 2] ^ np.uint64(sum(1 << int(f) for f in flips))
     return hashes, pairs
+
+
+def _band_of(hashes: np.ndarray, offset: int, band_bits: int) -> np.ndarray:
+    """``near_duplicates.band_of`` of every hash of an array."""
+    ring = hashes >> np.uint64(offset)
+    if offset:
+        ring |= hashes << np.uint64(nd.HASH_BITS - offset)
+    return ring & np.uint64((1 << band_bits) - 1)
 
 
 def search(
     hashes: np.ndarray,
     threshold: int = nd.THRESHOLD,
     band_bits: int = nd.BAND_BITS,
-    chunk: int = 20_000,
+    band_count: int = nd.BAND_COUNT,
+    chunk: int = 50_000,
 ):
     """The band index over an ``(n, slots)`` array of hashes, slot 0 the whole image's.
 
-    Per band, every hash's key is sorted (what a GroupByKey on the band key
-    does) and each whole-image hash meets every hash of its bucket
-    (``band_keys``' rule: a pair needs one whole hash), ``chunk`` whole hashes
-    at a time so memory stays bounded. A candidate is verified on the pair of
-    hashes that met (one popcount); ``near_duplicates.distance`` also tries
-    the image's other windows, which finds a superset. Returns the pairs
-    ``(i, j)``, ``i < j``, and the number of candidates.
+    Per band (``band_keys``' layout), every hash's key is sorted (what a
+    GroupByKey on the band key does) and each whole-image hash meets every
+    hash of its bucket (``band_keys``' rule: a pair needs one whole hash),
+    ``chunk`` whole hashes at a time so memory stays bounded. A candidate is
+    verified on the pair of hashes that met (one popcount);
+    ``near_duplicates.distance`` also tries the image's other windows, which
+    finds a superset. Returns the pairs ``(i, j)``, ``i < j``, and the number
+    of candidates.
     """
     n, slots = hashes.shape
     flat = hashes.ravel()
-    owner = np.repeat(np.arange(n, dtype=np.int64), slots)
-    mask = np.uint64((1 << band_bits) - 1)
+    # Key and entry packed in one uint64 and sorted as numbers: a plain sort
+    # of one array, where an argsort of the keys moves two.
+    entry_bits = max(1, int(flat.size - 1).bit_length())
+    if band_bits + entry_bits > 64:
+        raise ValueError(f"{flat.size} hashes with {band_bits}-bit bands do not pack in 64 bits")
+    shift, entry_mask = np.uint64(entry_bits), np.uint64((1 << entry_bits) - 1)
     found, candidates = [], 0
-    for band in range(nd.HASH_BITS // band_bits):
-        key = (flat >> np.uint64(band * band_bits)) & mask
-        order = np.argsort(key, kind="stable")
-        key_sorted = key[order]
-        whole_key = key[::slots]
+    for offset in nd.band_offsets(band_count):
+        key = _band_of(flat, offset, band_bits)
+        whole_key = key[::slots].copy()
+        # In place, so the band's arrays are the key array, its sorted entries
+        # and a passing index: three of the hashes' count, not six.
+        key <<= shift
+        key |= np.arange(flat.size, dtype=np.uint64)
+        key.sort()
+        order = (key & entry_mask).view(np.int64)
+        key >>= shift
+        key_sorted = key
         for lo in range(0, n, chunk):
             q = np.arange(lo, min(n, lo + chunk))
             start = np.searchsorted(key_sorted, whole_key[q], "left")
@@ -194,7 +246,7 @@ def search(
             a = np.repeat(q, count)
             base = np.repeat(start - np.cumsum(count) + count, count)
             entry = order[base + np.arange(len(a))]
-            b = owner[entry]
+            b = entry // slots
             keep = a != b
             a, entry, b = a[keep], entry[keep], b[keep]
             candidates += len(a)
@@ -205,21 +257,40 @@ def search(
     return {(int(p // n), int(p % n)) for p in pairs}, candidates
 
 
-def scale(n: int, band_bits: int) -> dict:
+def conversion_cpu_ms(results_dir: Path = RESULTS_DIR) -> dict | None:
+    """The scale part's CPU per image of a whole conversion (the local default run
+    of the web set at its largest size), from its last ``scale.json``."""
+    path = results_dir / "scale.json"
+    if not path.exists():
+        return None
+    rows = [r for r in json.loads(path.read_text())["rows"] if r["converter"] == "imagerecords"]
+    rows = [r for r in rows if r.get("ok", True)]
+    if not rows:
+        return None
+    row = max(rows, key=lambda r: r["images"])
+    return {"images": row["images"], "cpu_ms_per_image": row["cpu_ms_per_image"]}
+
+
+def scale(n: int, band_bits: int, band_count: int, baseline_ms: float | None) -> dict:
     hashes, planted = synthetic_hashes(n, PLANTED)
     # The hashes themselves are the input (a fingerprint per image the engine
     # already holds); tracemalloc counts what the search adds to them.
     tracemalloc.start()
-    start = time.perf_counter()
-    found, candidates = search(hashes, band_bits=band_bits)
-    wall = time.perf_counter() - start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    found, candidates = search(hashes, band_bits=band_bits, band_count=band_count)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     planted_set = {tuple(p) for p in planted.tolist()}
+    cpu_ms = cpu / n * 1e3
     return {
         "images": n,
         "band_bits": band_bits,
+        "band_count": band_count,
         "wall_s": wall,
+        "cpu_s": cpu,
+        "cpu_ms_per_image": cpu_ms,
+        "of_conversion": cpu_ms / baseline_ms if baseline_ms else None,
         "peak_mb": peak / 2**20,
         "hash_mb": hashes.nbytes / 2**20,
         "candidates": candidates,
@@ -237,13 +308,25 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
     loadavg = [round(x, 2) for x in os.getloadavg()]
     schemes = {name: calibrate(near, *spec) for name, spec in SCHEMES.items()}
     bands = {}
-    for bits in BAND_WIDTHS:
-        got = calibrate(near, *SCHEMES[CHOSEN], band_bits=bits)
+    for bits, count in BAND_LAYOUTS:
+        got = calibrate(near, *SCHEMES[CHOSEN], band_bits=bits, band_count=count)
         row = got["rows"][nd.THRESHOLD]
-        bands[bits] = {"candidates": got["candidates"], **row}
+        bands[f"{count}x{bits}"] = {
+            "band_bits": bits,
+            "band_count": count,
+            "candidates": got["candidates"],
+            "other_candidates": got["other_candidates"],
+            "uniform_candidates": got["uniform_candidates"],
+            **row,
+        }
     costs = cost(files, rounds)
+    baseline = conversion_cpu_ms()
+    baseline_ms = baseline["cpu_ms_per_image"] if baseline else None
     scales = [
-        scale(n, bits) for n in scale_sizes for bits in (16, 21) if bits != 16 or n <= MAX_16_BIT
+        scale(n, bits, count, baseline_ms)
+        for n in scale_sizes
+        for bits, count in SCALE_LAYOUTS
+        if bits != 16 or n <= MAX_16_BIT
     ]
     return {
         "near_set": {"originals": len(near.originals), "copies": len(near.copies)},
@@ -253,8 +336,10 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
         "chosen": {name: best_threshold(s["rows"]) for name, s in schemes.items()},
         "bands": bands,
         "cost": costs,
+        "conversion_baseline": baseline,
         "scale": scales,
         "threshold": nd.THRESHOLD,
+        "band_layout": f"{nd.BAND_COUNT}x{nd.BAND_BITS}",
     }
 
 
@@ -284,31 +369,47 @@ def markdown(result: dict) -> str:
     lines.append("|---|---|---|")
     lines += [f"| {r['threshold']} | {r['recall']:.1%} | {r['false_per_10k']:.1f} |" for r in rows]
     c = result["cost"]
+    base = result.get("conversion_baseline")
     lines += [
         "",
         f"Cost ({c['images']} web images, best of {c['rounds']}): convert "
         f"{c['convert_ms']:.2f} ms CPU per image, fingerprint {c['fingerprint_ms']:.3f} ms "
         f"({c['ratio']:.1%}).",
         "",
-        f"{CHOSEN} at threshold {result['threshold']} through bands of each width:",
+        f"{CHOSEN} at threshold {result['threshold']} through each band layout "
+        f"(chosen: {result['band_layout']}); other candidates: pairs of distinct photos, "
+        "against the count uniform random hashes would give:",
         "",
-        "| band bits | bands | candidates | recall | false pairs / 10k |",
-        "|---|---|---|---|---|",
+        "| bands x bits | candidates | other candidates | uniform | recall "
+        "| cross-split recall | false pairs / 10k |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for bits, b in result["bands"].items():
+    for name, b in result["bands"].items():
         lines.append(
-            f"| {bits} | {nd.HASH_BITS // int(bits)} | {b['candidates']} | {b['recall']:.1%} "
-            f"| {b['false_per_10k']:.1f} |"
+            f"| {name} | {b['candidates']} | {b['other_candidates']} "
+            f"| {b['uniform_candidates']:.1f} | {b['recall']:.1%} "
+            f"| {b['cross_split_recall']:.1%} | {b['false_per_10k']:.1f} |"
         )
+    shown = (
+        f"the web run's {base['cpu_ms_per_image']:.2f} CPU ms per image at {base['images']:,} "
+        "images (bench/results/scale.json)"
+        if base
+        else "no scale.json to compare with"
+    )
     lines += [
         "",
-        "| images | band bits | wall s | peak MB | hashes MB | candidates | planted found "
-        "| other pairs |",
-        "|---|---|---|---|---|---|---|---|",
+        f"Search on synthetic hashes; of conversion: its CPU per image against {shown}.",
+        "",
+        "| images | bands x bits | CPU s | wall s | CPU ms / image | of conversion | peak MB "
+        "| hashes MB | candidates | planted found | other pairs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in result["scale"]:
+    for r in result["scale"]:
+        share = f"{r['of_conversion']:.2%}" if r["of_conversion"] is not None else ""
         lines.append(
-            f"| {s['images']:,} | {s['band_bits']} | {s['wall_s']:.1f} | {s['peak_mb']:.0f} | {s['hash_mb']:.0f} "
-            f"| {s['candidates']:,} | {s['planted_found']:.1%} | {s['other_pairs']} |"
+            f"| {r['images']:,} | {r['band_count']}x{r['band_bits']} | {r['cpu_s']:.1f} "
+            f"| {r['wall_s']:.1f} | {r['cpu_ms_per_image']:.4f} | {share} | {r['peak_mb']:.0f} "
+            f"| {r['hash_mb']:.0f} | {r['candidates']:,} | {r['planted_found']:.1%} "
+            f"| {r['other_pairs']} |"
         )
     return "\n".join(lines) + "\n"

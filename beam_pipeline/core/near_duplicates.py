@@ -7,8 +7,8 @@ whole image plus one of each of 18 sub-windows (a crop of the original is
 close to one of its windows), and its mean chromaticity, a cheap check that keeps a
 grey photo and a colour one of the same layout apart.
 
-The search never compares all pairs: each hash is cut into bands
-(``band_keys``), images that share a band key are candidates (on Beam a
+The search never compares all pairs: each hash is cut into overlapping
+bands (``band_keys``), images that share a band key are candidates (on Beam a
 ``GroupByKey`` on the key, here ``candidate_pairs``), and a candidate is a
 pair only if ``verify`` finds a whole-image hash of one within the calibrated
 Hamming distance of any hash of the other. Verified pairs are joined into
@@ -20,6 +20,7 @@ Pure: numpy and Pillow only, no Beam, no storage.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -40,7 +41,14 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
     for x in (0.0, 0.5, 1.0)
     for y in (0.0, 0.5, 1.0)
 )
-BAND_BITS = 16
+# The band index: BAND_COUNT bands of BAND_BITS bits, evenly spaced around the
+# hash read as a ring (``band_offsets``), so bands overlap. Each bit of width
+# halves the random candidates, which grow as the square of the images; each
+# band more wins back copies whose few differing bits fell in every other
+# band. Chosen with bench/near_duplicates.py against the cross-split recall
+# and the search's cost at 1.28 M images (docs/performance.md).
+BAND_BITS = 21
+BAND_COUNT = 5
 # Calibrated by bench/near_duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6
 # Largest difference of mean chromaticity (0-255 scale, per channel) of a pair.
@@ -102,9 +110,9 @@ HASH_KINDS: dict[str, HashKind] = {
     "ahash": HashKind((8, 8), ahash_of),
 }
 DEFAULT_KIND = "phash"
-# Every window is cut from one small grey copy of the image, so the cost per
-# image hardly depends on the image's own size.
-BASE_SIDE = 64
+# Every window is cut from one small copy of the image (its shorter side 32
+# to 63 pixels), so the cost per image hardly depends on the image's own size.
+BASE_SIDE = 32
 
 
 def _area_matrix(low: float, high: float, n_in: int, n_out: int) -> np.ndarray:
@@ -120,28 +128,83 @@ def _area_matrix(low: float, high: float, n_in: int, n_out: int) -> np.ndarray:
     return overlap / overlap.sum(axis=1, keepdims=True)
 
 
-def _window_transforms(windows, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per window, the rows (8 x side) that take the base straight to its 8x8 lowest
-    DCT frequencies: the DCT of the window's 32x32 box thumbnail, in one product."""
-    rows = [_DCT @ _area_matrix(top, bottom, side, _PHASH_SIDE) for _, top, _, bottom in windows]
-    cols = [_DCT @ _area_matrix(left, right, side, _PHASH_SIDE) for left, _, right, _ in windows]
-    return np.stack(rows).astype(np.float32), np.stack(cols).astype(np.float32).transpose(0, 2, 1)
+# The products run on integers held in float64: the base's grey values
+# (below 2**18), the transforms scaled by 2**_SCALE_BITS and rounded. Every
+# partial sum stays below 2**53 (a transform row's absolute sum is at most
+# 32 units of scale and half a unit per pixel: 2**(18 + 2 * 16) with room), so each product and sum is exact and the result is the
+# same whatever order a BLAS build or CPU adds in: the same bits everywhere.
+_SCALE_BITS = 11
+_GREY_WEIGHTS = np.array([299.0, 587.0, 114.0])  # ITU-R 601 in thousandths, Pillow's "L" unrounded
 
 
-_TRANSFORMS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-_GREY = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R 601, Pillow's "L"
+def _side_transform(n: int, spans: tuple[tuple[float, float], ...]) -> np.ndarray:
+    """``(8 * len(spans), n)``: per span of a side, the rows that take ``n`` pixels
+    to the 8 lowest DCT frequencies of the span's 32-bin box average, scaled
+    and rounded to integers (one side of the separable 2-D transform)."""
+    folded = [_DCT @ _area_matrix(low, high, n, _PHASH_SIDE) for low, high in spans]
+    return np.rint(np.concatenate(folded) * 2**_SCALE_BITS)
 
 
-def _phashes(base: np.ndarray, windows) -> list[int]:
-    key = (tuple(windows), base.shape[0])
-    if key not in _TRANSFORMS:
-        _TRANSFORMS[key] = _window_transforms(windows, base.shape[0])
-    rows, cols = _TRANSFORMS[key]
-    low = (rows @ base @ cols).reshape(len(windows), 64)
+class _Layout:
+    """The windows' distinct spans per side and each side's transform by its length."""
+
+    def __init__(self, windows: tuple[tuple[float, float, float, float], ...]):
+        # Windows share spans (a 3x3 grid has three per side and cut), so each
+        # side's transform is one product over the distinct spans.
+        self.rows = tuple(sorted({(top, bottom) for _, top, _, bottom in windows}))
+        self.cols = tuple(sorted({(left, right) for left, _, right, _ in windows}))
+        row_of = np.array([self.rows.index((t, b)) for _, t, _, b in windows])
+        col_of = np.array([self.cols.index((left, r)) for left, _, r, _ in windows])
+        # Where each window's 8x8 block lies in the raveled product of every
+        # row span by every column span, coefficient by coefficient.
+        k = np.arange(8)
+        rows_at = (row_of[:, None] * 8 + k)[:, :, None] * (len(self.cols) * 8)
+        self.take = (rows_at + (col_of[:, None] * 8 + k)[:, None, :]).reshape(len(windows), 64)
+        self._by_length: dict[tuple[int, int], np.ndarray] = {}
+
+    def transform(self, axis: int, n: int) -> np.ndarray:
+        found = self._by_length.get((axis, n))
+        if found is None:
+            found = _side_transform(n, self.cols if axis else self.rows)
+            self._by_length[(axis, n)] = found
+        return found
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(windows: tuple[tuple[float, float, float, float], ...]) -> _Layout:
+    return _Layout(windows)
+
+
+def _low_frequencies(grey: np.ndarray, layout: _Layout) -> np.ndarray:
+    """``(windows, 64)``: each window's 8x8 lowest DCT frequencies, exact integers."""
+    rows, cols = layout.transform(0, grey.shape[0]), layout.transform(1, grey.shape[1]).T
+    # The cheaper order of the two products (the same exact integers either way).
+    every = rows @ (grey @ cols) if grey.shape[1] > grey.shape[0] else (rows @ grey) @ cols
+    return every.ravel().take(layout.take)
+
+
+def _phashes(grey: np.ndarray, windows) -> list[int]:
+    """The pHash of each window of a grey base (integer values below 2**18)."""
+    layout = _DEFAULT_LAYOUT if windows is WINDOWS else _layout(tuple(windows))
+    low = _low_frequencies(grey, layout)
     # The median of the 63 coefficients after DC is the 32nd smallest.
     median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
-    bits = low > median
-    return np.packbits(bits, axis=1).view(">u8").ravel().tolist()
+    return np.packbits(low > median, axis=1).view(">u8").ravel().tolist()
+
+
+_DEFAULT_LAYOUT = _Layout(WINDOWS)
+
+
+def _base(img: Image.Image) -> np.ndarray:
+    """``(h, w, 3)`` float64 pixels of ``img`` reduced by an integer factor to a
+    shorter side of ``BASE_SIDE`` to ``2 * BASE_SIDE - 1`` pixels (or its own, if smaller)."""
+    rgb = img if img.mode == "RGB" else img.convert("RGB")
+    # One integer reduce and no resize: the windows' box averages are folded
+    # into the transforms for whatever size comes out, and the reduce's one
+    # pass over the pixels is most of the fingerprint's cost.
+    small = rgb.reduce(max(1, min(rgb.size) // BASE_SIDE))
+    pixels = np.frombuffer(small.tobytes(), np.uint8).reshape(small.height, small.width, 3)
+    return pixels.astype(np.float64)
 
 
 def fingerprint(
@@ -150,27 +213,22 @@ def fingerprint(
     windows: Sequence[tuple[float, float, float, float]] = WINDOWS,
 ) -> Fingerprint:
     """The hashes and colour of a decoded image (any mode)."""
-    rgb = img if img.mode == "RGB" else img.convert("RGB")
-    # An integer reduce first: a box resize straight from a large image costs
-    # several times more for the same 64x64 average.
-    small = rgb.reduce(max(1, min(rgb.size) // BASE_SIDE))
-    small = small.resize((BASE_SIDE, BASE_SIDE), Image.Resampling.BOX)
-    pixels = np.asarray(small, dtype=np.float32)
-    base = pixels @ _GREY
+    pixels = _base(img)
+    grey = pixels @ _GREY_WEIGHTS
     if kind == "phash":
-        hashes = _phashes(base, windows)
+        hashes = _phashes(grey, windows)
     else:  # the other kinds, for the benchmark's comparison: one thumbnail per window
         spec = HASH_KINDS[kind]
-        grey = Image.fromarray(base.round().astype(np.uint8))
+        base = Image.fromarray((grey / 1000).round().astype(np.uint8))
         hashes = []
         for left, top, right, bottom in windows:
-            box = (left * BASE_SIDE, top * BASE_SIDE, right * BASE_SIDE, bottom * BASE_SIDE)
-            thumb = grey.resize(spec.thumb_size, Image.Resampling.BOX, box=box)
+            box = (left * base.width, top * base.height, right * base.width, bottom * base.height)
+            thumb = base.resize(spec.thumb_size, Image.Resampling.BOX, box=box)
             hashes.append(spec.of(np.asarray(thumb, dtype=np.float32)))
-    # A product with ones: numpy's strided sum over the pixel axis costs 20x more.
-    sums = np.ones(BASE_SIDE * BASE_SIDE, np.float32) @ pixels.reshape(-1, 3)
-    shares = sums / max(float(sums.sum()), 1e-9) * 255
-    return Fingerprint(tuple(hashes), tuple(int(round(s)) for s in shares))
+    # A product with ones: numpy's strided sum over the pixel axis costs 5x more.
+    r, g, b = (np.ones(grey.size) @ pixels.reshape(-1, 3)).tolist()
+    scale = 255 / max(r + g + b, 1.0)
+    return Fingerprint(tuple(hashes), (round(r * scale), round(g * scale), round(b * scale)))
 
 
 def hamming(a: int, b: int) -> int:
@@ -203,7 +261,20 @@ def verify(
     return d if d <= threshold and colours_agree(a, b, tolerance) else None
 
 
-def band_keys(fp: Fingerprint, band_bits: int = BAND_BITS) -> list[tuple[int, bool]]:
+def band_offsets(band_count: int = BAND_COUNT) -> tuple[int, ...]:
+    """The first bit (from the lowest) of each band: evenly spaced around the 64."""
+    return tuple(round(band * HASH_BITS / band_count) for band in range(band_count))
+
+
+def band_of(h: int, offset: int, band_bits: int) -> int:
+    """Bits ``offset .. offset + band_bits - 1`` of ``h``, wrapping past the highest bit."""
+    ring = (h >> offset) | (h << (HASH_BITS - offset))
+    return ring & ((1 << band_bits) - 1)
+
+
+def band_keys(
+    fp: Fingerprint, band_bits: int = BAND_BITS, band_count: int = BAND_COUNT
+) -> list[tuple[int, bool]]:
     """The keys under which an image meets its candidates: ``(key, whole)``, sorted.
 
     A key is a band's index and its bits. The whole image's hash and the
@@ -213,11 +284,10 @@ def band_keys(fp: Fingerprint, band_bits: int = BAND_BITS) -> list[tuple[int, bo
     windows are never compared, ``distance``), which keeps the candidates
     to about one image's hash against every hash rather than all against all.
     """
-    mask = (1 << band_bits) - 1
     found: dict[int, bool] = {}
-    for slot, h in enumerate(fp.hashes):
-        for band in range(HASH_BITS // band_bits):
-            key = (band << band_bits) | ((h >> (band * band_bits)) & mask)
+    for band, offset in enumerate(band_offsets(band_count)):
+        for slot, h in enumerate(fp.hashes):
+            key = (band << band_bits) | band_of(h, offset, band_bits)
             found[key] = found.get(key, False) or slot == 0
     return sorted(found.items())
 
@@ -230,12 +300,14 @@ def bucket_pairs(members: Sequence[tuple[int, bool]]) -> Iterable[tuple[int, int
 
 
 def candidate_pairs(
-    fingerprints: Sequence[Fingerprint], band_bits: int = BAND_BITS
+    fingerprints: Sequence[Fingerprint],
+    band_bits: int = BAND_BITS,
+    band_count: int = BAND_COUNT,
 ) -> set[tuple[int, int]]:
     """Index pairs ``(i, j)``, ``i < j``, that share a band key (the in-memory GroupByKey)."""
     buckets: dict[int, list[tuple[int, bool]]] = {}
     for index, fp in enumerate(fingerprints):
-        for key, whole in band_keys(fp, band_bits):
+        for key, whole in band_keys(fp, band_bits, band_count):
             buckets.setdefault(key, []).append((index, whole))
     pairs: set[tuple[int, int]] = set()
     for members in buckets.values():
