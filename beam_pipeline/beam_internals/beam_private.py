@@ -74,6 +74,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 # The Beam these tricks were read against. Move it only after re-reading each
 # trick against the new Beam's source (tests/test_beam_private.py).
@@ -321,8 +323,11 @@ _SDK_WORKER_COMMAND = "{python} -m " + _SDK_WORKER_MODULE
 # (stop_sdk_workers). ``exec``: the worker is this process's own child.
 _IGNORE_CTRL_C = "trap '' INT; exec "
 
-# Whether this process started workers that ignore Ctrl-C (stop_sdk_workers).
-_workers_ignore_ctrl_c = False
+# Set while this process runs a pipeline whose workers ignore Ctrl-C
+# (stop_sdk_workers), cleared as the runner returns.
+_running_workers_that_ignore_ctrl_c = threading.Event()
+# How often workers that appear after a Ctrl-C are looked for, until the runner returns.
+_STOP_LATE_WORKERS_EVERY_S = 0.05
 
 
 def direct_fn_api_runner(all_options: dict, workers_log: str | None = None):
@@ -378,7 +383,6 @@ def _runner_with_worker_command(base, workers_log: str | None):
 
     class FnApiRunnerWithWorkerCommand(base):
         def run_via_runner_api(self, pipeline_proto, options):
-            global _workers_ignore_ctrl_c
             try:
                 from apache_beam.portability import python_urns
 
@@ -393,7 +397,7 @@ def _runner_with_worker_command(base, workers_log: str | None):
                     raise LookupError(f"no worker environment runs {command!r}")
                 for env in found:
                     env.payload = worker_command(command, workers_log).encode("utf-8")
-                _workers_ignore_ctrl_c = True
+                _running_workers_that_ignore_ctrl_c.set()
             except Exception as error:
                 _fell_back(
                     "direct_fn_api_runner",
@@ -401,7 +405,10 @@ def _runner_with_worker_command(base, workers_log: str | None):
                     "multi_processing's workers print to this process's stderr and die of "
                     "a Ctrl-C themselves",
                 )
-            return super().run_via_runner_api(pipeline_proto, options)
+            try:
+                return super().run_via_runner_api(pipeline_proto, options)
+            finally:
+                _running_workers_that_ignore_ctrl_c.clear()
 
     return FnApiRunnerWithWorkerCommand
 
@@ -432,16 +439,31 @@ def _sdk_worker_children() -> list[int]:
     return found
 
 
+def _kill_sdk_workers() -> None:
+    for pid in _sdk_worker_children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _stop_late_workers() -> None:
+    # Beam starts each worker from a thread of its own: one whose start had
+    # begun at the Ctrl-C appears after the first sweep, and Beam's shutdown
+    # would wait for it for ever (it ignores the Ctrl-C, and no work comes).
+    while _running_workers_that_ignore_ctrl_c.is_set():
+        _kill_sdk_workers()
+        time.sleep(_STOP_LATE_WORKERS_EVERY_S)
+
+
 def stop_sdk_workers() -> None:
     """Kills the multi_processing worker processes this process started, which
     ignore Ctrl-C: for the command line's Ctrl-C, once it has quieted what
     reports their end. Beam's own shutdown then finds them gone instead of
-    waiting for their bundles to finish. Does nothing where none was started."""
-    if not _workers_ignore_ctrl_c:
+    waiting for their bundles to finish; one Beam starts meanwhile is killed as
+    it appears, until the runner returns. Does nothing where no such run is on."""
+    if not _running_workers_that_ignore_ctrl_c.is_set():
         return
-    for pid in _sdk_worker_children():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    _kill_sdk_workers()
+    threading.Thread(target=_stop_late_workers, name="stop-late-workers", daemon=True).start()
 
 
 # ------------------------------------------------------------------ fast exit
