@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -115,6 +116,8 @@ RESUME_HINT = errors.RESUME_HINT
 # (_MainThreadWaker). Ignored by default, so one that comes after the handler
 # is restored does nothing.
 WAKE_SIGNAL = signal.SIGURG
+# How often the main thread is woken again until it has acted on the Ctrl-C.
+WAKE_AGAIN_S = 0.02
 _STOP_WATCHING = b"\0"  # no signal's number
 
 
@@ -136,11 +139,16 @@ class _MainThreadWaker:
     Python writes each signal's number to the wakeup fd as it arrives, in
     whatever thread; a thread here reads it and sends :data:`WAKE_SIGNAL` to the
     main thread, whose wait is interrupted, and which then runs the pending
-    SIGINT handler. The wake itself raises nothing, so a wake the main thread
+    SIGINT handler. Again every :data:`WAKE_AGAIN_S` until ``handled()``: a
+    signal that lands just before the main thread blocks (its lock wait
+    releases the GIL, then sleeps, with no look at pending signals between)
+    wakes nothing. The wake itself raises nothing, so a wake the main thread
     did not need is harmless.
     """
 
-    def __init__(self):
+    def __init__(self, handled):
+        """``handled()``: whether the main thread has acted on the Ctrl-C."""
+        self._handled = handled
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)  # what set_wakeup_fd requires
         self._thread: threading.Thread | None = None
@@ -160,11 +168,16 @@ class _MainThreadWaker:
 
     def _watch(self) -> None:
         main = threading.main_thread().ident
+        waking = False
         while True:
-            arrived = os.read(self._read, 256)
-            if not arrived or _STOP_WATCHING in arrived:
-                return
-            if signal.SIGINT in arrived:
+            timeout = WAKE_AGAIN_S if waking else None
+            if select.select([self._read], [], [], timeout)[0]:
+                arrived = os.read(self._read, 256)
+                if not arrived or _STOP_WATCHING in arrived:
+                    return
+                waking = waking or signal.SIGINT in arrived
+            waking = waking and not self._handled()
+            if waking:
                 signal.pthread_kill(main, WAKE_SIGNAL)
 
     def stop(self) -> None:
@@ -206,7 +219,7 @@ class _CtrlC:
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler
         ):
             self._previous = signal.signal(signal.SIGINT, self._handle)
-            self._waker = _MainThreadWaker()
+            self._waker = _MainThreadWaker(lambda: self.seen)
             self._waker.start()
         return self
 
