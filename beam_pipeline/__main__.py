@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -111,14 +112,96 @@ def _print_books_error(message: str, verbose: bool) -> None:
 RESUME_HINT = errors.RESUME_HINT
 
 
+# Sent to the main thread to wake it for a Ctrl-C another thread received
+# (_MainThreadWaker). Ignored by default, so one that comes after the handler
+# is restored does nothing.
+WAKE_SIGNAL = signal.SIGURG
+# How often the main thread is woken again until it has acted on the Ctrl-C.
+WAKE_AGAIN_S = 0.02
+_STOP_WATCHING = b"\0"  # no signal's number
+
+
+def _ignore(signum, frame) -> None:
+    """A Python handler that does nothing: its delivery interrupts a blocking wait."""
+
+
+class _MainThreadWaker:
+    """Makes the main thread act on a SIGINT whichever thread the kernel gave it to.
+
+    The kernel hands a process's signal to any one of its threads; Python runs
+    the handler in the main thread only, when that next runs bytecode. A main
+    thread waiting on a lock (Beam's runner waits on its bundles' futures) is
+    woken only by a signal to itself, so with the SIGINT taken by one of Beam's
+    or gRPC's threads it slept on: until a bundle happened to finish (the
+    handler ran late, after Beam had relayed what the dying workers said), or
+    for ever (the workers that died of the same Ctrl-C never answered).
+
+    Python writes each signal's number to the wakeup fd as it arrives, in
+    whatever thread; a thread here reads it and sends :data:`WAKE_SIGNAL` to the
+    main thread, whose wait is interrupted, and which then runs the pending
+    SIGINT handler. Again every :data:`WAKE_AGAIN_S` until ``handled()``: a
+    signal that lands just before the main thread blocks (its lock wait
+    releases the GIL, then sleeps, with no look at pending signals between)
+    wakes nothing. The wake itself raises nothing, so a wake the main thread
+    did not need is harmless.
+    """
+
+    def __init__(self, handled):
+        """``handled()``: whether the main thread has acted on the Ctrl-C."""
+        self._handled = handled
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # what set_wakeup_fd requires
+        self._thread: threading.Thread | None = None
+        self._previous_wake = None
+
+    def start(self) -> None:
+        """Watches for SIGINT; from the main thread only. Left undone where
+        someone else (an event loop) already reads the wakeup fd."""
+        previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        if previous != -1:
+            signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+            self._close()
+            return
+        self._previous_wake = signal.signal(WAKE_SIGNAL, _ignore)
+        self._thread = threading.Thread(target=self._watch, name="ctrl-c-waker", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        main = threading.main_thread().ident
+        waking = False
+        while True:
+            timeout = WAKE_AGAIN_S if waking else None
+            if select.select([self._read], [], [], timeout)[0]:
+                arrived = os.read(self._read, 256)
+                if not arrived or _STOP_WATCHING in arrived:
+                    return
+                waking = waking or signal.SIGINT in arrived
+            waking = waking and not self._handled()
+            if waking:
+                signal.pthread_kill(main, WAKE_SIGNAL)
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        signal.set_wakeup_fd(-1)
+        os.write(self._write, _STOP_WATCHING)
+        self._thread.join()
+        signal.signal(WAKE_SIGNAL, self._previous_wake)
+        self._close()
+
+    def _close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
 class _CtrlC:
     """Notes a Ctrl-C, then raises KeyboardInterrupt as Python's own handler does.
 
     A runner may turn the KeyboardInterrupt into another error on its way out
     (Beam's DirectRunner re-raises it from a step as ``RuntimeError:
-    KeyboardInterrupt [while running ...]``; its worker processes die of the
-    same Ctrl-C, and the threads watching them raise). Whatever comes out
-    after a Ctrl-C is reported as the Ctrl-C it is.
+    KeyboardInterrupt [while running ...]``; the threads watching its worker
+    processes raise when those end). Whatever comes out after a Ctrl-C is
+    reported as the Ctrl-C it is.
     """
 
     def __init__(self, verbose: bool):
@@ -126,6 +209,7 @@ class _CtrlC:
         self._verbose = verbose
         self._previous = None
         self._excepthook = threading.excepthook
+        self._waker: _MainThreadWaker | None = None
 
     def __enter__(self) -> _CtrlC:
         # Only where Python's default handler is set: an ignored SIGINT (a
@@ -135,23 +219,28 @@ class _CtrlC:
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler
         ):
             self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._waker = _MainThreadWaker(lambda: self.seen)
+            self._waker.start()
         return self
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
+            self._waker.stop()
             signal.signal(signal.SIGINT, self._previous)
         threading.excepthook = self._excepthook
 
     def _handle(self, signum, frame) -> None:
         self.seen = True
         if not self._verbose:
-            # The runner's threads that see their workers die of it need not say
-            # so, nor Beam's loggers: multi_processing's data plane logs the broken
-            # stream, and the job service relays each worker's "sdk harness
-            # failed" traceback (CRITICAL) when the Ctrl-C finds it waiting for work.
+            # The runner's threads that see its workers end need not say so,
+            # nor Beam's loggers (multi_processing's data plane logs the broken
+            # stream, the job service relays what a worker logs as it dies).
             threading.excepthook = lambda args: None
             for name in ("apache_beam", beam_private.JOB_SERVICE_LOGGER):
                 logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+        # multi_processing's workers ignore the Ctrl-C (beam_private says why):
+        # stopped now that nothing reports their end.
+        beam_private.stop_sdk_workers()
         raise KeyboardInterrupt
 
 

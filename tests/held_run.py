@@ -12,8 +12,10 @@ stall the run with fewer images converted than the test waits for. A test that n
 run still going (to start a second one into its output, to kill it)
 otherwise races the run's end, which a fast or idle machine can reach before
 the test acts; with the run held, the test acts first for certain, then
-creates GATE (or kills the run). The local conversion processes are forked
-from the command line, so they inherit the change.
+creates GATE (or kills the run, or sends it a Ctrl-C). The first process
+held creates :func:`held_marker` of GATE: the event a test waits for, after
+which the run can go no further until GATE exists. The local conversion
+processes are forked from the command line, so they inherit the change.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ import sys
 import time
 
 from beam_pipeline.stages import convert
+
+
+def held_marker(gate) -> str:
+    """The file that appears once the run is held (the first process waits at GATE)."""
+    return f"{gate}.held"
 
 
 def command(gate, after: int, args: list[str]) -> list[str]:
@@ -43,6 +50,8 @@ def hold(gate: str, after: int) -> None:
         with begun.get_lock():
             begun.value += 1
             held = begun.value > after
+        if held and not os.path.exists(gate):
+            open(held_marker(gate), "a").close()
         while held and not os.path.exists(gate):
             time.sleep(0.01)
         return real(*args, **kwargs)

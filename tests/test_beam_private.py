@@ -274,6 +274,33 @@ def test_the_local_engine_exits_fast_without_reading_beams_version(images, tmp_p
     assert contract.all_files(str(tmp_path / "o")) == normal
 
 
+# ------------------------------------------- multi_processing: the workers' command
+
+
+@pytest.mark.parametrize(
+    "log, command",
+    [
+        (None, "trap '' INT; exec py -m w"),
+        ("/tmp/o/workers.log", "trap '' INT; exec py -m w 2>>/tmp/o/workers.log"),
+        ("/tmp/a b/it's.log", "trap '' INT; exec py -m w 2>>'/tmp/a b/it'\"'\"'s.log'"),
+    ],
+)
+def test_the_worker_command_ignores_ctrl_c_and_appends_to_the_log(log, command):
+    assert beam_private.worker_command("py -m w", log) == command
+
+
+@pytest.mark.parametrize(
+    "stat, parent",
+    [
+        (b"4242 (python3) S 17 4242 4242 0 -1 4194560", 17),
+        (b"99 (a) b (c)) R 1 99 99 0 -1", 1),  # a command name holding ") "
+        (b"7 (sh) Z 4242 7 7 0 -1\n", 4242),
+    ],
+)
+def test_parent_pid_of_a_proc_stat_line(stat, parent):
+    assert beam_private.parent_pid(stat) == parent
+
+
 # ------------------------------------------- multi_processing: the workers' stderr
 
 MULTI = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")

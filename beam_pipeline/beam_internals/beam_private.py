@@ -51,6 +51,12 @@ The tricks, and why each exists:
   stderr, which it shares with the CLI; the CLI's rule is one ``error:``
   line, a traceback only with ``--verbose``. Fallback: the workers write to
   the CLI's stderr, as in plain Beam.
+* The same rewrite makes those workers ignore SIGINT, and
+  :func:`stop_sdk_workers` kills them on the CLI's Ctrl-C, after the CLI has
+  quieted Beam: a worker that died of the terminal's Ctrl-C itself had Beam
+  relay its traceback, and Beam's threads report its broken streams, before
+  the CLI could quiet them. Fallback: the workers die of the Ctrl-C, as in
+  plain Beam.
 * :func:`fast_exit` ends ``python -m beam_pipeline`` with ``os._exit`` once
   every output is closed and renamed, skipping the interpreter's teardown of
   Beam's runner state (threads, gRPC channels, caches), which lengthened a
@@ -62,10 +68,14 @@ docs/performance.md ("Measurements behind code choices") has the numbers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 
 # The Beam these tricks were read against. Move it only after re-reading each
 # trick against the new Beam's source (tests/test_beam_private.py).
@@ -300,12 +310,31 @@ def shorten_state_sampling() -> bool:
 
 
 # The command line FnApiRunner.run_pipeline gives multi_processing's workers
-# (with sys.executable); the only one whose stderr is redirected.
-_SDK_WORKER_COMMAND = "{python} -m apache_beam.runners.worker.sdk_worker_main"
+# (with sys.executable); the only one rewritten.
+_SDK_WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
+_SDK_WORKER_COMMAND = "{python} -m " + _SDK_WORKER_MODULE
+
+# Prefixed to that command line (run by ``sh -c``): the worker ignores SIGINT (a
+# signal ignored at exec stays ignored, and Python then installs no handler).
+# A terminal's Ctrl-C reaches the whole process group; a worker that died of it
+# would have Beam's job service relay its CRITICAL "sdk harness failed"
+# traceback, and Beam's threads here report the broken streams, before this
+# process had quieted them. The command line stops the workers itself, after
+# (stop_sdk_workers). ``exec``: the worker is this process's own child.
+_IGNORE_CTRL_C = "trap '' INT; exec "
+
+# Set while this process runs a pipeline whose workers ignore Ctrl-C
+# (stop_sdk_workers), cleared as the runner returns.
+_running_workers_that_ignore_ctrl_c = threading.Event()
+# How often workers that appear after a Ctrl-C are looked for, until the runner returns.
+_STOP_LATE_WORKERS_EVERY_S = 0.05
 
 
 def direct_fn_api_runner(all_options: dict, workers_log: str | None = None):
     """The runner DirectRunner uses for a batch pipeline, without its Prism attempt.
+
+    With ``multi_processing``, its worker processes ignore Ctrl-C
+    (:func:`stop_sdk_workers` stops them).
 
     Args:
         all_options: ``PipelineOptions.get_all_options()`` of the job.
@@ -326,47 +355,115 @@ def direct_fn_api_runner(all_options: dict, workers_log: str | None = None):
             pipeline_options=JobServiceHandle.encode_pipeline_options(all_options)
         )
         provision = fn_runner.ExtendedProvisionInfo(info)
-        if workers_log is None or all_options.get("direct_running_mode") != "multi_processing":
+        if all_options.get("direct_running_mode") != "multi_processing":
             return fn_runner.FnApiRunner(provision_info=provision)
     except Exception as error:
         _fell_back("direct_fn_api_runner", error, "using Beam's DirectRunner")
         return None
-    return _runner_with_workers_log(fn_runner.FnApiRunner, workers_log)(provision_info=provision)
+    return _runner_with_worker_command(fn_runner.FnApiRunner, workers_log)(provision_info=provision)
 
 
-def _runner_with_workers_log(base, workers_log: str):
-    """A FnApiRunner class whose multi_processing workers append stderr to ``workers_log``.
+def worker_command(command: str, workers_log: str | None) -> str:
+    """The shell command line that runs the worker ``command``: Ctrl-C ignored, and
+    its stderr appended to ``workers_log`` (None: left alone)."""
+    import shlex
+
+    redirect = f" 2>>{shlex.quote(workers_log)}" if workers_log else ""
+    return f"{_IGNORE_CTRL_C}{command}{redirect}"
+
+
+def _runner_with_worker_command(base, workers_log: str | None):
+    """A FnApiRunner class whose multi_processing workers ignore Ctrl-C and, with a
+    ``workers_log``, append their stderr to it (:func:`worker_command`).
 
     The worker command is rewritten in the pipeline proto, where
     ``run_pipeline`` put it, just before ``run_via_runner_api`` starts the
     workers; nothing outside this runner changes.
     """
-    import shlex
 
-    class FnApiRunnerWithWorkersLog(base):
+    class FnApiRunnerWithWorkerCommand(base):
         def run_via_runner_api(self, pipeline_proto, options):
             try:
                 from apache_beam.portability import python_urns
 
-                command = _SDK_WORKER_COMMAND.format(python=sys.executable).encode("utf-8")
+                command = _SDK_WORKER_COMMAND.format(python=sys.executable)
                 found = [
                     env
                     for env in pipeline_proto.components.environments.values()
-                    if env.urn == python_urns.SUBPROCESS_SDK and env.payload == command
+                    if env.urn == python_urns.SUBPROCESS_SDK
+                    and env.payload == command.encode("utf-8")
                 ]
                 if not found:
-                    raise LookupError(f"no worker environment runs {command.decode()!r}")
+                    raise LookupError(f"no worker environment runs {command!r}")
                 for env in found:
-                    env.payload = command + f" 2>>{shlex.quote(workers_log)}".encode()
+                    env.payload = worker_command(command, workers_log).encode("utf-8")
+                _running_workers_that_ignore_ctrl_c.set()
             except Exception as error:
                 _fell_back(
                     "direct_fn_api_runner",
                     error,
-                    "multi_processing's workers print to this process's stderr",
+                    "multi_processing's workers print to this process's stderr and die of "
+                    "a Ctrl-C themselves",
                 )
-            return super().run_via_runner_api(pipeline_proto, options)
+            try:
+                return super().run_via_runner_api(pipeline_proto, options)
+            finally:
+                _running_workers_that_ignore_ctrl_c.clear()
 
-    return FnApiRunnerWithWorkersLog
+    return FnApiRunnerWithWorkerCommand
+
+
+def parent_pid(stat: bytes) -> int:
+    """The parent's PID in a ``/proc/PID/stat`` line (the command name, in
+    parentheses, may itself hold spaces and parentheses)."""
+    return int(stat.rpartition(b")")[2].split()[1])
+
+
+def _sdk_worker_children() -> list[int]:
+    """The PIDs of this process's children that run Beam's SDK worker (Linux's /proc)."""
+    found = []
+    me = os.getpid()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as stat:
+                    if parent_pid(stat.read()) != me:
+                        continue
+                with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                    if _SDK_WORKER_MODULE.encode() in cmdline.read():
+                        found.append(int(name))
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+    return found
+
+
+def _kill_sdk_workers() -> None:
+    for pid in _sdk_worker_children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _stop_late_workers() -> None:
+    # Beam starts each worker from a thread of its own: one whose start had
+    # begun at the Ctrl-C appears after the first sweep, and Beam's shutdown
+    # would wait for it for ever (it ignores the Ctrl-C, and no work comes).
+    while _running_workers_that_ignore_ctrl_c.is_set():
+        _kill_sdk_workers()
+        time.sleep(_STOP_LATE_WORKERS_EVERY_S)
+
+
+def stop_sdk_workers() -> None:
+    """Kills the multi_processing worker processes this process started, which
+    ignore Ctrl-C: for the command line's Ctrl-C, once it has quieted what
+    reports their end. Beam's own shutdown then finds them gone instead of
+    waiting for their bundles to finish; one Beam starts meanwhile is killed as
+    it appears, until the runner returns. Does nothing where no such run is on."""
+    if not _running_workers_that_ignore_ctrl_c.is_set():
+        return
+    _kill_sdk_workers()
+    threading.Thread(target=_stop_late_workers, name="stop-late-workers", daemon=True).start()
 
 
 # ------------------------------------------------------------------ fast exit
