@@ -192,7 +192,10 @@ def parse_args(argv: list[str]) -> Command:
     missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
-    given = vars(args)
+    given = {
+        name: paths.place(value) if name in _PLACES and value else value
+        for name, value in vars(args).items()
+    }
     options = RunOptions(**{f.name: given[f.name] for f in flags.FLAGS if f.field is None})
     if options.local_processes is not None:
         capped, note = capped_processes(options.local_processes, os.cpu_count() or 1)
@@ -202,8 +205,9 @@ def parse_args(argv: list[str]) -> Command:
     return Command(_config(given, beam, options), options, beam)
 
 
-# Paths normalised where they enter: every later step compares and joins these.
-_PATHS = ("output", "reuse")
+# The flags that name a location: made places where they enter (paths.place),
+# which every later step joins and compares as they are.
+_PLACES = ("input", "manifest", "output", "reuse")
 
 
 def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> JobConfig:
@@ -214,8 +218,6 @@ def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> J
             if flag.field is None:
                 continue
             value = flag.field_value(given[flag.name])
-            if flag.name in _PATHS and value:
-                value = paths.normalize_root(value)
             block, _, name = flag.field.rpartition(".")
             (image if block == "image" else values)[name] = value
         spec = images.ImageSpec(**image)

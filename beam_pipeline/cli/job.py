@@ -52,14 +52,14 @@ CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 WORKERS_LOG = "workers.log"
 
 
-def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
+def check_output(output: paths.Place, input_root: paths.Place | None, overwrite: bool) -> None:
     """Refuses an output inside the input, one we cannot write to, or one holding
     a finished dataset or others' files (unless --overwrite). Reads only.
 
     An unfinished run of this job is resumed; :func:`resume.prepare` decides.
     """
 
-    out = paths.normalize_root(output)
+    out = output  # a place (paths.place, where the flag entered)
     # As places (symbolic links and ".." resolved), not as strings: no spelling
     # of the input is written to.
     if input_root and paths.inside(out, input_root):
