@@ -37,8 +37,8 @@ def test_check_alone_decides_the_engine_and_the_spill_folder_and_writes_nothing(
     root, out, _ = folders
     lines, say = _said()
     checked = job.check(_command(root, out, "--local_processes", "2"), say)
-    assert checked.engine == choice.LOCAL_ENGINE
-    assert checked.processes == 2 and checked.forks
+    assert checked.engine.name == choice.LOCAL_ENGINE
+    assert checked.engine.processes == 2 and checked.engine.pooled
     assert checked.spill_dir == spill.default_dir(str(out))
     assert tuple(checked.config.layout.classes) == ("a", "b")
     assert checked.workers_log is None  # the local engine has no Beam workers
@@ -50,8 +50,8 @@ def test_check_alone_on_beam_with_one_process_has_no_pool(folders):
     checked = job.check(
         _command(root, out, "--runner", "DirectRunner", "--local_processes", "1"), _said()[1]
     )
-    assert checked.engine == choice.BEAM
-    assert not checked.forks and checked.spill_dir is None
+    assert checked.engine.name == choice.BEAM
+    assert not checked.engine.pooled and checked.spill_dir is None
     assert not out.exists()
 
 

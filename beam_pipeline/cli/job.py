@@ -143,7 +143,7 @@ def build_and_run(
     """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
     or None when not waiting (``wait`` false, or a Dataflow template was written).
 
-    ``beam_flags``: Beam's flags (``arguments.with_local_defaults``'s).
+    ``beam_flags``: Beam's flags (``choice.with_local_defaults``'s).
     ``workers_log``: a local file for the stderr of DirectRunner's
     multi_processing worker processes (None: they share this process's stderr).
     ``pool``: the local conversion processes (``local_pool.Pool``) for the pooled path.
@@ -169,7 +169,7 @@ def build_and_run(
             os.makedirs(os.path.dirname(workers_log), exist_ok=True)
             open(workers_log, "w").close()  # a resumed run's log starts empty
         runner = beam_private.direct_fn_api_runner(options.get_all_options(), workers_log)
-        workers = arguments.direct_workers(beam_flags, config.conversion_processes)
+        workers = choice.direct_workers(beam_flags, config.conversion_processes)
         runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
     elif beam_flags.on_dask:
         # Beam knows the Dask runner by its dotted path only; all these names
@@ -257,20 +257,14 @@ class Checked:
     made_by: ClassVar[str] = "check"
     config: JobConfig  # its layout found
     options: arguments.RunOptions
-    beam: beam_options.BeamFlags  # with the local defaults (arguments.with_local_defaults)
-    engine: str  # choice.LOCAL_ENGINE or choice.BEAM
-    processes: int  # of the local pool (1: none)
+    engine: choice.Engine  # which, Beam's flags as run, the local processes
     spill_dir: str | None  # where the local pool spills (None: no pool)
     workers_log: str | None  # multi_processing workers' stderr (None: this process's)
 
     @property
     def template(self) -> str | None:
         """The Dataflow template this run writes instead of running a job."""
-        return self.beam.given("template_location")
-
-    @property
-    def forks(self) -> bool:
-        return self.spill_dir is not None
+        return self.engine.beam.given("template_location")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,7 +320,6 @@ def check(command: arguments.Command, say) -> Checked:
     options, given_beam = command.options, command.beam
     if not options.wait and given_beam.on_dask:
         raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
-    beam, processes = arguments.with_local_defaults(given_beam, options.local_processes)
     # Every process of this run (forked or started) retries GCS this long at most.
     gcs.set_timeout(options.gcs_timeout_s)
     config = arguments.discover(command).config
@@ -334,11 +327,10 @@ def check(command: arguments.Command, say) -> Checked:
     # OLD first: an --output that is OLD is refused as such.
     check_reuse(config, say)
     check_output(output, layout.root if layout.kind != "manifest" else None, options.overwrite)
-    engine = choice.choose_engine(given_beam, layout, output)
-    local = engine == choice.LOCAL_ENGINE
-    spill_dir = config.spill_directory if processes > 1 or local else None
-    workers_log = None if options.verbose or local else _workers_log_path(output)
-    return Checked(config, options, beam, engine, processes, spill_dir, workers_log)
+    engine = choice.plan(given_beam, options.local_processes, layout, output)
+    spill_dir = config.spill_directory if engine.pooled else None
+    workers_log = None if options.verbose or engine.local else _workers_log_path(output)
+    return Checked(config, options, engine, spill_dir, workers_log)
 
 
 def prepare(checked: Checked, held: output_lock.LocalLock | output_lock.GcsLock | None) -> Prepared:
@@ -360,7 +352,8 @@ def fork(prepared: Prepared) -> Forked:
     """Forks the local conversion processes, where the job has any."""
     _require(prepared, Prepared, "fork")
     checked = prepared.checked
-    return Forked(prepared, local_pool.start(checked.processes) if checked.forks else None)
+    engine = checked.engine
+    return Forked(prepared, local_pool.start(engine.processes) if engine.pooled else None)
 
 
 def read_leftovers(forked: Forked, say) -> Resumed:
@@ -414,7 +407,7 @@ def run_beam(launched: Launched, say):
     try:
         return build_and_run(
             checked.config,
-            checked.beam,
+            checked.engine.beam,
             checked.options.wait,
             say,
             checked.workers_log,
@@ -479,7 +472,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         try:
             try:
                 resumed = read_leftovers(fork(prepared), say)
-                if checked.engine == choice.LOCAL_ENGINE:
+                if checked.engine.local:
                     counted = run_local(resumed, say)
                     return _finish(output, started, cpu_started, counted, True)
                 result = run_beam(launch(resumed, say), say)
@@ -498,7 +491,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
         if result is None:
             return {}  # --wait=false: submitted; the lock covered the launch only
         counted = summary.counters(result)
-        return _finish(output, started, cpu_started, counted, checked.beam.on_direct_runner)
+        return _finish(output, started, cpu_started, counted, checked.engine.beam.on_direct_runner)
 
 
 @contextlib.contextmanager
