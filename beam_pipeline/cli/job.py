@@ -273,9 +273,8 @@ class Prepared:
 
     made_by: ClassVar[str] = "prepare"
     checked: Checked
-    held: (
-        output_lock.LocalLock | output_lock.GcsLock | None
-    )  # None: a template build, which writes nothing there
+    # None: a template build, which writes nothing there.
+    held: output_lock.LocalLock | output_lock.GcsLock | None
     found: resume.Leftovers
 
 
