@@ -461,7 +461,7 @@ def test_index_files_locate_every_record(dataset, tmp_path):
 
 def test_local_default_skips_construction_type_checks_unless_asked():
     from beam_pipeline.beam_internals.beam_options import check
-    from beam_pipeline.cli.arguments import with_local_defaults
+    from beam_pipeline.engines.choice import with_local_defaults
 
     beam, _ = with_local_defaults(check([]), None)
     assert "--no_pipeline_type_check" in beam.args and IN_MEMORY in beam.args

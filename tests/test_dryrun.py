@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -10,6 +11,8 @@ import pytest
 
 from beam_pipeline.__main__ import main, run
 from beam_pipeline.cli import dryrun
+from beam_pipeline.core import groups, keys
+from beam_pipeline.stages.job_config import JobConfig
 from tests import contract
 from tests.image_factory import add_bad_files, make_class_folders
 
@@ -164,20 +167,53 @@ def test_unknown_machine_types(name):
         dryrun.machine_type(name)
 
 
+def _census(listed: int) -> dryrun.InputCensus:
+    keys_ = [keys.order_key(42, f"img{i}") for i in range(listed)]
+    listed_keys = {"train": keys_} if listed else {}
+    return dryrun.InputCensus([], {}, listed_keys, {}, collections.Counter(), None, groups.Census())
+
+
 @pytest.mark.parametrize(
-    "records, total, target, minimum, shards",
+    "listed, sizes, rejected, target, minimum, expected",
     [
-        (0, 0, 100, 1, 0),
-        (1, 500, 100, 1, 1),  # 5 shards wanted, one record: one shard
-        (1000, 500, 100, 1, 5),
-        (10, 1000, 100, 1, 10),  # exact: ceil(bytes / target), capped by the records
-        (7, 1000, 100, 1, 7),
-        (100, 50, 100, 4, 4),  # --min_shards
-        (100, 250, 100, 1, 3),
+        (0, [100], 0, 100, 1, (0, 0, 0, 0)),  # no image listed: no shard
+        (1, [500], 0, 100, 1, (1, 0, 500, 1)),  # 5 shards wanted, one record: one shard
+        (1000, [0, 1], 0, 100, 1, (1000, 0, 500, 5)),
+        (10, [100], 0, 100, 1, (10, 0, 1000, 10)),  # ceil(bytes / target), capped by the records
+        (100, [0, 1], 0, 100, 4, (100, 0, 50, 4)),  # --min_shards
+        (8, [100, 100, 100], 1, 100, 1, (6, 2, 600, 6)),  # a quarter of the sample rejected
     ],
 )
-def test_expected_shards(records, total, target, minimum, shards):
-    assert dryrun.expected_shards(records, target, total, minimum) == shards
+def test_the_job_plans_the_splits_of_the_estimate(
+    listed, sizes, rejected, target, minimum, expected
+):
+    """The sample's reject rate and mean record size applied to the listed keys,
+    cut into shards by the job's Plan stage."""
+    sample = dryrun.Sample(len(sizes) + rejected, sizes, {}, [("x", "bad")] * rejected, 0, 0, False)
+    config = JobConfig(
+        layout=None,
+        output="o",
+        splits={"train": 1.0},
+        target_shard_bytes=target,
+        min_shards=minimum,
+    )
+    [estimate] = dryrun.estimate_splits(_census(listed), sample, ["train"], config)
+    assert estimate.images == listed
+    assert (estimate.records, estimate.rejects, estimate.bytes, estimate.shards) == expected
+
+
+@pytest.mark.e2e
+def test_a_dry_run_that_samples_every_image_plans_the_shards_the_job_writes(tmp_path):
+    root = tmp_path / "images"
+    make_class_folders(str(root), per_class=10, size_range=(60, 200))
+    flags = ["--splits", "train=1.0", "--target_shard_mb", "0.02", "--min_shards", "2"]
+    estimate = run(["--input", str(root), "--output", str(tmp_path / "o"), "--dry_run", *flags])
+    assert estimate["sampled"] == estimate["images"]  # the sample is the whole input
+    assert main(["--input", str(root), "--output", str(tmp_path / "o"), "--quiet", *flags]) == 0
+    split = contract.load_info(str(tmp_path / "o"))["splits"]["train"]
+    guess = estimate["splits"]["train"]
+    assert (guess["records"], guess["bytes"]) == (split["num_examples"], split["num_bytes"])
+    assert guess["shards"] == len(split["shards"]) > 2
 
 
 def test_dataflow_cost_adds_up_workers_memory_disk_shuffle_and_reads():

@@ -6,7 +6,7 @@ option table in ``beam_options``), so a bad flag ends with one ``error:`` line
 before any process is forked. Beam's flags are read there once, into a
 :class:`~beam_pipeline.beam_internals.beam_options.BeamFlags` that every later
 step reads (the runner, the DirectRunner's mode, ...).
-:func:`with_local_defaults` fills in the local DirectRunner's mode and the
+``choice.with_local_defaults`` fills in the local DirectRunner's mode and the
 number of conversion processes.
 """
 
@@ -21,6 +21,7 @@ from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.core import flags, images
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.core.flags import MAX_PROCESSES_PER_CORE
+from beam_pipeline.engines import choice
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery, paths
 
@@ -214,7 +215,10 @@ def parse_args(argv: list[str]) -> Command:
     missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
-    given = vars(args)
+    given = {
+        name: paths.place(value) if name in _PLACES and value else value
+        for name, value in vars(args).items()
+    }
     options = RunOptions(**{f.name: given[f.name] for f in flags.FLAGS if f.field is None})
     cpus = os.cpu_count() or 1
     notes = []
@@ -230,8 +234,9 @@ def parse_args(argv: list[str]) -> Command:
     return Command(_config(given, beam, options), options, beam)
 
 
-# Paths normalised where they enter: every later step compares and joins these.
-_PATHS = ("output", "reuse")
+# The flags that name a location: made places where they enter (paths.place),
+# which every later step joins and compares as they are.
+_PLACES = ("input", "manifest", "output", "reuse")
 
 
 def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> JobConfig:
@@ -242,14 +247,12 @@ def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> J
             if flag.field is None:
                 continue
             value = flag.field_value(given[flag.name])
-            if flag.name in _PATHS and value:
-                value = paths.normalize_root(value)
             block, _, name = flag.field.rpartition(".")
             (image if block == "image" else values)[name] = value
         spec = images.ImageSpec(**image)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    _, processes = with_local_defaults(beam, options.local_processes)
+    _, processes = choice.with_local_defaults(beam, options.local_processes)
     return JobConfig(layout=None, image=spec, conversion_processes=processes, **values)
 
 
@@ -258,39 +261,6 @@ def discover(command: Command) -> Command:
     options = command.options
     layout = discovery.discover(options.input, options.manifest, options.skip_unreadable_folders)
     return dataclasses.replace(command, config=dataclasses.replace(command.config, layout=layout))
-
-
-def with_local_defaults(
-    beam: beam_options.BeamFlags, processes: int | None
-) -> tuple[beam_options.BeamFlags, int]:
-    """DirectRunner with no explicit mode: use every core, not one in-memory thread.
-
-    Returns Beam's flags (with the mode added) and the number of local
-    conversion processes (1: none beside the runner's own workers).
-    ``multi_threading`` is avoided on purpose (docs/format.md section 5: it was seen
-    to lose records under load).
-    """
-    if not beam.on_direct_runner:
-        return beam, 1
-    mode = beam.direct_running_mode
-    if mode is not None:
-        return beam, (processes or 1) if mode == "in_memory" else 1
-    extra = ["--direct_running_mode=in_memory"]
-    if not beam.given("pipeline_type_check"):
-        # Beam's construction-time type checks guard user-written pipelines; this
-        # one is fixed and tested, and checking it costs CPU on every run while
-        # the conversion processes need the cores.
-        extra.append("--no_pipeline_type_check")
-    return beam.plus(extra), processes or os.cpu_count() or 1
-
-
-def direct_workers(beam: beam_options.BeamFlags, processes: int) -> int:
-    """The processes that convert on a DirectRunner run: the local pool's in the
-    ``in_memory`` mode, else Beam's workers (``--direct_num_workers``: Beam's
-    default 1; 0 is one per core)."""
-    if beam.direct_running_mode == "in_memory":
-        return processes
-    return beam.get("direct_num_workers", 1) or os.cpu_count() or 1
 
 
 def verbose_requested(argv: list[str]) -> bool:

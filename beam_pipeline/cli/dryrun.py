@@ -25,11 +25,11 @@ import time
 from collections.abc import Sequence
 
 from beam_pipeline.cli import arguments
-from beam_pipeline.core import groups, images, keys, metadata, settings
+from beam_pipeline.core import books, groups, images, metadata, settings
 from beam_pipeline.core.elements import ImageRef, Rejection
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice
-from beam_pipeline.stages import convert, reuse, reuse_scan
+from beam_pipeline.stages import convert, list_images, plan, reuse, reuse_scan
 from beam_pipeline.storage import discovery, listing, paths, reading
 
 SAMPLE_SIZE = 300
@@ -183,15 +183,6 @@ def local_wall_s(
     return fixed + images * cpu_s_per_image / (max(1, processes) * efficiency)
 
 
-def expected_shards(records: float, target_bytes: int, total_bytes: float, min_shards: int) -> int:
-    """Shards a split of ``records`` records and ``total_bytes`` bytes is written in:
-    exactly ``keys.num_shards``, capped by the records (docs/format.md section 3)."""
-    if records <= 0:
-        return 0
-    count = max(1, round(records))
-    return keys.num_shards(int(total_bytes), target_bytes, min_shards, records=count)
-
-
 def reason_kind(reason: str) -> str:
     """The stable head of a rejection reason: ``corrupt image``, ``not an image``, ..."""
     return reason.split(":", 1)[0].strip()
@@ -202,69 +193,66 @@ def reason_kind(reason: str) -> str:
 
 @dataclasses.dataclass
 class InputCensus:
-    """What listing the whole input found."""
+    """What listing the whole input with the job's List stage found."""
 
-    refs: list[tuple[str, str, int, str]]  # (image_id, path, label, split), as the job lists
+    refs: list[ImageRef]  # sorted, so that the sample drawn with the seed is the same
     counts: dict[tuple[str, int], int]  # (split, label) -> images
+    listed: dict[str, list[int]]  # split -> the order keys listed, for the Plan stage
     skipped: dict[str, list[str]]  # why -> the relative paths skipped for it
     extensions: collections.Counter
     input_bytes: int | None  # total size of the listed files, when the listing says
     groups: groups.Census  # who is in which split, as the job's listing counts it
 
 
-def _list_folders(layout: discovery.Layout) -> tuple[list, dict, int]:
-    """Lists every class folder as the job does (``listing.sized_folder_rows``: the
-    same rows, plus sizes and hidden entries), in parallel threads; gs:// through
-    Beam's FileSystems."""
-    root = layout.root
-    refs, skipped = [], collections.defaultdict(list)
-    for path in layout.loose_files:
-        skipped[listing.NOT_IN_CLASS_FOLDER].append(paths.relative_id(root, path))
-
-    def rows(folder):
-        return list(listing.sized_folder_rows(folder, root, sizes=True, hidden=True))
-
-    total = 0
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        for found in pool.map(rows, layout.folders):
-            for row in found:
-                if isinstance(row, listing.Skipped):
-                    skipped[row.reason].append(paths.relative_id(root, row.path))
-                    continue
-                total += row[-1] or 0  # its size
-                refs.append((*row[:-1], None))  # in no group the layout names
-    return refs, skipped, total
-
-
-def _list_manifest(layout: discovery.Layout) -> tuple[list, dict, None]:
-    refs, skipped = [], collections.defaultdict(list)
-    for row in layout.rows(layout.manifest):  # (id, path, label, split, group) or Skipped
+def _rows(layout: discovery.Layout, source, sizes: list[int]):
+    """``layout.rows(source)``, but a class folder's are listed with their sizes
+    (added to ``sizes``) and hidden entries (as Skipped): ``listing.sized_folder_rows``."""
+    if layout.kind == "manifest":
+        yield from layout.rows(source)
+        return
+    for row in listing.sized_folder_rows(source, layout.root, sizes=True, hidden=True):
         if isinstance(row, listing.Skipped):
-            skipped[row.reason].append(row.path)
-        else:
-            refs.append(row)
-    return refs, skipped, None
-
-
-def _finish_census(rows, skipped, total, seed, fractions, group_by) -> InputCensus:
-    """The rows' splits and groups drawn as the job's listing draws them (list_images)."""
-    found, refs = groups.Census(), []
-    for image_id, path, label, split, column in rows:
-        group = groups.group_of(group_by, image_id, column)
-        split = split or groups.split_of(seed, image_id, group, fractions)
-        found.add(split, group, label)
-        refs.append((image_id, path, label, split))
-    refs.sort()  # so that the sample drawn with the seed does not depend on the listing order
-    skipped = {why: sorted(paths) for why, paths in skipped.items()}
-    counts = collections.Counter((split, label) for _, _, label, split in refs)
-    extensions = collections.Counter(posixpath.splitext(i)[1].lower() or "(none)" for i, *_ in refs)
-    return InputCensus(refs, dict(counts), dict(skipped), extensions, total, found)
+            yield row
+            continue
+        *head, size = row
+        sizes.append(size or 0)
+        yield (*head, None)  # in no group the layout names
 
 
 def census(layout: discovery.Layout, seed: int, fractions, group_by=None) -> InputCensus:
-    """Lists the whole input as the job would, without converting anything."""
-    listed = _list_manifest(layout) if layout.kind == "manifest" else _list_folders(layout)
-    return _finish_census(*listed, seed, fractions, group_by)
+    """Lists the whole input with the job's List stage (``list_images.list_source``),
+    a source per thread (gs:// through Beam's FileSystems), converting nothing."""
+    root, sizes = layout.root, []
+    folders = layout.kind != "manifest"
+    refs, skipped, found, listed = [], collections.defaultdict(list), groups.Census(), {}
+    for path in layout.loose_files:
+        skipped[listing.NOT_IN_CLASS_FOLDER].append(paths.relative_id(root, path))
+
+    def list_one(source) -> list:
+        rows = _rows(layout, source, sizes)
+        return list(list_images.list_source(layout, source, seed, fractions, group_by, rows))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for items in pool.map(list_one, layout.sources):
+            for item in items:
+                if isinstance(item, ImageRef):
+                    refs.append(item)
+                elif isinstance(item, listing.Skipped):
+                    skipped[item.reason].append(
+                        paths.relative_id(root, item.path) if folders else item.path
+                    )
+                elif isinstance(item, groups.Census):
+                    found.merge(item)
+                else:  # the keys the job's books count as listed
+                    listed.setdefault(item.split, []).extend(item.tally.listed)
+    refs.sort()
+    counts = collections.Counter((ref.split, ref.label) for ref in refs)
+    extensions = collections.Counter(
+        posixpath.splitext(r.image_id)[1].lower() or "(none)" for r in refs
+    )
+    skipped = {why: sorted(names) for why, names in skipped.items()}
+    total = sum(sizes) if folders else None
+    return InputCensus(refs, dict(counts), listed, skipped, extensions, total, found)
 
 
 # ------------------------------------------------------------------ sample
@@ -303,8 +291,7 @@ def convert_sample(
     cpu_budget_s: float = SAMPLE_CPU_BUDGET_S,
 ) -> Sample:
     """Converts up to ``size`` images drawn with ``seed``, in memory, one at a time."""
-    drawn = random.Random(seed).sample(list(refs), min(size, len(refs)))
-    chosen = [ImageRef(*ref) for ref in drawn]
+    chosen = random.Random(seed).sample(list(refs), min(size, len(refs)))
     remote = [ref.path for ref in chosen if not paths.is_local(ref.path)]
     prefetched = dict(zip(remote, _read_all(remote), strict=True))
     sample = Sample(0, [], collections.defaultdict(list), [], 0.0, 0.0, bool(remote))
@@ -351,33 +338,33 @@ class SplitEstimate:
 
 
 def estimate_splits(
-    census: InputCensus,
-    sample: Sample,
-    split_names: Sequence[str],
-    target_bytes: int,
-    min_shards: int,
+    census: InputCensus, sample: Sample, split_names, config
 ) -> list[SplitEstimate]:
-    """Records, bytes and shards per split, extrapolated from the sample."""
+    """Records, bytes and shards per split: the sample's reject rate and mean record
+    size applied to each split's listed keys, which the job's Plan stage
+    (``plan.Books``, ``config``'s shard target) then cuts into shards."""
     reject_rate = len(sample.rejections) / sample.converted if sample.converted else 0.0
     mean_all = sum(sample.record_bytes) / len(sample.record_bytes) if sample.record_bytes else 0.0
-    per_split = collections.Counter()
-    for (split, _), count in census.counts.items():
-        per_split[split] += count
+    tallies = plan.Books()
+    for split, listed in census.listed.items():
+        records = len(listed) - round(len(listed) * reject_rate)
+        written = books.KeyTally(
+            listed=tuple(listed),
+            written=tuple(listed[:records]),
+            record_bytes=round(records * mean_all),
+        )
+        tallies.add(split, written)
+        tallies.add(split, books.KeyTally(rejected=tuple(listed[records:])))
+    plans = tallies.plans(config)
     out = []
     for name in split_names:
-        n = per_split.get(name, 0)
-        records_ = n * (1 - reject_rate)
-        total = records_ * mean_all
-        out.append(
-            SplitEstimate(
-                name,
-                n,
-                records_,
-                n * reject_rate,
-                total,
-                expected_shards(records_, target_bytes, total, min_shards),
+        p = plans.get(name)
+        if p is None:
+            out.append(SplitEstimate(name, 0, 0, 0, 0, 0))
+        else:
+            out.append(
+                SplitEstimate(name, p.listed, p.written, p.rejected, p.record_bytes, p.shards)
             )
-        )
     return out
 
 
@@ -410,16 +397,13 @@ def _fmt_usd(usd: float) -> str:
 
 def local_run(config, options, beam) -> tuple[str, int, bool]:
     """How the job would convert here: (what runs it, its conversion processes,
-    whether on Beam), decided as the job decides (``choice.choose_engine``,
-    ``arguments.with_local_defaults``). A job for another runner (Dataflow,
+    whether on Beam), planned as the job plans it (``choice.plan``). A job for another runner (Dataflow,
     Dask) is estimated on the local engine, for comparison."""
-    engine = choice.choose_engine(beam, config.layout, config.output)
-    local_beam, processes = arguments.with_local_defaults(beam, options.local_processes)
-    if engine == choice.LOCAL_ENGINE:
-        return "local engine", processes, False
-    if local_beam.on_direct_runner:
-        mode = local_beam.direct_running_mode
-        return f"Beam DirectRunner {mode}", arguments.direct_workers(local_beam, processes), True
+    engine = choice.plan(beam, options.local_processes, config.layout, config.output)
+    if engine.local:
+        return "local engine", engine.processes, False
+    if engine.beam.on_direct_runner:
+        return f"Beam DirectRunner {engine.beam.direct_running_mode}", engine.converting, True
     return "local engine", options.local_processes or os.cpu_count() or 1, False
 
 
@@ -450,9 +434,7 @@ def report(command, output_problem: str | None, out=None, old: reuse.OldDataset 
     sample = convert_sample(
         found.refs, config.image, config.seed, layout.classes, SAMPLE_SIZE, SAMPLE_CPU_BUDGET_S
     )
-    splits = estimate_splits(
-        found, sample, split_names, config.target_shard_bytes, config.min_shards
-    )
+    splits = estimate_splits(found, sample, split_names, config)
     total_images = len(found.refs)
     cpu_per_image = sample.cpu_s / max(1, sample.converted)
     ahead = None

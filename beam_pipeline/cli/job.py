@@ -1,16 +1,19 @@
 """One conversion job, shaped like Beam's wordcount: arguments -> config -> build -> run -> summary.
 
-:func:`run` parses the arguments (``arguments.py``), finds the input's
-layout, checks ``--output`` and an earlier run's leftovers (``resume.py``),
-starts the local conversion processes, turns the arguments into a
-:class:`~beam_pipeline.stages.job_config.JobConfig` (``arguments.parse_args`` made it),
-runs it on the engine :func:`choice.choose_engine` picks (the local engine, or the
-Beam graph: :func:`build_and_run`) and prints the summary (``summary.py``).
+:func:`run` parses the arguments (``arguments.py``) and runs the job's steps,
+each of which takes the typed value the one before it returns, so that they
+run in one order only: :func:`check` (the input's layout found, ``--reuse``,
+``--output`` and the engine checked: every refusal before anything is
+written) -> :func:`prepare` (under the output's lock, an earlier run's
+leftovers cleared or kept: ``resume.py``) -> :func:`fork` (the local
+conversion processes) -> :func:`read_leftovers` (what an unfinished run
+spilled) -> :func:`run_local` on the local engine, or :func:`launch` and
+:func:`run_beam` on the Beam graph (:func:`build_and_run`), the engine
+:func:`choice.choose_engine` picks; then the summary (``summary.py``).
 Beam's flags are read once, by ``arguments.parse_args``
 (:class:`~beam_pipeline.beam_internals.beam_options.BeamFlags`); everything
 here reads them from there. The tricks that make a local run fast by reaching
-into Beam's private modules live in ``beam_internals/beam_private.py``.
-"""
+into Beam's private modules live in ``beam_internals/beam_private.py``."""
 
 from __future__ import annotations
 
@@ -22,17 +25,19 @@ import os
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import contextlib  # noqa: E402
+import dataclasses
 import gc
 import json
 import sys
 import time
+from typing import ClassVar
 
 from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.cli import arguments, summary
 from beam_pipeline.core import errors, metadata, settings, spill
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice, local_engine, local_pool, progress
-from beam_pipeline.stages import resume, reuse
+from beam_pipeline.stages import convert, resume, reuse
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery, gcs, paths, reading
 from beam_pipeline.storage import lock as output_lock
@@ -47,14 +52,14 @@ CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 WORKERS_LOG = "workers.log"
 
 
-def check_output(output: str, input_root: str | None, overwrite: bool) -> None:
+def check_output(output: paths.Place, input_root: paths.Place | None, overwrite: bool) -> None:
     """Refuses an output inside the input, one we cannot write to, or one holding
     a finished dataset or others' files (unless --overwrite). Reads only.
 
     An unfinished run of this job is resumed; :func:`resume.prepare` decides.
     """
 
-    out = paths.normalize_root(output)
+    out = output  # a place (paths.place, where the flag entered)
     # As places (symbolic links and ".." resolved), not as strings: no spelling
     # of the input is written to.
     if input_root and paths.inside(out, input_root):
@@ -80,24 +85,22 @@ def check_reuse(config: JobConfig, say) -> None:
             say(note)
 
 
-def _report_leftovers(found, output: str, spill_dir: str | None, say) -> dict:
-    """Says what the run does with an earlier run's files; returns the resumable records."""
+def _report_leftovers(found: resume.Leftovers, output: str, resumable: int, say) -> None:
+    """Says what the run does with an earlier run's files (``resumable``: its records kept)."""
 
     if found.others and found.kind != "empty":
         say(
             f"imagerecords: left {len(found.others)} unrelated files in --output, "
             f"e.g. {found.others[0]}"
         )
-    done = spill.load_index(spill_dir) if spill_dir else {}
     if found.kind == "unfinished":
-        if done:
+        if resumable:
             say(
                 f"imagerecords: resuming the unfinished run in {output}: "
-                f"{len(done)} images already converted"
+                f"{resumable} images already converted"
             )
         else:
             say(f"imagerecords: starting over the unfinished run in {output}")
-    return done
 
 
 def _describe_input(layout, say) -> None:
@@ -140,7 +143,7 @@ def build_and_run(
     """Builds the pipeline for ``config``, runs it on the chosen runner; the result,
     or None when not waiting (``wait`` false, or a Dataflow template was written).
 
-    ``beam_flags``: Beam's flags (``arguments.with_local_defaults``'s).
+    ``beam_flags``: Beam's flags (``choice.with_local_defaults``'s).
     ``workers_log``: a local file for the stderr of DirectRunner's
     multi_processing worker processes (None: they share this process's stderr).
     ``pool``: the local conversion processes (``local_pool.Pool``) for the pooled path.
@@ -166,7 +169,7 @@ def build_and_run(
             os.makedirs(os.path.dirname(workers_log), exist_ok=True)
             open(workers_log, "w").close()  # a resumed run's log starts empty
         runner = beam_private.direct_fn_api_runner(options.get_all_options(), workers_log)
-        workers = arguments.direct_workers(beam_flags, config.conversion_processes)
+        workers = choice.direct_workers(beam_flags, config.conversion_processes)
         runner_name = f"DirectRunner ({mode}, {workers} conversion processes)"
     elif beam_flags.on_dask:
         # Beam knows the Dask runner by its dotted path only; all these names
@@ -211,19 +214,6 @@ def build_and_run(
     return result
 
 
-def _run_local_engine(config: JobConfig, quiet: bool, pool, say) -> dict[str, int]:
-    """Runs the job on the local engine with the conversion processes ``pool``; its counters."""
-
-    processes = pool.processes
-    _describe_input(config.layout, say)
-    say(
-        f"imagerecords: running on the local engine ({processes} conversion processes; "
-        "--runner DirectRunner runs the same job on Beam)"
-    )
-    with _collector_skips_the_graph():
-        return local_engine.run(config, progress.Reporter(enabled=not quiet), pool)
-
-
 def _workers_log_path(output: str) -> str:
     """Where multi_processing's worker processes write their stderr (always local)."""
 
@@ -238,7 +228,197 @@ def _point_to_workers_log(workers_log: str | None) -> None:
         print(f"imagerecords: the worker processes' messages are in {workers_log}", file=sys.stderr)
 
 
-def _convert_ahead(config: JobConfig, pool, spill_dir: str | None, done: dict) -> None:
+# ------------------------------------------------------------------ the steps
+#
+# run() is these steps in this order; each takes the value the one before it
+# returns, so the order is the data flow. The order matters: the conversion
+# processes fork before the resume index is read (children that inherited it
+# would each map, and count, its pages) and before anything starts a thread
+# (Beam's runner and gRPC, the gs:// lock's heartbeat: see local_pool), and
+# Beam is imported only once they have forked.
+
+
+class StepOutOfOrder(TypeError):
+    """A step of :func:`run` was given something other than what the step before it returns."""
+
+
+def _require(value, kind: type, step: str) -> None:
+    if not isinstance(value, kind):
+        raise StepOutOfOrder(
+            f"job.{step} takes the {kind.__name__} that job.{kind.made_by} returns, "
+            f"not {type(value).__name__}: the steps of job.run go in its order"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """The job, checked: every refusal made, nothing written (:func:`check`)."""
+
+    made_by: ClassVar[str] = "check"
+    config: JobConfig  # its layout found
+    options: arguments.RunOptions
+    engine: choice.Engine  # which, Beam's flags as run, the local processes
+    spill_dir: str | None  # where the local pool spills (None: no pool)
+    workers_log: str | None  # multi_processing workers' stderr (None: this process's)
+
+    @property
+    def template(self) -> str | None:
+        """The Dataflow template this run writes instead of running a job."""
+        return self.engine.beam.given("template_location")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """--output locked and made ready: an earlier run's files cleared or kept (:func:`prepare`)."""
+
+    made_by: ClassVar[str] = "prepare"
+    checked: Checked
+    # None: a template build, which writes nothing there.
+    held: output_lock.LocalLock | output_lock.GcsLock | None
+    found: resume.Leftovers
+
+
+@dataclasses.dataclass(frozen=True)
+class Forked:
+    """The local conversion processes forked, before any thread (:func:`fork`)."""
+
+    made_by: ClassVar[str] = "fork"
+    prepared: Prepared
+    pool: local_pool.Pool | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """An earlier run's spilled records read, after the fork (:func:`read_leftovers`)."""
+
+    made_by: ClassVar[str] = "read_leftovers"
+    forked: Forked
+    done: spill.Index | dict  # image ID -> its spilled record
+
+    @property
+    def checked(self) -> Checked:
+        return self.forked.prepared.checked
+
+
+@dataclasses.dataclass(frozen=True)
+class Launched:
+    """Beam's graph about to run: conversion begun ahead, Beam imported, the lock's
+    heartbeat started (:func:`launch`)."""
+
+    made_by: ClassVar[str] = "launch"
+    resumed: Resumed
+
+
+def check(command: arguments.Command, say) -> Checked:
+    """Finds the input and makes every refusal before anything is written: --reuse,
+    --output, the engine. Reads only.
+
+    Local input and output are checked without Beam, so that the conversion
+    processes can start (and start converting) while Beam loads.
+    """
+    options, given_beam = command.options, command.beam
+    if not options.wait and given_beam.on_dask:
+        raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
+    # Every process of this run (forked or started) retries GCS this long at most.
+    gcs.set_timeout(options.gcs_timeout_s)
+    config = arguments.discover(command).config
+    layout, output = config.layout, config.output
+    # OLD first: an --output that is OLD is refused as such.
+    check_reuse(config, say)
+    check_output(output, layout.root if layout.kind != "manifest" else None, options.overwrite)
+    engine = choice.plan(given_beam, options.local_processes, layout, output)
+    spill_dir = config.spill_directory if engine.pooled else None
+    workers_log = None if options.verbose or engine.local else _workers_log_path(output)
+    return Checked(config, options, engine, spill_dir, workers_log)
+
+
+def prepare(checked: Checked, held: output_lock.LocalLock | output_lock.GcsLock | None) -> Prepared:
+    """Makes --output ready under its lock ``held`` (``resume.prepare``); a template
+    build writes nothing there."""
+    _require(checked, Checked, "prepare")
+    if checked.template:
+        found = resume.Leftovers("empty")
+    else:
+        config = checked.config
+        settings_key = resume.key(config)
+        found = resume.prepare(
+            config.output, settings_key, checked.options.overwrite, checked.spill_dir
+        )
+    return Prepared(checked, held, found)
+
+
+def fork(prepared: Prepared) -> Forked:
+    """Forks the local conversion processes, where the job has any."""
+    _require(prepared, Prepared, "fork")
+    checked = prepared.checked
+    engine = checked.engine
+    return Forked(prepared, local_pool.start(engine.processes) if engine.pooled else None)
+
+
+def read_leftovers(forked: Forked, say) -> Resumed:
+    """Reads what an earlier, unfinished run spilled, and says what the run does with it."""
+    _require(forked, Forked, "read_leftovers")
+    checked = forked.prepared.checked
+    done = spill.load_index(checked.spill_dir) if checked.spill_dir else {}
+    _report_leftovers(forked.prepared.found, checked.config.output, len(done), say)
+    return Resumed(forked, done)
+
+
+def run_local(resumed: Resumed, say) -> dict[str, int]:
+    """Runs the job on the local engine with the forked processes; its counters."""
+    _require(resumed, Resumed, "run_local")
+    checked, pool = resumed.checked, resumed.forked.pool
+    _describe_input(checked.config.layout, say)
+    say(
+        f"imagerecords: running on the local engine ({pool.processes} conversion processes; "
+        "--runner DirectRunner runs the same job on Beam)"
+    )
+    shown = progress.Reporter(enabled=not checked.options.quiet)
+    with _collector_skips_the_graph():
+        return local_engine.run(checked.config, shown, pool)
+
+
+def launch(resumed: Resumed, say) -> Launched:
+    """Readies a Beam run: the pool converts the first images while Beam is
+    imported, then the lock's heartbeat (a thread) starts."""
+    _require(resumed, Resumed, "launch")
+    checked, pool = resumed.checked, resumed.forked.pool
+    config = checked.config
+    if pool is not None:
+        _convert_ahead(config, pool, resumed.done)
+        uses_gcs = not choice.all_local(config.layout, config.output) or paths.is_gcs(
+            config.reuse or ""
+        )
+        beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
+    held = resumed.forked.prepared.held
+    if held is not None:
+        held.start_heartbeat()
+    _describe_input(config.layout, say)
+    return Launched(resumed)
+
+
+def run_beam(launched: Launched, say):
+    """Runs the Beam graph (:func:`build_and_run`); its result, None when not waited for."""
+    _require(launched, Launched, "run_beam")
+    resumed = launched.resumed
+    checked = resumed.checked
+    shown = progress.Reporter(enabled=not checked.options.quiet)
+    try:
+        return build_and_run(
+            checked.config,
+            checked.engine.beam,
+            checked.options.wait,
+            say,
+            checked.workers_log,
+            resumed.forked.pool,
+            shown,
+        )
+    except BaseException:
+        _point_to_workers_log(checked.workers_log)
+        raise
+
+
+def _convert_ahead(config: JobConfig, pool: local_pool.Pool, done) -> None:
     """Has the conversion processes convert the first images while Beam loads."""
 
     layout = config.layout
@@ -252,14 +432,19 @@ def _convert_ahead(config: JobConfig, pool, spill_dir: str | None, done: dict) -
             config.splits,
             config.group_by,
         )
-        pool.convert_ahead(
-            [ref for ref in refs if ref.image_id not in done],
-            (config.image, config.seed, layout.classes, spill_dir),
-        )
+        pending = [ref for ref in refs if ref.image_id not in done]
+        pool.convert_ahead(pending, convert.SpillTask.of(config))
+
+
+def _say(quiet: bool):
+    if quiet:
+        return lambda *a: None
+    return lambda *a: print(*a, file=sys.stderr, flush=True)
 
 
 def run(argv: list[str] | None = None, parsed=None) -> dict:
-    """Validates arguments, builds and runs the pipeline; returns imagerecords.json, parsed.
+    """Validates arguments, then runs the steps above in order; returns
+    imagerecords.json, parsed.
 
     Args:
         argv: The command line (default ``sys.argv[1:]``).
@@ -273,88 +458,39 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
             could not be written (the error names it).
     """
     command = parsed or arguments.parse_args(list(sys.argv[1:] if argv is None else argv))
-    options, given_beam = command.options, command.beam
-    if options.dry_run:
+    if command.options.dry_run:
         from beam_pipeline.cli import dryrun
 
         return dryrun.run(command, check_output)
     started, cpu_started = time.monotonic(), summary.cpu_seconds()
-    if not options.wait and given_beam.on_dask:
-        raise UsageError("--wait=false is for Dataflow: a Dask job stops when its client leaves")
-    beam, processes = arguments.with_local_defaults(given_beam, options.local_processes)
-    say = (
-        (lambda *a: None) if options.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    )
-
-    # Every process of this run (forked or started) retries GCS this long at most.
-    gcs.set_timeout(options.gcs_timeout_s)
-    # Local input and output are checked without Beam, so that the conversion
-    # processes can start (and start converting) while Beam loads.
-    config = arguments.discover(command).config
-    layout, output = config.layout, config.output
-    # Every refusal before anything is written: the output is prepared (cleared
-    # with --overwrite) only below. OLD first: an --output that is OLD is refused as such.
-    check_reuse(config, say)
-    check_output(output, layout.root if layout.kind != "manifest" else None, options.overwrite)
-    # (with_local_defaults gave the local engine its processes: one per core by default)
-    engine = choice.choose_engine(given_beam, layout, output)
-    spill_dir = (
-        spill.default_dir(output) if processes > 1 or engine == choice.LOCAL_ENGINE else None
-    )
-    workers_log = (
-        None if options.verbose or engine == choice.LOCAL_ENGINE else _workers_log_path(output)
-    )
-    template = beam.given("template_location")
-    # A template build writes nothing to --output: it neither locks nor prepares it.
-    with _owning(output, lock=not template) as held:
-        if template:
-            found = resume.Leftovers("empty")
-        else:
-            found = resume.prepare(output, resume.key(config), options.overwrite, spill_dir)
+    say = _say(command.options.quiet)
+    checked = check(command, say)
+    output = checked.config.output
+    with _owning(output, lock=not checked.template) as held:
+        prepared = prepare(checked, held)
         try:
             try:
-                pool = None
-                if engine == choice.LOCAL_ENGINE or processes > 1:
-                    # Fork the conversion processes before the resume index is read
-                    # (children that inherit it would each map, and count, its pages)
-                    # and before Beam's runner and gRPC start threads (see local_pool).
-                    pool = local_pool.start(processes)
-                done = _report_leftovers(found, output, spill_dir, say)
-                if engine == choice.LOCAL_ENGINE:
-                    counted = _run_local_engine(config, options.quiet, pool, say)
+                resumed = read_leftovers(fork(prepared), say)
+                if checked.engine.local:
+                    counted = run_local(resumed, say)
                     return _finish(output, started, cpu_started, counted, True)
-                if pool is not None:
-                    _convert_ahead(config, pool, spill_dir, done)
-                    uses_gcs = not choice.all_local(layout, output) or paths.is_gcs(
-                        config.reuse or ""
-                    )
-                    beam_private.import_beam_for_local_run(uses_gcs=uses_gcs)
-                if held is not None:
-                    held.start_heartbeat()  # a thread: only once the pool has forked
-                _describe_input(layout, say)
-                try:
-                    shown = progress.Reporter(enabled=not options.quiet)
-                    result = build_and_run(
-                        config, beam, options.wait, say, workers_log, pool, shown
-                    )
-                except BaseException:
-                    _point_to_workers_log(workers_log)
-                    raise
+                result = run_beam(launch(resumed, say), say)
             finally:
                 # On every way out (an error, Ctrl-C): no conversion process outlives the run.
                 local_pool.shutdown_all()
                 spill.forget_indexes()
         except UsageError:
-            if found.kind == "empty":  # nothing of value was there: leave nothing behind
-                resume.discard(output, spill_dir)
+            if prepared.found.kind == "empty":  # nothing of value was there: leave nothing behind
+                resume.discard(output, checked.spill_dir)
             raise
+        workers_log = checked.workers_log
         if workers_log and os.path.exists(workers_log):
             # (a local output's temp folder goes with the lock; a gs:// one's spill stays)
             os.remove(workers_log)
         if result is None:
             return {}  # --wait=false: submitted; the lock covered the launch only
         counted = summary.counters(result)
-        return _finish(output, started, cpu_started, counted, beam.on_direct_runner)
+        return _finish(output, started, cpu_started, counted, checked.engine.beam.on_direct_runner)
 
 
 @contextlib.contextmanager

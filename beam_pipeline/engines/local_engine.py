@@ -22,7 +22,7 @@ from collections import Counter
 from beam_pipeline.core import counters, groups
 from beam_pipeline.core.elements import Converted, ImageRef, RecordBatch, Rejection
 from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
+from beam_pipeline.stages import convert, dedupe, list_images, outcomes, plan, reuse, reuse_scan
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import WrittenShard, by_shard, sort_entries, write_shard
@@ -45,10 +45,8 @@ def run(
     """
     counted: Counter = Counter()
     books, skipped, census = plan.Books(), [], groups.Census()
-    classes, processes = config.layout.classes, config.conversion_processes
-    converter = pooled.PoolConverter(
-        config.image, config.seed, classes, config.spill_directory, processes, pool
-    )
+    processes = config.conversion_processes
+    converter = pooled.PoolConverter(convert.SpillTask.of(config), processes, pool)
     try:
         # List and Convert, interleaved (listing runs as fast as conversion pulls it)
         old = _read_old(config, converter, shown, counted) if config.reuse else None

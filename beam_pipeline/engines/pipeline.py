@@ -40,7 +40,7 @@ from beam_pipeline.core.elements import (
 )
 from beam_pipeline.engines import local_pool, pooled, progress
 from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
-from beam_pipeline.stages.convert import convert_ref
+from beam_pipeline.stages.convert import SpillTask, convert_ref
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import by_shard
@@ -274,15 +274,12 @@ class _PooledConvertFn(_ConvertFn):
     ):
         super().__init__(config, shown)
         self._processes = processes
-        self._spill_dir = config.spill_directory
+        self._task = SpillTask.of(config)
         self._pool = pool  # pickled as a handle: the same Pool in this process
 
     def setup(self):
         super().setup()
-        image, seed, classes = self._args
-        self._converter = pooled.PoolConverter(
-            image, seed, classes, self._spill_dir, self._processes, self._pool
-        )
+        self._converter = pooled.PoolConverter(self._task, self._processes, self._pool)
 
     def _emit_all(self, finished):
         for outcome, how in finished:

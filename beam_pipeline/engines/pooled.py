@@ -21,10 +21,10 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from beam_pipeline.core import images, spill
+from beam_pipeline.core import spill
 from beam_pipeline.core.elements import ImageRef, Origin, Outcome, Rejection, RejectKind
 from beam_pipeline.engines import local_pool
-from beam_pipeline.stages.convert import from_spill, spill_chunk, timeout_reason
+from beam_pipeline.stages.convert import SpillTask, from_spill, spill_chunk, timeout_reason
 
 
 class _Picked:
@@ -61,19 +61,17 @@ class PoolConverter:
 
     def __init__(
         self,
-        spec: images.ImageSpec,
-        seed: int,
-        classes: tuple[str, ...],
-        spill_dir: str,
+        task: SpillTask,
         processes: int,
         pool: local_pool.Pool | None = None,
     ):
-        """``pool``: the processes the command line forked, with the images it began
+        """``task``: what every chunk is converted with (``SpillTask.of(config)``).
+        ``pool``: the processes the command line forked, with the images it began
         converting ahead (None: a pool is forked here)."""
-        self._spec = spec
+        self._spec = task.spec
         self._processes = processes
-        self._task_args = (spec, seed, classes, spill_dir)
-        self._done = spill.load_index(spill_dir)
+        self._spill_task = task
+        self._done = spill.load_index(task.spill_dir)
         self._pool = pool or local_pool.Pool(processes)
         self._executor = self._pool.take()
         self.start()
@@ -127,8 +125,8 @@ class PoolConverter:
         refs = [ref for ref, _ in chunk]
         olds = [old for _, old in chunk]
         if any(old is not None for old in olds):
-            return executor.submit(spill_chunk, refs, *self._task_args, olds)
-        return executor.submit(spill_chunk, refs, *self._task_args)
+            return executor.submit(spill_chunk, refs, *self._spill_task, olds)
+        return executor.submit(spill_chunk, refs, *self._spill_task)
 
     def _submit(self) -> None:
         if self._chunk:

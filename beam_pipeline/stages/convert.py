@@ -156,6 +156,21 @@ def convert_chunk(refs, spec, seed, classes, olds=None) -> list[Outcome]:
     return [convert_ref(ref, spec, seed, classes, old) for ref, old in zip(refs, olds, strict=True)]
 
 
+class SpillTask(NamedTuple):
+    """What every :func:`spill_chunk` of one job takes beside its images, in its
+    argument order: ``spill_chunk(refs, *task)``."""
+
+    spec: images.ImageSpec
+    seed: int
+    classes: tuple[str, ...]
+    spill_dir: str
+
+    @classmethod
+    def of(cls, config) -> SpillTask:
+        """The task of a ``JobConfig`` whose layout is found."""
+        return cls(config.image, config.seed, tuple(config.layout.classes), config.spill_directory)
+
+
 def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Outcome]:
     """Runs in a local pool process: converts a few images, appends their records
     (and rejections, so that a resumed run need not decode them again) to this

@@ -28,16 +28,19 @@ class ListedKeys(NamedTuple):
 
 
 def list_source(
-    layout, source, seed: int, splits, group_by: str | None = None
+    layout, source, seed: int, splits, group_by: str | None = None, rows=None
 ) -> Iterator[ImageRef | Skipped | ListedKeys | groups.Census]:
     """Every image of ``source`` as an ImageRef (its split the layout's, else drawn by
     ``groups.split_of`` from its group: ``group_by``'s or the manifest's, else its own),
     every file that is not an image as a Skipped, and the keys of the images listed
     as ListedKeys: one per :data:`BATCH` per split, and the rest at the end. Count the
-    images listed from the ListedKeys. Last, the source's ``groups.Census``."""
+    images listed from the ListedKeys. Last, the source's ``groups.Census``.
+
+    ``rows``: the source's rows as ``layout.rows`` gives them, when the caller
+    lists them itself (the dry run, which also wants the files' sizes)."""
     pending: dict[str, list[int]] = {}
     census = groups.Census()
-    for row in layout.rows(source):
+    for row in layout.rows(source) if rows is None else rows:
         if isinstance(row, Skipped):
             yield row
             continue

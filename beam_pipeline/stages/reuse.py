@@ -82,7 +82,7 @@ class Candidate(NamedTuple):
 class OldDataset:
     """What OLD's metadata says: where it is, how its images were made, its shards."""
 
-    path: str  # normalized (paths.normalize_root)
+    path: paths.Place  # as --reuse named it (arguments.parse_args made it a place)
     info_path: str
     image: dict  # settings.image_settings_from_info: name -> value
     created_by: str
@@ -90,7 +90,7 @@ class OldDataset:
     records: int  # in all its shards
 
 
-def open_old(path: str) -> OldDataset:
+def open_old(path: paths.Place) -> OldDataset:
     """Reads OLD's metadata (either format version's file name) and checks that
     every shard it names is there.
 
@@ -100,7 +100,7 @@ def open_old(path: str) -> OldDataset:
     """
     from beam_pipeline.core import images  # Pillow: only for the spec's declarations
 
-    old = paths.normalize_root(path)
+    old = path
     if "://" in old and not storage.is_gcs(old):
         raise UsageError(f"--reuse {path}: only local folders and gs:// can be read")
     if paths.is_local(old) and not os.path.isdir(old):
@@ -149,7 +149,7 @@ def open_old(path: str) -> OldDataset:
     )
 
 
-def open_again(path: str) -> OldDataset:
+def open_again(path: paths.Place) -> OldDataset:
     """:func:`open_old` inside the run, once the launch checked OLD: a failure now
     means OLD changed since.
 
@@ -160,7 +160,7 @@ def open_again(path: str) -> OldDataset:
         return open_old(path)
     except UsageError as error:
         raise OldDatasetChanged(
-            f"the --reuse dataset {paths.normalize_root(path)} changed since this run started "
+            f"the --reuse dataset {path} changed since this run started "
             f"({error}); {errors.NOT_FINISHED}; let whatever writes to it finish, then "
             f"{errors.RESUME_HINT} (or convert without --reuse)"
         ) from None
@@ -222,7 +222,7 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
     ``image_settings``: the run's ``settings.image_settings(spec)``.
     """
     if paths.inside(output, old.path) or paths.inside(old.path, output):
-        same = paths.resolve(output) == paths.resolve(old.path)
+        same = output == old.path  # both places (paths.place)
         what = "is" if same else "lies inside" if paths.inside(output, old.path) else "holds"
         return (
             f"--output {output} {what} the --reuse dataset {old.path}: write the new "

@@ -32,13 +32,13 @@ from beam_pipeline.storage.listing import (
 )
 from beam_pipeline.storage.manifest import manifest_folder, read_manifest
 from beam_pipeline.storage.paths import (
+    Place,
     as_text,
     filesystems,
     is_gcs,
     is_local,
     is_text,
     join,
-    normalize_root,
     relative_id,
     shown,
 )
@@ -215,9 +215,12 @@ def sort_class_names(names) -> list[str]:
 
 
 def discover(
-    input_path: str | None, manifest: str | None = None, skip_unreadable_folders: bool = False
+    input_path: Place | None, manifest: Place | None = None, skip_unreadable_folders: bool = False
 ) -> Layout:
     """Inspects the input and returns its :class:`Layout`.
+
+    ``input_path`` and ``manifest``: places (``paths.place``, where the flags
+    entered), used as they are.
 
     Args:
         skip_unreadable_folders: a local class folder (or split folder) that
@@ -231,7 +234,7 @@ def discover(
         return _discover_manifest(manifest, input_path)
     if not input_path:
         raise UsageError("--input is required (or --manifest)")
-    root = normalize_root(input_path)
+    root = input_path
     if is_local(root):
         if not os.path.exists(root):
             raise UsageError(f"--input: {input_path} does not exist")
@@ -308,7 +311,7 @@ def _discover_manifest(manifest: str, input_path: str | None) -> Layout:
         )
     # The pipeline reads the manifest with this same root (ListImages), so the
     # IDs checked for duplicates here are the IDs the records get.
-    root = normalize_root(input_path) if input_path else manifest_folder(manifest)
+    root = input_path or manifest_folder(manifest)
     labels: set[str] = set()
     splits: set[str] = set()
     seen: set[str] = set()

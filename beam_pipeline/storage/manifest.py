@@ -18,6 +18,7 @@ from typing import NamedTuple
 from beam_pipeline.core import keys
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage.paths import (
+    Place,
     filesystems,
     is_local,
     is_text,
@@ -45,7 +46,7 @@ def _open_text(path: str):
     return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
 
 
-def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[ManifestRow]:
+def read_manifest(manifest: Place, input_root: Place | None = None) -> Iterator[ManifestRow]:
     """Rows of a ``path,label[,split[,group]]`` CSV or JSONL manifest.
 
     Relative paths are relative to ``input_root`` (``--input``) when given,
@@ -56,7 +57,7 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
     Raises:
         UsageError: a malformed row, naming its line.
     """
-    root = normalize_root(input_root) if input_root else None
+    root = input_root or None
     base = root or manifest_folder(manifest)
     with _open_text(manifest) as stream:
         if manifest.endswith(".jsonl"):
@@ -84,10 +85,11 @@ def read_manifest(manifest: str, input_root: str | None = None) -> Iterator[Mani
             yield ManifestRow(image_id, full, label, split or None, group or None)
 
 
-def manifest_folder(manifest: str) -> str:
+def manifest_folder(manifest: Place) -> Place:
+    """The folder of a manifest's relative paths, by default: the manifest's own."""
     if is_local(manifest):
-        return normalize_root(os.path.dirname(os.path.abspath(manifest)))
-    return normalize_root(posixpath.dirname(manifest))
+        return os.path.dirname(manifest)
+    return posixpath.dirname(manifest)
 
 
 def _csv_rows(stream, name):

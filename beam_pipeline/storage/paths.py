@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from typing import NewType
 
 
 def filesystems():
@@ -62,6 +63,19 @@ def resolve(path: str) -> str:
     if is_local(path):
         return os.path.realpath(os.path.expanduser(path))
     return normalize_root(path)
+
+
+# A location as the run names it from where it enters (a flag) on: resolved
+# once there (:func:`place`), then joined and compared as it is, never
+# normalised again (tests/test_paths_once.py checks who calls these).
+Place = NewType("Place", str)
+
+
+def place(path: str) -> Place:
+    """``path`` as it enters the run: the place it names (:func:`resolve`), so that
+    every spelling of one folder (a trailing slash, ``..``, a symbolic link)
+    gives the same dataset."""
+    return Place(resolve(path))
 
 
 def inside(path: str, folder: str) -> bool:
