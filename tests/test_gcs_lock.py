@@ -21,7 +21,9 @@ import time
 
 import pytest
 
+from beam_pipeline.core import spill
 from beam_pipeline.storage import lock
+from tests import held_run
 from tests.image_factory import make_class_folders
 
 pytestmark = pytest.mark.e2e
@@ -128,27 +130,40 @@ def test_the_heartbeat_renews_the_lock_and_a_takeover_stops_the_run(
     assert json.loads(gcs_emulator.read_bytes(_lock_url(out)))["host"] == "elsewhere"
 
 
-def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, tmp_path):
+def _spilled_a_record(directory: str) -> bool:
+    for path in spill.spill_files(directory):
+        with contextlib.suppress(FileNotFoundError):
+            if next(iter(spill.scan(path)), None) is not None:
+                return True
+    return False
+
+
+def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(
+    gcs_emulator, tmp_path, monkeypatch
+):
     """A second run is refused while the first lives; once it is SIGKILLed (its lock
     object left behind, its heartbeat fresh), the same command resumes it.
 
-    Driven by events only: the first run is frozen (SIGSTOP, its whole group) as
-    soon as it says it runs, so however slowly the second run starts, the first
-    is still alive, holding its lock and no further on, when the second asks.
+    Driven by events only: the first run is held (tests/held_run.py) so it cannot
+    end, and frozen (SIGSTOP, its whole group) once it has spilled a record (what
+    the rerun resumes), so however slowly the second run starts, the first is
+    still alive, holding its lock, when the second asks.
     """
     images = tmp_path / "images"
     make_class_folders(str(images), per_class=400, nested=False, size_range=(200, 400))
     bucket = gcs_emulator.create_bucket()
     out = f"gs://{bucket}/out"
-    env = dict(os.environ, IMAGERECORDS_SPILL_DIR=str(tmp_path / "spill"))
+    monkeypatch.setenv("IMAGERECORDS_SPILL_DIR", str(tmp_path / "spill"))  # so default_dir finds it
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     # A heartbeat period far longer than the test: the lock is never stale by age,
     # so the takeover below can only come from the owner's process being gone.
     env[lock.HEARTBEAT_ENV] = "3600"
     command = [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", out]
     command += ["--local_processes", "2"]
+    gate = tmp_path / "gate"  # never created: the first run is killed while held
     first = subprocess.Popen(
-        command,
+        held_run.command(gate, 300, command[3:]),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -159,9 +174,13 @@ def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(gcs_emulator, 
     try:
         for line in first.stderr:  # the lock is taken and the marker written before it
             if line.startswith("imagerecords: running on"):
-                os.killpg(first.pid, signal.SIGSTOP)
                 break
-        assert first.poll() is None, "the first run ended before it said it runs"
+        spill_dir = spill.default_dir(out)
+        while not _spilled_a_record(spill_dir):
+            assert first.poll() is None, "the first run ended before it spilled a record"
+            time.sleep(0.02)
+        os.killpg(first.pid, signal.SIGSTOP)
+        assert first.poll() is None, "the first run ended before it was frozen"
         second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     finally:
         with contextlib.suppress(ProcessLookupError):  # (gone already: the asserts say why)
