@@ -332,17 +332,22 @@ def test_keras_model_learns_from_make_dataset(fixture, global_seed_zero):
     model.compile(
         optimizer=tf.keras.optimizers.Adam(0.1),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        # Weighted: the val batches' padding (weight 0) must not count, or a
+        # model that always answers one class scores 0.7 on them.
+        weighted_metrics=["accuracy"],
     )
     steps = info.steps_per_epoch("train", 16)
     history = model.fit(ds, steps_per_epoch=steps, epochs=8, verbose=0).history
-    assert history["loss"][-1] < 0.7 * history["loss"][0]
     val = reader.make_dataset(
         fixture.path, "val", 16, 16, training=False, value_range="0_1", pad_to_batch=True
     )
     # (images, labels, weights): Keras takes the weights as sample weights.
     _, accuracy = model.evaluate(val, verbose=0)
-    assert accuracy > 0.6
+    # Each class is one far-apart colour, so the right images with the right
+    # labels are told apart on any machine's arithmetic (1.0 here from the
+    # third epoch on); garbage, constant or mismatched labels score about 1/3.
+    assert history["accuracy"][-1] >= 0.9, history
+    assert accuracy >= 0.9, accuracy
 
 
 @pytest.mark.e2e
