@@ -63,7 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         head = (body or b"")[:4096].decode("latin-1")
         if proxy.dropped.is_set() or proxy.count(f"{self.command} {self.path}\n{head}"):
-            proxy.unanswer(f"{self.command} {self.path}")
+            proxy.leave_unanswered(f"{self.command} {self.path}")
             proxy.stall()
             self.close_connection = True
             return  # no answer: the connection is lost
@@ -77,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             upstream.close()
         if proxy.dropped.is_set():
-            proxy.unanswer(f"{self.command} {self.path}")
+            proxy.leave_unanswered(f"{self.command} {self.path}")
             proxy.stall()
             self.close_connection = True
             return
@@ -151,7 +151,8 @@ class DroppingProxy:
             threading.Thread(target=self.drop, daemon=True).start()
         return hit
 
-    def unanswer(self, request: str) -> None:
+    def leave_unanswered(self, request: str) -> None:
+        """Notes a request this proxy read and will never answer."""
         with self._lock:
             self.unanswered.append(request)
 
