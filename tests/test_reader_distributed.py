@@ -26,8 +26,12 @@ def fixture(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("dist") / "ds", per_class=24)
 
 
-def run_python(code: str, *args: str, timeout: int = 120) -> dict:
-    """Runs ``code`` in a fresh interpreter; its last stdout line is JSON."""
+def run_python(code: str, *args: str, timeout: int = 900) -> dict:
+    """Runs ``code`` in a fresh interpreter; its last stdout line is JSON.
+
+    ``timeout`` only stops a child that hangs: TensorFlow's start-up and a
+    short training took over 120 s on 2 cores beside two busy processes.
+    """
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
