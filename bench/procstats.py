@@ -11,7 +11,9 @@ two of the converters:
 
 * ``peak_tree_rss_mb``: the largest *sum* of RSS over the child and all its
   descendants, sampled every 50 ms from ``/proc`` (no psutil needed). This is
-  what the machine has to have. Sampling can miss a spike shorter than 50 ms.
+  what the machine has to have. Sampling can miss a spike shorter than 50 ms;
+  a tree that is killed (``kill_when``, the timeout) is sampled once more
+  just before, so what it holds when it is killed always counts.
 * ``peak_proc_rss_mb``: the largest RSS of any single process in the tree,
   sampled the same way.
 
@@ -120,14 +122,19 @@ class _RssSampler(threading.Thread):
         self.peak_proc_kb = 0
         self.cpu_ticks: dict[int, int] = {}  # last seen, per process of the tree
         self._stop_event = threading.Event()
+        self._lock = threading.Lock()  # this thread and a last sample before a kill
 
     def run(self):
         while not self._stop_event.is_set():
-            rss_kb, cpu, largest_kb = tree_sample(self.pid)
+            self.sample()
+            self._stop_event.wait(self.interval_s)
+
+    def sample(self):
+        rss_kb, cpu, largest_kb = tree_sample(self.pid)
+        with self._lock:
             self.peak_kb = max(self.peak_kb, rss_kb)
             self.peak_proc_kb = max(self.peak_proc_kb, largest_kb)
             self.cpu_ticks.update(cpu)
-            self._stop_event.wait(self.interval_s)
 
     def stop(self):
         self._stop_event.set()
@@ -142,6 +149,7 @@ def run_measured(
     timeout_s: float = 900,
     log_path: Path | None = None,
     kill_when: Callable[[], bool] | None = None,
+    sample_every_s: float = 0.05,
 ) -> ProcResult:
     """Runs ``cmd`` to completion, measuring wall clock, CPU and memory.
 
@@ -155,6 +163,7 @@ def run_measured(
         kill_when: asked every ~50 ms while the child runs; once it answers
             True the whole process group gets SIGKILL (an interrupted run, as
             a person or the OOM killer would end it: returncode -9).
+        sample_every_s: how often the tree's memory and CPU time are sampled.
 
     Returns:
         The measurements and captured output.
@@ -168,11 +177,13 @@ def run_measured(
             proc = subprocess.Popen(
                 cmd, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
             )
-            sampler = _RssSampler(proc.pid)
+            sampler = _RssSampler(proc.pid, sample_every_s)
             sampler.start()
             returncode: int | None
             try:
-                _, status, usage = _wait4_with_timeout(proc.pid, timeout_s, kill_when)
+                _, status, usage = _wait4_with_timeout(
+                    proc.pid, timeout_s, kill_when, before_kill=sampler.sample
+                )
                 returncode = os.waitstatus_to_exitcode(status) if status is not None else None
             finally:
                 sampler.stop()
@@ -204,11 +215,12 @@ def run_measured(
     )
 
 
-def _wait4_with_timeout(pid: int, timeout_s: float, kill_when=None):
+def _wait4_with_timeout(pid: int, timeout_s: float, kill_when=None, before_kill=None):
     """``os.wait4`` with a deadline; returns (pid, None, None) on timeout.
 
     ``kill_when``: once it answers True, the process group is killed and its
-    status (killed by SIGKILL) returned.
+    status (killed by SIGKILL) returned. ``before_kill`` is called first, and
+    on the timeout too, while the tree still runs.
     """
     deadline = time.monotonic() + timeout_s
     delay = 0.005
@@ -217,8 +229,12 @@ def _wait4_with_timeout(pid: int, timeout_s: float, kill_when=None):
         if waited == pid:
             return waited, status, usage
         if time.monotonic() >= deadline:
+            if before_kill is not None:
+                before_kill()
             return pid, None, None
         if kill_when is not None and kill_when():
+            if before_kill is not None:
+                before_kill()
             try:
                 os.killpg(pid, 9)
             except ProcessLookupError:

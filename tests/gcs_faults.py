@@ -63,6 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         head = (body or b"")[:4096].decode("latin-1")
         if proxy.dropped.is_set() or proxy.count(f"{self.command} {self.path}\n{head}"):
+            proxy.leave_unanswered(f"{self.command} {self.path}")
             proxy.stall()
             self.close_connection = True
             return  # no answer: the connection is lost
@@ -76,6 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             upstream.close()
         if proxy.dropped.is_set():
+            proxy.leave_unanswered(f"{self.command} {self.path}")
             proxy.stall()
             self.close_connection = True
             return
@@ -126,6 +128,8 @@ class DroppingProxy:
         self._drop_at, self._after, self._seen = drop_at, after, 0
         self._lock = threading.Lock()
         self.dropped = threading.Event()
+        # "METHOD PATH" of every request read and never answered (from the drop on).
+        self.unanswered: list[str] = []
         self.hang = hang
         self._closing = threading.Event()
         self.connections: set[socket.socket] = set()
@@ -146,6 +150,11 @@ class DroppingProxy:
         if hit:
             threading.Thread(target=self.drop, daemon=True).start()
         return hit
+
+    def leave_unanswered(self, request: str) -> None:
+        """Notes a request this proxy read and will never answer."""
+        with self._lock:
+            self.unanswered.append(request)
 
     @property
     def seen(self) -> int:

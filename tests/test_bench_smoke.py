@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
+import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,42 +31,53 @@ from bench.codec_paths import LABELS as CODEC_LABELS  # noqa: E402
 from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
 from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
 
+# Measures ``sys.argv[1]`` (a child's code, given ``sys.argv[2]``, a folder) with
+# run_measured from a small, fresh Python process, not from pytest itself, so
+# that the numbers are small and exact. The child is killed once the folder
+# holds ``sys.argv[3]`` files, and sampled only when it starts and then just
+# before the kill: what it held then counts however slowly the machine runs it.
+_MEASURE_UNTIL_READY = (
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from bench import procstats\n"
+    "code, folder, ready = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])\n"
+    "r = procstats.run_measured([sys.executable, '-c', code, str(folder)], timeout_s=120,\n"
+    "    kill_when=lambda: len(list(folder.iterdir())) >= ready, sample_every_s=3600)\n"
+    "print(json.dumps([r.returncode, r.peak_tree_rss_mb, r.peak_proc_rss_mb]))\n"
+)
 
-@pytest.mark.e2e
-def test_run_measured_counts_the_whole_process_tree():
-    """Two workers that hold 40 MB each at the same moment: the tree peak sums them.
 
-    Measured from a small, fresh Python process, not from pytest itself, so that
-    the numbers are small and exact. A barrier makes the workers overlap for a
-    full second, so the 50 ms sampler cannot miss it.
-    """
-    child = (
-        "import multiprocessing as mp, time\n"
-        "def f(barrier):\n"
-        "    b = bytearray(40_000_000)\n"
-        "    barrier.wait(); time.sleep(1.0); barrier.wait()\n"
-        "if __name__ == '__main__':\n"
-        "    ctx = mp.get_context('fork'); barrier = ctx.Barrier(2)\n"
-        "    ps = [ctx.Process(target=f, args=(barrier,)) for _ in range(2)]\n"
-        "    [p.start() for p in ps]; [p.join() for p in ps]\n"
-        "    print(sum(p.exitcode for p in ps))\n"
-    )
-    parent = (
-        "import json, sys\n"
-        "from bench import procstats\n"
-        "r = procstats.run_measured([sys.executable, '-c', sys.argv[1]], timeout_s=60)\n"
-        "print(json.dumps([r.returncode, r.stdout, r.peak_tree_rss_mb, r.peak_proc_rss_mb]))\n"
-    )
+def _measure_until_ready(child: str, folder: Path, ready: int, before: str = "") -> list:
+    """(returncode, tree MB, largest process MB) of ``child``, run by a process that
+    first runs ``before``."""
     out = subprocess.run(
-        [sys.executable, "-c", parent, child],
+        [sys.executable, "-c", before + _MEASURE_UNTIL_READY, child, str(folder), str(ready)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         check=True,
         cwd=Path(__file__).resolve().parent.parent,
     )
-    returncode, stdout, tree_mb, proc_mb = json.loads(out.stdout.strip().splitlines()[-1])
-    assert returncode == 0 and stdout.strip() == "0"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.e2e
+def test_run_measured_counts_the_whole_process_tree(tmp_path):
+    """Two workers that hold 40 MB each when the tree is killed: the tree peak sums them."""
+    child = (
+        "import multiprocessing as mp, pathlib, sys, time\n"
+        "def f(n):\n"
+        "    b = bytearray(40_000_000)\n"
+        "    (pathlib.Path(sys.argv[1]) / str(n)).write_text('holding')\n"
+        "    time.sleep(600)\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('fork')\n"
+        "    ps = [ctx.Process(target=f, args=(n,)) for n in range(2)]\n"
+        "    [p.start() for p in ps]; [p.join() for p in ps]\n"
+    )
+    (tmp_path / "ready").mkdir()
+    returncode, tree_mb, proc_mb = _measure_until_ready(child, tmp_path / "ready", 2)
+    assert returncode == -9  # killed while both workers held their 40 MB
     # Both workers at once (2 x 40 MB, plus three interpreters) ...
     assert tree_mb > 80 + 3 * 5
     # ... more than any single process of the tree (one worker: ~40 MB + an interpreter).
@@ -74,31 +86,20 @@ def test_run_measured_counts_the_whole_process_tree():
 
 
 @pytest.mark.e2e
-def test_run_measured_is_not_inflated_by_a_large_parent():
+def test_run_measured_is_not_inflated_by_a_large_parent(tmp_path):
     """A small child of a 300 MB parent is measured small.
 
     Linux carries a process's RSS high-water mark across exec, so ``ru_maxrss``
     of any child of a large parent is at least the parent's size; after the
     reader half the bench parent was ~400 MB and every scale row read "399 MB".
     """
-    parent = (
-        "import json, sys\n"
-        "from bench import procstats\n"
-        "big = bytearray(300_000_000)\n"
-        "big[::4096] = b'x' * len(big[::4096])\n"
-        "r = procstats.run_measured([sys.executable, '-c', 'import time; time.sleep(0.5)'])\n"
-        "print(json.dumps([r.returncode, r.peak_tree_rss_mb, r.peak_proc_rss_mb]))\n"
+    big = "big = bytearray(300_000_000)\nbig[::4096] = b'x' * len(big[::4096])\n"
+    child = (
+        "import pathlib, sys, time\n(pathlib.Path(sys.argv[1]) / 'up').touch()\ntime.sleep(600)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", parent],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    returncode, tree_mb, proc_mb = json.loads(out.stdout.strip().splitlines()[-1])
-    assert returncode == 0
+    (tmp_path / "ready").mkdir()
+    returncode, tree_mb, proc_mb = _measure_until_ready(child, tmp_path / "ready", 1, big)
+    assert returncode == -9
     assert 1 < proc_mb <= tree_mb < 100
 
 
@@ -118,11 +119,21 @@ def test_run_measured_kills_the_tree_when_asked(tmp_path):
     )
     assert result.returncode == -9  # killed: the child would have slept 60 s and exited 0
     worker = int(result.stdout.split()[0])
-    for _ in range(100):  # the worker was killed with its parent, not orphaned
-        if not Path(f"/proc/{worker}").exists() or "Z" in _state(worker):
-            break
-        time.sleep(0.05)
+    _wait_for_exit(worker)  # the worker was killed with its parent, not orphaned
     assert not Path(f"/proc/{worker}").exists() or "Z" in _state(worker)
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Returns once ``pid`` has ended (its pidfd turns readable), or is gone already."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        # Much longer than a killed process takes to end: a guard, not a measure.
+        select.select([handle], [], [], 60)
+    finally:
+        os.close(handle)
 
 
 def _state(pid: int) -> str:

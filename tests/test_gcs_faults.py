@@ -1,5 +1,5 @@
-"""GCS lost for good mid-run: the run ends within --gcs_timeout_s, says so in one line,
-and the same command resumes once GCS is back.
+"""GCS lost for good mid-run: the run stops at the requests GCS left unanswered, says
+so in one line, and the same command resumes once GCS is back.
 
 The CLI runs in a subprocess whose ``STORAGE_EMULATOR_HOST`` points at a
 :class:`tests.gcs_faults.DroppingProxy` in front of the session's emulator;
@@ -7,6 +7,14 @@ the proxy goes dark for good at a chosen request (an image download while
 converting, the first upload while writing). Nothing in the converter is
 replaced: the real storage client and Beam's GcsIO meet real refused
 connections.
+
+How long a run takes to end is the machine's to decide; what the run does is
+the product's: it stops with the ``error:`` line and exit status 1, leaves no
+process and no finished-looking output, and sends GCS no more than the
+requests it had in flight (the proxy counts what it never answered), instead
+of waiting out every image or record left. That each request gives up at
+--gcs_timeout_s, retries and each attempt both, tests/test_gcs_helpers.py
+reads from what the storage client reports.
 """
 
 from __future__ import annotations
@@ -29,14 +37,15 @@ from tests.image_factory import make_class_folders
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_S = 5  # --gcs_timeout_s of the failing runs
-# How long a failing run may take to end once GCS is lost: five times what
-# docs/gcs.md promises for --gcs_timeout_s 5 (twice the flag), so that a slow
-# machine passes, and under the storage client's own 60 s limit of one
-# attempt, which a run that waits a hanging server out (or its queued work
-# after the first failure) spends at least once.
-CEILING_S = 50
+GCS_TIMEOUT_S = "5"  # --gcs_timeout_s of the failing runs
 PER_CLASS = 40
+# Requests a hanging GCS may be left holding when the run ends: those in
+# flight when it went (each conversion process's read, Beam's lookups, the
+# lock's removal at exit), far fewer than the images (80) or records (120)
+# the run had left to read one after another had it not stopped.
+IN_FLIGHT_AT_MOST = 20
+# Only against a run that never ends: GCS lost, a run ends seconds later.
+HUNG_S = 300
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +82,18 @@ def _cli(url_in: str, url_out: str, emulator_url: str, spill: Path, *extra: str)
 def _ends_once_lost(process: subprocess.Popen, proxy: DroppingProxy, where: str) -> str:
     """Waits for the proxy to drop, then for the run to end; its stderr."""
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + HUNG_S
         while not proxy.dropped.wait(0.1) and process.poll() is None:
             assert time.monotonic() < deadline, f"the run never got to {where}"
         assert proxy.dropped.is_set(), f"the run never got to {where}: {process.communicate()}"
-        dropped = time.monotonic()
-        # A generous ceiling on the bound docs/gcs.md promises (and measures).
-        _, err = process.communicate(timeout=CEILING_S)
-        print(f"the run ended {time.monotonic() - dropped:.1f} s after GCS was lost ({where})")
+        try:
+            _, err = process.communicate(timeout=HUNG_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run never ended once GCS was lost ({where})")
+        # The run stopped at what it had in flight (with a hanging GCS, each of
+        # those waited for by its attempt's own limit and no longer).
+        held = proxy.unanswered
+        assert 1 <= len(held) <= IN_FLIGHT_AT_MOST, held
     finally:
         proxy.close()
         if process.poll() is None:
@@ -100,7 +113,9 @@ def _the_one_error_line(process: subprocess.Popen, err: str) -> str:
     assert errors == [lines[-1]], err
     line = lines[-1]
     assert line.startswith("error: lost the connection to Google Cloud Storage: could not reach ")
-    assert "--gcs_timeout_s 5" in line and line.endswith("rerun the same command to resume")
+    assert f"--gcs_timeout_s {GCS_TIMEOUT_S}" in line and line.endswith(
+        "rerun the same command to resume"
+    )
     return line
 
 
@@ -127,7 +142,7 @@ def test_gcs_lost_for_good_ends_the_run_in_one_line_and_the_rerun_resumes(
     out = f"gs://{bucket}/out-{where.split()[0]}-{mode}"
     spill = tmp_path / "spill"
     proxy = DroppingProxy(gcs_emulator.url, drop_at, after, hang=hang)
-    process = _cli(f"gs://{bucket}/images", out, proxy.url, spill, "--gcs_timeout_s", "5")
+    process = _cli(f"gs://{bucket}/images", out, proxy.url, spill, "--gcs_timeout_s", GCS_TIMEOUT_S)
     err = _ends_once_lost(process, proxy, where)
     line = _the_one_error_line(process, err)
     assert named.format(bucket=bucket, mode=mode) in line, line
@@ -167,7 +182,7 @@ OLD_SHARD_READ = re.compile(r"^GET /download/\S*/o/old%2F[^?/]*\.tfrecord\?\S*al
 def test_gcs_lost_while_reusing_a_gcs_dataset_ends_the_run_in_one_line(
     gcs_emulator, source, old_on_gcs, tmp_path, where, hang
 ):
-    """``--reuse gs://OLD`` with GCS lost: the run stops, within the same bound, rather
+    """``--reuse gs://OLD`` with GCS lost: the run stops at what it had in flight, rather
     than waiting out each record's read and converting the image instead."""
     _, local, _, _ = source
     old, shards = old_on_gcs
@@ -175,7 +190,16 @@ def test_gcs_lost_while_reusing_a_gcs_dataset_ends_the_run_in_one_line(
     after = 1 if where == "scanning OLD" else shards + 1
     proxy = DroppingProxy(gcs_emulator.url, OLD_SHARD_READ, after, hang=hang)
     out = tmp_path / "new"
-    args = ["--input", str(local), "--output", str(out), "--reuse", old, "--gcs_timeout_s", "5"]
+    args = [
+        "--input",
+        str(local),
+        "--output",
+        str(out),
+        "--reuse",
+        old,
+        "--gcs_timeout_s",
+        GCS_TIMEOUT_S,
+    ]
     process = _start([*args, "--local_processes", "2"], proxy.url, tmp_path / "spill")
     err = _ends_once_lost(process, proxy, where)
     line = _the_one_error_line(process, err)

@@ -280,6 +280,42 @@ def test_an_attempts_time_limit_is_capped_at_the_gcs_timeout(timeout, capped):
     assert gcs.capped_timeout(timeout, 5.0) == capped
 
 
+@pytest.mark.parametrize("hang", [False, True], ids=["refused", "hanging"])
+def test_a_request_to_a_lost_gcs_gives_up_at_the_deadlines_gcs_timeout_sets(
+    gcs_emulator, gcs_bucket, monkeypatch, retry_policies, hang
+):
+    """Through the storage client as the run makes it (its own 60 s per attempt, 120 s
+    of retries by default), GCS lost: the client gives up at --gcs_timeout_s on both
+    counts, and says so. The deadlines are read from what the client reports, not
+    from a clock."""
+    import requests
+    from google.api_core import exceptions as api
+
+    from tests.gcs_faults import DroppingProxy
+
+    url = f"gs://{gcs_bucket}/an-image.jpg"
+    gcs_emulator.upload_bytes(url, b"jpeg")
+    proxy = DroppingProxy(gcs_emulator.url, hang=hang)
+    try:
+        proxy.drop()
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        monkeypatch.setenv(gcs.TIMEOUT_ENV, "1")
+        bucket, name = gcs.split_url(url)
+        with pytest.raises(api.RetryError) as error:
+            gcs.client().bucket(bucket).blob(name).download_as_bytes()
+    finally:
+        proxy.close()
+    assert "Timeout of 1.0s exceeded" in str(error.value)  # the retries' deadline
+    assert isinstance(error.value.cause, requests.RequestException)
+    if hang:  # each attempt's own limit: the server was waited for 1 s, not 60
+        assert isinstance(error.value.cause, requests.ReadTimeout)
+        assert "read timeout=1.0" in str(error.value.cause)
+        assert proxy.unanswered, "the request never reached the hanging server"
+    else:
+        assert isinstance(error.value.cause, requests.ConnectionError)
+    assert gcs.is_unreachable(error.value)
+
+
 def test_read_range_reads_bytes_and_stops_the_run_when_gcs_hangs(
     gcs_emulator, gcs_bucket, monkeypatch, retry_policies
 ):

@@ -26,8 +26,12 @@ def fixture(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("dist") / "ds", per_class=24)
 
 
-def run_python(code: str, *args: str, timeout: int = 120) -> dict:
-    """Runs ``code`` in a fresh interpreter; its last stdout line is JSON."""
+def run_python(code: str, *args: str, timeout: int = 900) -> dict:
+    """Runs ``code`` in a fresh interpreter; its last stdout line is JSON.
+
+    ``timeout`` only stops a child that hangs: TensorFlow's start-up and a
+    short training took over 120 s on 2 cores beside two busy processes.
+    """
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
@@ -101,19 +105,24 @@ iterator = iter(train)
 images, labels = next(iterator)
 out["per_replica_shapes"] = [list(x.shape) for x in strategy.experimental_local_results(images)]
 out["devices"] = [x.device for x in strategy.experimental_local_results(images)]
-losses = [float(train_step(iterator)) for _ in range(40)]
-out["loss_first"] = float(np.mean(losses[:5]))
-out["loss_last"] = float(np.mean(losses[-5:]))
+for _ in range(40):
+    train_step(iterator)
 
-# Evaluation with padding: every val example exactly once over both replicas.
+# Evaluation with padding: every val example exactly once over both replicas, and
+# how many of them the trained model gets right.
 val = reader.distributed_dataset(strategy, path, "val", global_batch_size=8, image_size=16,
                                  training=False, pad_to_batch=True, return_dict=True)
-names = []
+names, right = [], 0
 for batch in val:
-    for weights, files in zip(strategy.experimental_local_results(batch["weight"]),
-                              strategy.experimental_local_results(batch["filename"])):
-        names += [f.decode() for f, w in zip(files.numpy(), weights.numpy()) if w > 0]
+    for images, labels, weights, files in zip(
+        *(strategy.experimental_local_results(batch[k]) for k in ("image", "label", "weight",
+                                                                   "filename"))):
+        real = weights.numpy() > 0
+        names += [f.decode() for f, r in zip(files.numpy(), real) if r]
+        guessed = np.argmax(model(images, training=False).numpy(), axis=-1)
+        right += int(np.sum((guessed == labels.numpy()) & real))
 out["val_names"] = names
+out["val_accuracy"] = right / len(names)
 print(json.dumps(out))
 """
 )
@@ -125,7 +134,10 @@ def test_distributed_dataset_under_mirrored_strategy(fixture):
     assert out["replicas"] == 2
     assert out["per_replica_shapes"] == [[4, 16, 16, 3], [4, 16, 16, 3]]
     assert len(set(out["devices"])) == 2
-    assert out["loss_last"] < 0.8 * out["loss_first"]
+    # Each class is one far-apart colour: a model fed the right labels with the
+    # right images tells them all apart, whatever the machine's arithmetic; fed
+    # garbage, constant or mismatched labels it scores about 1/3.
+    assert out["val_accuracy"] >= 0.9, out["val_accuracy"]
     assert sorted(out["val_names"]) == sorted(fixture.filenames("val"))
 
 

@@ -80,7 +80,9 @@ def test_shuffles_across_classes(class_sorted):
     labels = np.concatenate([b["label"].numpy() for b in unshuffled])
     # Sanity: without the reader's shuffle the stream really is ordered by class.
     assert order_correlation(labels) > 0.7
-    shuffled = stream(train_dataset(class_sorted, seed=1), n // 8)["label"]
+    # The reader's shuffle, seeded, and its interleave in a fixed order too: what
+    # is measured is the shuffle, not the order busy threads finished in.
+    shuffled = stream(train_dataset(class_sorted, seed=1, deterministic=True), n // 8)["label"]
     assert abs(order_correlation(shuffled)) < 0.35
     # Every class shows up early, in proportion, not after the others are used up.
     first_quarter = collections.Counter(shuffled[: n // 4])
@@ -151,7 +153,13 @@ def test_augmentation_switches(fixture):
     for name, image in off.items():
         np.testing.assert_allclose(image, eval_images[name], atol=1e-3)
 
-    flip = _by_name(stream(train_dataset(fixture, batch, random_crop=False, seed=3), n // batch))
+    # deterministic: each epoch whole, as above (a name seen twice would hide another).
+    flip = _by_name(
+        stream(
+            train_dataset(fixture, batch, random_crop=False, seed=3, deterministic=True),
+            n // batch,
+        )
+    )
     flipped = 0
     for name, image in flip.items():
         if np.allclose(image, eval_images[name], atol=1e-3):
@@ -162,7 +170,8 @@ def test_augmentation_switches(fixture):
 
     # Random crops: the same file looks different from one epoch to the next.
     two_epochs = stream(
-        train_dataset(fixture, batch, horizontal_flip=False, seed=3), 2 * n // batch
+        train_dataset(fixture, batch, horizontal_flip=False, seed=3, deterministic=True),
+        2 * n // batch,
     )
     first = _by_name({k: v[:n] for k, v in two_epochs.items()})
     second = _by_name({k: v[n:] for k, v in two_epochs.items()})
@@ -332,17 +341,22 @@ def test_keras_model_learns_from_make_dataset(fixture, global_seed_zero):
     model.compile(
         optimizer=tf.keras.optimizers.Adam(0.1),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        # Weighted: the val batches' padding (weight 0) must not count, or a
+        # model that always answers one class scores 0.7 on them.
+        weighted_metrics=["accuracy"],
     )
     steps = info.steps_per_epoch("train", 16)
     history = model.fit(ds, steps_per_epoch=steps, epochs=8, verbose=0).history
-    assert history["loss"][-1] < 0.7 * history["loss"][0]
     val = reader.make_dataset(
         fixture.path, "val", 16, 16, training=False, value_range="0_1", pad_to_batch=True
     )
     # (images, labels, weights): Keras takes the weights as sample weights.
     _, accuracy = model.evaluate(val, verbose=0)
-    assert accuracy > 0.6
+    # Each class is one far-apart colour, so the right images with the right
+    # labels are told apart on any machine's arithmetic (1.0 here from the
+    # third epoch on); garbage, constant or mismatched labels score about 1/3.
+    assert history["accuracy"][-1] >= 0.9, history
+    assert accuracy >= 0.9, accuracy
 
 
 @pytest.mark.e2e
