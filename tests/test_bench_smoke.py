@@ -24,11 +24,13 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("skimage")
 
 from bench import __main__ as bench_main  # noqa: E402
-from bench import codec_paths, procstats, quality, report  # noqa: E402
-from bench.codec_paths import CODECS  # noqa: E402
-from bench.codec_paths import LABELS as CODEC_LABELS  # noqa: E402
-from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
-from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
+from bench import report  # noqa: E402
+from bench.common import procstats  # noqa: E402
+from bench.convert import codec_paths, quality  # noqa: E402
+from bench.convert.codec_paths import CODECS  # noqa: E402
+from bench.convert.codec_paths import LABELS as CODEC_LABELS  # noqa: E402
+from bench.convert.converters import LABELS as CONVERTER_LABELS  # noqa: E402
+from bench.read.pipelines import LABELS as READER_LABELS  # noqa: E402
 
 
 @pytest.mark.e2e
@@ -52,7 +54,7 @@ def test_run_measured_counts_the_whole_process_tree():
     )
     parent = (
         "import json, sys\n"
-        "from bench import procstats\n"
+        "from bench.common import procstats\n"
         "r = procstats.run_measured([sys.executable, '-c', sys.argv[1]], timeout_s=60)\n"
         "print(json.dumps([r.returncode, r.stdout, r.peak_tree_rss_mb, r.peak_proc_rss_mb]))\n"
     )
@@ -83,7 +85,7 @@ def test_run_measured_is_not_inflated_by_a_large_parent():
     """
     parent = (
         "import json, sys\n"
-        "from bench import procstats\n"
+        "from bench.common import procstats\n"
         "big = bytearray(300_000_000)\n"
         "big[::4096] = b'x' * len(big[::4096])\n"
         "r = procstats.run_measured([sys.executable, '-c', 'import time; time.sleep(0.5)'])\n"
@@ -272,7 +274,8 @@ def test_report_marks_missing_numbers_and_ratios():
 
 
 def test_scale_part_links_distinct_images_and_summarizes(tmp_path):
-    from bench import data, scale
+    from bench.common import data
+    from bench.scale import growth as scale
 
     base = tmp_path / "web"
     (base / "cat").mkdir(parents=True)
@@ -299,7 +302,8 @@ def test_scale_part_links_distinct_images_and_summarizes(tmp_path):
 
 
 def test_many_small_files_are_distinct_decodable_jpegs_in_class_folders(tmp_path):
-    from bench import data, scale
+    from bench.common import data
+    from bench.scale import growth as scale
 
     folder = scale.many_small_set(250, tmp_path)
     files = data.list_images(folder)
@@ -317,7 +321,7 @@ def test_many_small_files_are_distinct_decodable_jpegs_in_class_folders(tmp_path
 
 
 def test_many_summary_compares_the_resumed_run_with_the_full_one():
-    from bench import scale
+    from bench.scale import growth as scale
 
     def row(images, run, rss):
         return scale.ManyRow(images, run, True, peak_tree_rss_mb=rss)
@@ -341,7 +345,8 @@ def test_many_summary_compares_the_resumed_run_with_the_full_one():
 def test_reuse_part_grows_a_folder_and_compares_outputs(tmp_path):
     from PIL import Image
 
-    from bench import data, reuse
+    from bench.common import data
+    from bench.scale import reuse
 
     base = tmp_path / "web"
     (base / "cat").mkdir(parents=True)

@@ -11,7 +11,8 @@ from beam_pipeline.core import near_duplicates as nd
 from beam_pipeline.core.near_duplicates import Fingerprint
 
 skimage = pytest.importorskip("skimage")
-from bench import data, near_data  # noqa: E402  (needs skimage's photos)
+from bench.common import data  # noqa: E402  (needs skimage's photos)
+from bench.near import calibration as near_data  # noqa: E402  (needs skimage's photos)
 
 
 def _photo(name: str) -> Image.Image:
@@ -174,7 +175,7 @@ def test_groups_join_pairs_and_do_not_depend_on_their_order():
 
 
 def test_the_benchmarks_array_search_finds_what_the_core_finds():
-    from bench import near_duplicates as bench_near
+    from bench.near import duplicates as bench_near
 
     hashes, planted = bench_near.synthetic_hashes(3000, 40, seed=1)
     prints = [Fingerprint(tuple(int(h) for h in row), (85, 85, 85)) for row in hashes]

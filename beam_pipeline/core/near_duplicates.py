@@ -41,7 +41,7 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
     for y in (0.0, 0.5, 1.0)
 )
 BAND_BITS = 16
-# Calibrated by bench/near_duplicates.py on real photos (docs/performance.md).
+# Calibrated by bench/near/duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6
 # Largest difference of mean chromaticity (0-255 scale, per channel) of a pair.
 COLOUR_TOLERANCE = 12

@@ -36,9 +36,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from bench import imageops
-from bench.data import ensure_image_set, list_images
-from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, TARGET_SHORTER_SIDE
+from bench.common.data import ensure_image_set, list_images
+from bench.common.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, TARGET_SHORTER_SIDE
+from bench.convert import imageops
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
 

@@ -30,7 +30,7 @@ import io
 
 from PIL import Image
 
-from bench.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
+from bench.common.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
 
 # EXIF orientation -> the transpose that shows the image upright (the table of
 # ImageOps.exif_transpose, applied to the already-resized image).
@@ -74,7 +74,7 @@ def convert_to_jpeg(
 
     ``resample`` and ``draft_scale`` (draft to that multiple of the target, so
     the filter sees more pixels) exist for the codec study
-    (``bench.codec_paths``); the floor uses the defaults.
+    (``bench.convert.codec_paths``); the floor uses the defaults.
     """
     with Image.open(io.BytesIO(data)) as image:
         orientation = image.getexif().get(0x0112, 1)

@@ -96,7 +96,7 @@ class Pipeline:
 
 
 def _count_files(root: Path) -> int:
-    from bench.data import list_images
+    from bench.common.data import list_images
 
     return len(list_images(root))
 
