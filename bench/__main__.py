@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
 from bench import report
 from bench.common import data, machine, procstats, settings
 from bench.common.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
@@ -44,6 +43,7 @@ from bench.read import readers
 from bench.scale import growth as scale
 from bench.scale import reuse
 from bench.train import trainers
+from imagerecords.codec import INFO_FILE
 
 
 def _now() -> str:

@@ -31,6 +31,7 @@ TOOLS = [
     "shard_memory",
     "progress_cost",
     "crop_costs",
+    "interleave",
 ]
 
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from PIL import Image
 
 from bench.common.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
-from bench.convert.imageops import _ORIENT, shorter_side_size
+from bench.convert.imageops import ORIENTATIONS, shorter_side_size
 from bench.convert.imageops import convert_to_jpeg as _pillow_floor
 
 CODECS = (
@@ -141,8 +141,8 @@ def _decode_scaled(data: bytes):
 def _finish_simplejpeg(image: Image.Image, orientation: int) -> bytes:
     import numpy as np
 
-    if orientation in _ORIENT:
-        image = image.transpose(_ORIENT[orientation])
+    if orientation in ORIENTATIONS:
+        image = image.transpose(ORIENTATIONS[orientation])
     return _simplejpeg.encode_jpeg(
         np.ascontiguousarray(np.asarray(image)), quality=JPEG_QUALITY, colorsubsampling="420"
     )

@@ -27,7 +27,7 @@ LABELS = {
     "imagerecords_beam": "imagerecords on Beam (--runner DirectRunner)",
 }
 # beam_pipeline's summary line, e.g. "2000 images read in 41.2 s wall time: 48.5 images/s".
-_SUMMARY = re.compile(r"(\d+) images read in ([\d.]+) s wall time: ([\d.]+) images/s")
+SUMMARY_LINE = re.compile(r"(\d+) images read in ([\d.]+) s wall time: ([\d.]+) images/s")
 
 
 def print_work_summary(
@@ -161,7 +161,7 @@ def _result(image_set: ImageSet, converter: str, proc: ProcResult) -> ConverterR
         result.images_per_s = result.mb_per_s = float("nan")
         return result
     if converter.startswith("imagerecords"):
-        match = _SUMMARY.search(proc.stdout + proc.stderr)
+        match = SUMMARY_LINE.search(proc.stdout + proc.stderr)
         if match:
             result.work_s = float(match.group(2))
             result.work_images_per_s = float(match.group(3))

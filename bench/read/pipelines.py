@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
+from imagerecords.codec import INFO_FILE
 
 VARIANTS = (
     "keras_dir",

@@ -12,10 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
 from bench.common.procstats import run_measured
 from bench.common.settings import READ_IMAGE_SIZE, REPO_DIR
 from bench.read.pipelines import VARIANTS
+from imagerecords.codec import INFO_FILE
 
 _NEEDS_READER = {
     "imagerecords_train",

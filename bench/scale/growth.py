@@ -49,7 +49,7 @@ from beam_pipeline.core import spill
 from bench.common.data import ImageSet, list_images
 from bench.common.procstats import run_measured
 from bench.common.settings import REPO_DIR
-from bench.convert.converters import _SUMMARY
+from bench.convert.converters import SUMMARY_LINE
 
 FULL_FACTORS = (1, 8, 64)
 QUICK_FACTORS = (1, 8)
@@ -136,7 +136,7 @@ def _run(converter: str, folder: Path, images: int, factor: int, out_dir: Path, 
     if converter == "floor":
         row.work_s = json.loads(proc.stdout.strip().splitlines()[-1])["work_s"]
     else:
-        match = _SUMMARY.search(proc.stdout)
+        match = SUMMARY_LINE.search(proc.stdout)
         row.work_s = float(match.group(2)) if match else float("nan")
         row.output_mb = _folder_mb(out_dir)
         shutil.rmtree(out_dir, ignore_errors=True)  # 64x is gigabytes

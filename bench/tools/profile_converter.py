@@ -112,9 +112,9 @@ def stage_costs(files: list[Path]) -> dict[str, float]:
         target = imageops.shorter_side_size(image.width, image.height, TARGET_SHORTER_SIDE)
         small = image.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
         t4 = time.perf_counter()
-        small = imageops._to_rgb(small)
-        if orientation in imageops._ORIENT:
-            small = small.transpose(imageops._ORIENT[orientation])
+        small = imageops.to_rgb(small)
+        if orientation in imageops.ORIENTATIONS:
+            small = small.transpose(imageops.ORIENTATIONS[orientation])
         t5 = time.perf_counter()
         buffer = io.BytesIO()
         small.save(buffer, format="JPEG", quality=90)

@@ -31,8 +31,8 @@ import json
 import os
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
 from bench.read.pipelines import Pipeline
+from imagerecords.codec import INFO_FILE
 
 VARIANTS = ("reader_uint8", "tfds_as_dataset", "grain_source", "grain_threads")
 LABELS = {

@@ -28,12 +28,12 @@ import os
 import sys
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
 from bench.common import data, machine
 from bench.common.procstats import run_measured
 from bench.common.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR, Sizes
 from bench.convert import converters
 from bench.train.pipelines import LABELS, VARIANTS
+from imagerecords.codec import INFO_FILE
 
 RESULT_NAME = "trainers"  # trainers.json and trainers.md
 # The loader every other is compared with, in the same run.
