@@ -102,3 +102,41 @@ def test_the_table_has_every_round_with_its_load_and_each_commits_median():
 def test_a_name_that_is_no_commit_is_refused_in_one_line():
     with pytest.raises(SystemExit, match=r"^error: 'no-such-rev' names no commit here"):
         interleave.resolve("no-such-rev")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in (b"Z", b"X")
+
+
+@pytest.mark.e2e  # starts a child with a grandchild in a session of its own
+def test_kill_tree_ends_a_grandchild_in_its_own_session(tmp_path):
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild = (
+        "import os, time; "
+        f"open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r}); time.sleep(600)"
+    )
+    child = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}], start_new_session=True); "
+        "time.sleep(600)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists():  # the grandchild says it is up
+        assert time.monotonic() < deadline, "the grandchild never started"
+        time.sleep(0.05)
+    grandchild_pid = int(pid_file.read_text())
+    interleave.kill_tree(proc.pid)
+    assert proc.wait(timeout=30) == -9
+    while _alive(grandchild_pid):  # SIGKILL is delivered; wait for it to land
+        assert time.monotonic() < deadline, "the grandchild outlived kill_tree"
+        time.sleep(0.05)

@@ -33,6 +33,8 @@ import argparse
 import datetime
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from bench import report
 from bench.common import data
+from bench.common.procstats import tree_sample
 from bench.common.settings import CACHE_DIR, FULL, REPO_DIR, RESULTS_DIR
 
 WORK_DIR = CACHE_DIR / "interleave"
@@ -172,16 +175,30 @@ def shared_cache(commit: str) -> Path:
     return cache
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL to ``pid`` and every descendant: bench starts each measured tool in a
+    session of its own, which a Ctrl-C at the terminal does not reach."""
+    _, tree, _ = tree_sample(pid)  # taken whole first: a killed parent's children move away
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_round(worktree: Path, results_dir: Path, cache_dir: Path) -> dict:
     """One round of a commit's benchmarks in its worktree: its ``results.json``."""
+    # `--only` keeps the other halves of a results.json it finds: an earlier
+    # run's numbers must never pass for this round's.
+    shutil.rmtree(results_dir, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(worktree)}
     for command in bench_commands(results_dir, cache_dir):
         print(f"[interleave] {worktree.name}: {' '.join(command[1:])}", flush=True)
         with subprocess.Popen(command, cwd=worktree, env=env) as proc:
             try:
                 code = proc.wait()
-            except BaseException:  # Ctrl-C: the child goes too, before the worktree does
-                proc.kill()
+            except BaseException:  # Ctrl-C: the children go too, before the worktree does
+                kill_tree(proc.pid)
                 proc.wait()
                 raise
         if code != 0:

@@ -16,7 +16,7 @@ tf.data reader's in the same run.
 Examples::
 
     python -m bench --only trainers        # 2,000 web images, batch 128, 2 rounds
-    python -m bench.train.trainers --quick       # 48 images, batch 16: a smoke run
+    python -m bench.train.trainers --quick # 48 images, batch 16: a smoke run
 """
 
 from __future__ import annotations
