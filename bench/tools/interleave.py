@@ -112,7 +112,7 @@ def markdown(result: dict) -> str:
     """The comparison as Markdown: every round, then each ratio's median and range."""
     old, new = result["revs"]
     lines = [
-        f"| round | commit | {' | '.join(HEADLINES[k].split(' (')[0] for k in HEADLINES)} "
+        f"| round | commit | {' | '.join(HEADLINES[k].rsplit(' (', 1)[0] for k in HEADLINES)} "
         "| load (1 min) before / after |",
         "|---|---|" + "---:|" * len(HEADLINES) + "---|",
     ]
