@@ -63,7 +63,7 @@ BENCH_REQUIRES = [
     "matplotlib>=3.8",
     "scikit-image>=0.22",
     "py-spy>=0.3",
-    # The codec study (bench/codecs.py); each wheel bundles its own libraries.
+    # The codec study (bench/convert/codecs.py); each wheel bundles its own libraries.
     "pyvips>=2.2",
     "pyvips-binary>=8.15",
     "simplejpeg>=1.7",

@@ -34,23 +34,16 @@ import sys
 import time
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
-from bench import (
-    codecs,
-    converters,
-    data,
-    machine,
-    near_duplicates,
-    procstats,
-    quality,
-    readers,
-    report,
-    reuse,
-    scale,
-    settings,
-    trainers,
-)
-from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
+from bench import report
+from bench.common import data, machine, procstats, settings
+from bench.common.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, Sizes
+from bench.convert import codecs, converters, quality
+from bench.near import duplicates as near_duplicates
+from bench.read import readers
+from bench.scale import growth as scale
+from bench.scale import reuse
+from bench.train import trainers
+from imagerecords.codec import INFO_FILE
 
 
 def _now() -> str:
@@ -397,7 +390,7 @@ def _gpu_part(sizes: Sizes, web: data.ImageSet, out_root: Path, log_dir: Path) -
     records = converters.imagerecords_output(out_root, "web")
     if not (records / INFO_FILE).exists():
         return {"skipped": "skipped: no imagerecords output to read", "rows": []}
-    cmd = [sys.executable, "-m", "bench.gpu_step", "--records", str(records)]
+    cmd = [sys.executable, "-m", "bench.read.gpu_step", "--records", str(records)]
     cmd += ["--files-root", str(web.path), "--batch", str(sizes.read_batch_size)]
     proc = procstats.run_measured(
         cmd, cwd=settings.REPO_DIR, timeout_s=sizes.timeout_s, log_path=log_dir / "gpu.log"

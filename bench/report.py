@@ -11,9 +11,9 @@ import json
 import math
 from pathlib import Path
 
-from bench.converters import LABELS as CONVERTER_LABELS
-from bench.gpu_step import LABELS as GPU_LABELS
-from bench.read_pipelines import LABELS as READER_LABELS
+from bench.convert.converters import LABELS as CONVERTER_LABELS
+from bench.read.gpu_step import LABELS as GPU_LABELS
+from bench.read.pipelines import LABELS as READER_LABELS
 
 _NAN = float("nan")
 
@@ -172,7 +172,7 @@ def markdown(results: dict) -> str:
             "of the tree, start-up included. Peak RSS: summed over the process tree. "
             "PSNR / SSIM: medians of the stored JPEGs of the set's first "
             "100 JPEG sources against Pillow's best rendering of each (full decode, "
-            "Lanczos to the stored size; `bench/quality.py`).",
+            "Lanczos to the stored size; `bench/convert/quality.py`).",
             "",
             "| set | converter | images/s | MB/s in | wall s | work images/s | CPU ms/image "
             "| PSNR dB | SSIM | peak RSS MB | runs (wall s) | note |",
@@ -291,7 +291,7 @@ def markdown(results: dict) -> str:
 
 
 def _gpu_lines(gpu: dict | None) -> list[str]:
-    """The ResNet-50 training step (bench.gpu_step): a table, or why it was skipped."""
+    """The ResNet-50 training step (bench.read.gpu_step): a table, or why it was skipped."""
     if not gpu:
         return []
     lines = ["", "## ResNet-50 training step fed by each reader (GPU only)", ""]
@@ -324,7 +324,7 @@ def _gpu_lines(gpu: dict | None) -> list[str]:
 
 
 def _codec_lines(study: dict | None) -> list[str]:
-    """The codec study's table (bench.codecs): speed on one core next to quality."""
+    """The codec study's table (bench.convert.codecs): speed on one core next to quality."""
     if not study:
         return []
     lines = [

@@ -7,10 +7,25 @@ protocol ask for; docs/trainers.md shows both.
 
 Importing this package loads neither TensorFlow nor Apache Beam: it needs
 ``protobuf``, ``google-crc32c`` and, for ``gs://``, ``google-cloud-storage``.
+
+``PUBLIC_MODULES`` are the modules whose names without a leading underscore
+a client may import and expect to keep: this package's names below, the
+format's codec (``imagerecords.codec``: the TFRecord framing, the Example
+schema, the published file names), the training and evaluation crops
+(``imagerecords.transforms``) and the two loaders (``imagerecords.grain``,
+``imagerecords.torch``; docs/trainers.md).
 """
 
 from imagerecords.info import DatasetNotFoundError, UnknownSplitError, find_info
 from imagerecords.source import CorruptRecordError, IndexFileError, RecordSource
+
+PUBLIC_MODULES = (
+    "imagerecords",
+    "imagerecords.codec",
+    "imagerecords.transforms",
+    "imagerecords.grain",
+    "imagerecords.torch",
+)
 
 __all__ = [
     "CorruptRecordError",

@@ -59,7 +59,7 @@ def default_read_options(workers: int) -> grain.ReadOptions:
 
     Each element here is a whole batch. simplejpeg and OpenCV release the GIL,
     so in one process a thread per core decodes in parallel; in each worker
-    process more threads only contend for its GIL (bench/trainer_pipelines.py
+    process more threads only contend for its GIL (bench/train/pipelines.py
     has the measurements).
     """
     if workers:

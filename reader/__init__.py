@@ -15,7 +15,10 @@ from its module: ``reader.info`` (``SplitInfo``, ``ShardInfo``,
 ``StoredImage``), ``reader.dataset`` (``InputReader``,
 ``decoded_cache_bytes``), ``reader.parser`` (``Parser``), ``reader.decode`` (``IMAGENET_MEAN``,
 ``IMAGENET_STD``), ``reader.native`` (``NativeOpsError``) and
-``reader.inspect`` (``python -m reader.inspect``).
+``reader.inspect`` (``python -m reader.inspect``). Those modules, with
+``reader.config``, are ``PUBLIC_MODULES``: a client may import their names
+without a leading underscore and expect to keep them; the other modules are
+the package's inside.
 """
 
 import importlib
@@ -40,6 +43,17 @@ _EXPORTS = {
     "UnknownSplitError": "reader.info",
     "load_info": "reader.info",
 }
+
+PUBLIC_MODULES = (
+    "reader",
+    "reader.config",
+    "reader.info",
+    "reader.dataset",
+    "reader.parser",
+    "reader.decode",
+    "reader.native",
+    "reader.inspect",
+)
 
 
 def __getattr__(name: str):

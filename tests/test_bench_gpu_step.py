@@ -1,8 +1,9 @@
-"""The GPU part's pure arithmetic and its report (bench/gpu_step.py, bench/report.py)."""
+"""The GPU part's pure arithmetic and its report (bench/read/gpu_step.py, bench/report.py)."""
 
 import pytest
 
-from bench import gpu_step, report
+from bench import report
+from bench.read import gpu_step
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The converter quality figure (bench/quality.py): found in real TFRecords, no TensorFlow."""
+"""The converter quality figure (bench/convert/quality.py): found in real TFRecords, no TensorFlow."""
 
 import io
 import math
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench import quality
-from bench.data import ImageSet
-from bench.imageops import convert_to_jpeg
+from bench.common.data import ImageSet
+from bench.convert import quality
+from bench.convert.imageops import convert_to_jpeg
 from imagerecords import codec
 
 

@@ -1,10 +1,10 @@
-"""bench.readers.ratio_lines: the reader ratios a run prints (images/s and CPU per image)."""
+"""bench.read.readers.ratio_lines: the reader ratios a run prints (images/s and CPU per image)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.readers import RATIOS, ReaderResult, ratio_lines
+from bench.read.readers import RATIOS, ReaderResult, ratio_lines
 
 
 def _row(variant, images_per_s, cpu_ms, ok=True):
@@ -34,7 +34,7 @@ def test_ratio_lines(rows, expected):
 
 
 def test_every_ratio_names_pipelines_the_bench_runs():
-    from bench.read_pipelines import VARIANTS
+    from bench.read.pipelines import VARIANTS
 
     for _, pipeline, baseline in RATIOS:
         assert pipeline in VARIANTS and baseline in VARIANTS

@@ -25,11 +25,13 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("skimage")
 
 from bench import __main__ as bench_main  # noqa: E402
-from bench import codec_paths, procstats, quality, report  # noqa: E402
-from bench.codec_paths import CODECS  # noqa: E402
-from bench.codec_paths import LABELS as CODEC_LABELS  # noqa: E402
-from bench.converters import LABELS as CONVERTER_LABELS  # noqa: E402
-from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
+from bench import report  # noqa: E402
+from bench.common import procstats  # noqa: E402
+from bench.convert import codec_paths, quality  # noqa: E402
+from bench.convert.codec_paths import CODECS  # noqa: E402
+from bench.convert.codec_paths import LABELS as CODEC_LABELS  # noqa: E402
+from bench.convert.converters import LABELS as CONVERTER_LABELS  # noqa: E402
+from bench.read.pipelines import LABELS as READER_LABELS  # noqa: E402
 
 # Measures ``sys.argv[1]`` (a child's code, given ``sys.argv[2]``, a folder) with
 # run_measured from a small, fresh Python process, not from pytest itself, so
@@ -39,7 +41,7 @@ from bench.read_pipelines import LABELS as READER_LABELS  # noqa: E402
 _MEASURE_UNTIL_READY = (
     "import json, sys\n"
     "from pathlib import Path\n"
-    "from bench import procstats\n"
+    "from bench.common import procstats\n"
     "code, folder, ready = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])\n"
     "r = procstats.run_measured([sys.executable, '-c', code, str(folder)], timeout_s=120,\n"
     "    kill_when=lambda: len(list(folder.iterdir())) >= ready, sample_every_s=3600)\n"
@@ -283,7 +285,8 @@ def test_report_marks_missing_numbers_and_ratios():
 
 
 def test_scale_part_links_distinct_images_and_summarizes(tmp_path):
-    from bench import data, scale
+    from bench.common import data
+    from bench.scale import growth as scale
 
     base = tmp_path / "web"
     (base / "cat").mkdir(parents=True)
@@ -310,7 +313,8 @@ def test_scale_part_links_distinct_images_and_summarizes(tmp_path):
 
 
 def test_many_small_files_are_distinct_decodable_jpegs_in_class_folders(tmp_path):
-    from bench import data, scale
+    from bench.common import data
+    from bench.scale import growth as scale
 
     folder = scale.many_small_set(250, tmp_path)
     files = data.list_images(folder)
@@ -328,7 +332,7 @@ def test_many_small_files_are_distinct_decodable_jpegs_in_class_folders(tmp_path
 
 
 def test_many_summary_compares_the_resumed_run_with_the_full_one():
-    from bench import scale
+    from bench.scale import growth as scale
 
     def row(images, run, rss):
         return scale.ManyRow(images, run, True, peak_tree_rss_mb=rss)
@@ -352,7 +356,8 @@ def test_many_summary_compares_the_resumed_run_with_the_full_one():
 def test_reuse_part_grows_a_folder_and_compares_outputs(tmp_path):
     from PIL import Image
 
-    from bench import data, reuse
+    from bench.common import data
+    from bench.scale import reuse
 
     base = tmp_path / "web"
     (base / "cat").mkdir(parents=True)

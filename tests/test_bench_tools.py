@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench import __main__ as bench_main
-from bench import settings
+from bench.common import settings
 from bench.tools import profile_converter, profile_op, profile_reader
 
 pytestmark = pytest.mark.e2e
@@ -31,6 +31,7 @@ TOOLS = [
     "shard_memory",
     "progress_cost",
     "crop_costs",
+    "interleave",
 ]
 
 

@@ -1,4 +1,4 @@
-"""bench.trainers' loaders run on a small converted dataset and yield what is timed;
+"""bench.train.trainers' loaders run on a small converted dataset and yield what is timed;
 ``python -m bench --only trainers`` writes their table beside the other parts'."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import trainer_pipelines, trainers
+from bench.train import pipelines as trainer_pipelines
+from bench.train import trainers
 from tests.image_factory import make_class_folders
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def records(tmp_path_factory):
 @pytest.mark.parametrize("variant", trainer_pipelines.VARIANTS)
 def test_each_loader_yields_full_uint8_batches(records, variant):
     done = subprocess.run(
-        [sys.executable, "-m", "bench.trainer_worker", "--variant", variant]
+        [sys.executable, "-m", "bench.train.worker", "--variant", variant]
         + ["--records", str(records), "--batch", "4", "--image-size", "32"]
         + ["--warmup", "0", "--epochs", "2"],
         capture_output=True,

@@ -11,7 +11,8 @@ from beam_pipeline.core import near_duplicates as nd
 from beam_pipeline.core.near_duplicates import Fingerprint
 
 skimage = pytest.importorskip("skimage")
-from bench import data, near_data  # noqa: E402  (needs skimage's photos)
+from bench.common import data  # noqa: E402  (needs skimage's photos)
+from bench.near import calibration as near_data  # noqa: E402  (needs skimage's photos)
 
 
 def _photo(name: str) -> Image.Image:
@@ -215,7 +216,7 @@ def test_groups_join_pairs_and_do_not_depend_on_their_order():
 
 
 def test_the_benchmarks_array_search_finds_what_the_core_finds():
-    from bench import near_duplicates as bench_near
+    from bench.near import duplicates as bench_near
 
     hashes, planted = bench_near.synthetic_hashes(3000, 40, seed=1)
     prints = [Fingerprint(tuple(int(h) for h in row), (85, 85, 85)) for row in hashes]
@@ -333,7 +334,7 @@ def test_the_band_index_keeps_the_calibration_copies(tmp_path):
     # The goal the band layout is chosen for: the copies the default split
     # puts in another split than their original are what leaks, and at least
     # 95% of them must meet their original in some bucket and verify.
-    from bench import near_duplicates as bench_near
+    from bench.near import duplicates as bench_near
 
     near = near_data.ensure_near_set(tmp_path)
     got = bench_near.calibrate(near, "phash", nd.WINDOWS)

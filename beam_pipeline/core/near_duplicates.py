@@ -45,11 +45,11 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
 # hash read as a ring (``band_offsets``), so bands overlap. Each bit of width
 # halves the random candidates, which grow as the square of the images; each
 # band more wins back copies whose few differing bits fell in every other
-# band. Chosen with bench/near_duplicates.py against the cross-split recall
+# band. Chosen with bench/near/duplicates.py against the cross-split recall
 # and the search's cost at 1.28 M images (docs/performance.md).
 BAND_BITS = 21
 BAND_COUNT = 5
-# Calibrated by bench/near_duplicates.py on real photos (docs/performance.md).
+# Calibrated by bench/near/duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6
 # Largest difference of mean chromaticity (0-255 scale, per channel) of a pair.
 COLOUR_TOLERANCE = 12

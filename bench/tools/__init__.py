@@ -18,4 +18,6 @@ Each is runnable on its own and writes only under the gitignored
   call, and a run on a terminal against ``--quiet``.
 * ``python -m bench.tools.crop_costs`` - ``imagerecords.transforms.train_crop``
   step by step, and the resizes it could use, per image.
+* ``python -m bench.tools.interleave OLD [NEW]`` - two commits' converter and
+  reader ratios, their own benchmarks in alternating rounds.
 """

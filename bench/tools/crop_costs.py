@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.settings import CACHE_DIR, FULL, READ_IMAGE_SIZE
+from bench.common.settings import CACHE_DIR, FULL, READ_IMAGE_SIZE
 
 
 def numpy_bilinear(window: np.ndarray, size: int) -> np.ndarray:

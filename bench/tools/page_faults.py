@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.settings import READ_IMAGE_SIZE, RESULTS_DIR, TARGET_SHORTER_SIDE
+from bench.common.settings import READ_IMAGE_SIZE, RESULTS_DIR, TARGET_SHORTER_SIDE
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
 ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # reader.allocator.ENV; not imported: it would load TensorFlow

@@ -36,9 +36,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from bench import imageops
-from bench.data import ensure_image_set, list_images
-from bench.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, TARGET_SHORTER_SIDE
+from bench.common.data import ensure_image_set, list_images
+from bench.common.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, TARGET_SHORTER_SIDE
+from bench.convert import imageops
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
 
@@ -112,9 +112,9 @@ def stage_costs(files: list[Path]) -> dict[str, float]:
         target = imageops.shorter_side_size(image.width, image.height, TARGET_SHORTER_SIDE)
         small = image.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
         t4 = time.perf_counter()
-        small = imageops._to_rgb(small)
-        if orientation in imageops._ORIENT:
-            small = small.transpose(imageops._ORIENT[orientation])
+        small = imageops.to_rgb(small)
+        if orientation in imageops.ORIENTATIONS:
+            small = small.transpose(imageops.ORIENTATIONS[orientation])
         t5 = time.perf_counter()
         buffer = io.BytesIO()
         small.save(buffer, format="JPEG", quality=90)

@@ -27,9 +27,9 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.converters import imagerecords_output
-from bench.procstats import process_cpu_s
-from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, RESULTS_DIR
+from bench.common.procstats import process_cpu_s
+from bench.common.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, RESULTS_DIR
+from bench.convert.converters import imagerecords_output
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
 

@@ -24,10 +24,10 @@ import json
 import time
 from pathlib import Path
 
-from bench.converters import imagerecords_output
-from bench.data import list_images
-from bench.procstats import process_cpu_s
-from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, RESULTS_DIR
+from bench.common.data import list_images
+from bench.common.procstats import process_cpu_s
+from bench.common.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, RESULTS_DIR
+from bench.convert.converters import imagerecords_output
 
 PROFILE_DIR = RESULTS_DIR / "raw" / "profile"
 

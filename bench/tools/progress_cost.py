@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from beam_pipeline.engines import progress
-from bench.scale import many_small_set
-from bench.settings import CACHE_DIR, REPO_DIR
+from bench.common.settings import CACHE_DIR, REPO_DIR
+from bench.scale.growth import many_small_set
 
 CALLS = 1_000_000
 

@@ -2,7 +2,7 @@
 
 What it measures: one shard of ``--mb`` megabytes (records of 40-160 KB, in
 ~4 MB ``RecordBatch``es, as ConvertImages cuts them) through the Beam graph's
-shard-writing DoFn (``staging.write_staged_shard`` under it), made on the fly
+shard writer (``staging.write_staged_shard``, all its DoFn does), made on the fly
 so that the input never sits in memory. Prints the traced Python allocation
 peak above the start (``tracemalloc``) and the process's peak RSS above its
 RSS at the start (``/proc/self/status`` VmHWM, reset first), per shard size:
@@ -22,9 +22,8 @@ import tempfile
 import time
 import tracemalloc
 
-from beam_pipeline.core import books
 from beam_pipeline.core.elements import RecordBatch, ShardEntry
-from beam_pipeline.engines.pipeline import _WriteShardFn
+from beam_pipeline.stages.staging import write_staged_shard
 
 SPLIT = "train"
 BATCH_BYTES = 4 << 20  # what ConvertImages cuts a RecordBatch at
@@ -81,17 +80,17 @@ class Shard:
 
 
 def measure(megabytes: int, work: str) -> dict:
-    """One shard through the DoFn: traced peak and RSS peak above the start, wall time."""
+    """One shard through the writer: traced peak and RSS peak above the start, wall time."""
     shard = Shard(megabytes)
-    plans = {SPLIT: books.SplitPlan(SPLIT, 0, 0, 0, (), (len(shard.records),), (0,))}
-    writer = _WriteShardFn(f"{work}/out-{megabytes}")
     rss_start = _status_kb("VmRSS")
     _reset_peak_rss()
     tracemalloc.start()
     try:
         started = time.perf_counter()
         traced_start, _ = tracemalloc.get_traced_memory()
-        (info,) = writer.process(((SPLIT, 0), shard.batches()), plans)
+        # The DoFn's own loop: the grouped batches' entries, read once, as one shard of one.
+        entries = (entry for batch in shard.batches() for entry in batch.entries)
+        info = write_staged_shard(f"{work}/out-{megabytes}", SPLIT, 0, 1, entries)
         wall = time.perf_counter() - started
         _, traced_peak = tracemalloc.get_traced_memory()
     finally:

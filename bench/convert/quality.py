@@ -9,7 +9,7 @@ path and would only dilute the difference).
 Where the stored JPEGs come from:
 
 * the codec floor writes nothing, so its exact operations
-  (``bench.imageops.convert_to_jpeg``) are run again here on the sample;
+  (``bench.convert.imageops.convert_to_jpeg``) are run again here on the sample;
 * the naive loop and imagerecords write TFRecords whose ``image/filename`` is
   the source's path relative to the input folder; they are read with
   ``imagerecords.codec`` (no TensorFlow).
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from bench.data import ImageSet, list_images
+from bench.common.data import ImageSet, list_images
 
 SAMPLE_IMAGES = 100
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -116,7 +116,7 @@ def converter_quality(
     """(median PSNR, median SSIM) of one converter's output on the sample of ``image_set``.
 
     Args:
-        converter: "floor", "naive", "imagerecords" or "imagerecords_beam" (``bench.converters.CONVERTERS``).
+        converter: "floor", "naive", "imagerecords" or "imagerecords_beam" (``bench.convert.converters.CONVERTERS``).
         image_set: The input set.
         out_dir: Where the converter wrote its TFRecords (unused for the floor).
         cache: See :func:`median_quality`.
@@ -126,7 +126,7 @@ def converter_quality(
     """
     sources = sample_sources(image_set)
     if converter == "floor":
-        from bench.imageops import convert_to_jpeg
+        from bench.convert.imageops import convert_to_jpeg
 
         pairs = [(s, convert_to_jpeg(s.read_bytes())) for s in sources]
         return median_quality(pairs, cache)

@@ -30,11 +30,11 @@ import io
 
 from PIL import Image
 
-from bench.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
+from bench.common.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
 
 # EXIF orientation -> the transpose that shows the image upright (the table of
 # ImageOps.exif_transpose, applied to the already-resized image).
-_ORIENT = {
+ORIENTATIONS = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
     4: Image.Transpose.FLIP_TOP_BOTTOM,
@@ -54,7 +54,7 @@ def shorter_side_size(width: int, height: int, side: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
+def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode == "RGB":
         return image
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
@@ -74,7 +74,7 @@ def convert_to_jpeg(
 
     ``resample`` and ``draft_scale`` (draft to that multiple of the target, so
     the filter sees more pixels) exist for the codec study
-    (``bench.codec_paths``); the floor uses the defaults.
+    (``bench.convert.codec_paths``); the floor uses the defaults.
     """
     with Image.open(io.BytesIO(data)) as image:
         orientation = image.getexif().get(0x0112, 1)
@@ -86,9 +86,9 @@ def convert_to_jpeg(
         target = shorter_side_size(image.width, image.height, TARGET_SHORTER_SIDE)
         if target != image.size:
             small = image.resize(target, resample, reducing_gap=3.0)
-        small = _to_rgb(small)
-        if orientation in _ORIENT:
-            small = small.transpose(_ORIENT[orientation])
+        small = to_rgb(small)
+        if orientation in ORIENTATIONS:
+            small = small.transpose(ORIENTATIONS[orientation])
         out = io.BytesIO()
         small.save(out, format="JPEG", quality=JPEG_QUALITY)
         return out.getvalue()

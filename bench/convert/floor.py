@@ -1,7 +1,7 @@
-"""Converter baseline (a), the codec floor: ``python -m bench.convert_floor --input DIR``.
+"""Converter baseline (a), the codec floor: ``python -m bench.convert.floor --input DIR``.
 
 A ``multiprocessing.Pool`` with one process per core maps
-:func:`bench.imageops.convert_file` over every image (sorted list,
+:func:`bench.convert.imageops.convert_file` over every image (sorted list,
 ``imap_unordered``, chunks of 8 so the per-task IPC is amortised but the last
 chunks still balance). Nothing else happens: no listing in parallel, no keys,
 no shuffle, no protobuf, no output files. It is the speed limit for any
@@ -20,9 +20,9 @@ import os
 import time
 from pathlib import Path
 
-from bench.converters import print_work_summary
-from bench.data import list_images
-from bench.imageops import convert_file
+from bench.common.data import list_images
+from bench.convert.converters import print_work_summary
+from bench.convert.imageops import convert_file
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -61,7 +61,7 @@ def _libjpeg() -> str:
 
 def git_state() -> str:
     """HEAD, and whether the code under test has uncommitted changes (it is measured as is)."""
-    from bench.settings import REPO_DIR
+    from bench.common.settings import REPO_DIR
 
     def git(*args):
         return subprocess.run(

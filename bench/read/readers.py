@@ -1,4 +1,4 @@
-"""Reader benchmark: runs ``bench.read_worker`` for each pipeline and collects the numbers.
+"""Reader benchmark: runs ``bench.read.worker`` for each pipeline and collects the numbers.
 
 In a full run every variant gets its own child process (fresh TensorFlow, its
 own thread pools and memory peak); a quick run puts all variants in one child
@@ -12,10 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
-from bench.procstats import run_measured
-from bench.read_pipelines import VARIANTS
-from bench.settings import READ_IMAGE_SIZE, REPO_DIR
+from bench.common.procstats import run_measured
+from bench.common.settings import READ_IMAGE_SIZE, REPO_DIR
+from bench.read.pipelines import VARIANTS
+from imagerecords.codec import INFO_FILE
 
 _NEEDS_READER = {
     "imagerecords_train",
@@ -34,7 +34,7 @@ class ReaderResult:
     """One reader pipeline.
 
     Attributes:
-        variant: one of ``bench.read_pipelines.VARIANTS``.
+        variant: one of ``bench.read.pipelines.VARIANTS``.
         ok: whether it ran.
         note: why not (empty when fine).
         images_per_s: images / second over the timed epochs.
@@ -197,7 +197,7 @@ def _run_round(
     for group in groups:
         if not group:
             continue
-        cmd = [sys.executable, "-m", "bench.read_worker"]
+        cmd = [sys.executable, "-m", "bench.read.worker"]
         for variant in group:
             cmd += ["--variant", variant]
         cmd += [

@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
+from imagerecords.codec import INFO_FILE
 
 VARIANTS = (
     "keras_dir",
@@ -96,7 +96,7 @@ class Pipeline:
 
 
 def _count_files(root: Path) -> int:
-    from bench.data import list_images
+    from bench.common.data import list_images
 
     return len(list_images(root))
 

@@ -1,6 +1,6 @@
 """The codec study's conversion paths: one image's bytes -> a JPEG, shorter side 256, q90.
 
-Every path produces the same thing as the codec floor (``bench.imageops``):
+Every path produces the same thing as the codec floor (``bench.convert.imageops``):
 the upright image (EXIF orientation applied), RGB, shorter side
 ``TARGET_SHORTER_SIDE`` rounded the same way (``shorter_side_size``), JPEG
 quality ``JPEG_QUALITY`` with 4:2:0 chroma. They differ only in the decoder,
@@ -26,7 +26,7 @@ Pillow for the formats where another codec does not win. Each path runs on
 one thread (libvips and OpenCV are told so), like one worker process per core.
 
 Importing this module imports only Pillow; each other codec is imported on
-first use, so ``python -m bench.codec_worker`` also runs under an interpreter
+first use, so ``python -m bench.convert.codec_worker`` also runs under an interpreter
 that has Pillow-SIMD and nothing else.
 """
 
@@ -38,9 +38,9 @@ from collections.abc import Callable
 
 from PIL import Image
 
-from bench.imageops import _ORIENT, shorter_side_size
-from bench.imageops import convert_to_jpeg as _pillow_floor
-from bench.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
+from bench.common.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
+from bench.convert.imageops import ORIENTATIONS, shorter_side_size
+from bench.convert.imageops import convert_to_jpeg as _pillow_floor
 
 CODECS = (
     "pillow_bicubic",
@@ -141,8 +141,8 @@ def _decode_scaled(data: bytes):
 def _finish_simplejpeg(image: Image.Image, orientation: int) -> bytes:
     import numpy as np
 
-    if orientation in _ORIENT:
-        image = image.transpose(_ORIENT[orientation])
+    if orientation in ORIENTATIONS:
+        image = image.transpose(ORIENTATIONS[orientation])
     return _simplejpeg.encode_jpeg(
         np.ascontiguousarray(np.asarray(image)), quality=JPEG_QUALITY, colorsubsampling="420"
     )

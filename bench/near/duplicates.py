@@ -2,7 +2,7 @@
 
 Three measurements, written to ``near.md`` and ``near.json``:
 
-* **calibration** (``bench/near_data.py``'s set of real photos and known near
+* **calibration** (``bench/near/calibration.py``'s set of real photos and known near
   copies): for each scheme (hash kind, whole image alone or with windows), the
   recall of the copies (all, and those the converter's default split puts in
   another split than their original) and the false pairs per 10,000 images,
@@ -34,7 +34,8 @@ from PIL import Image
 
 from beam_pipeline.core import images, keys
 from beam_pipeline.core import near_duplicates as nd
-from bench import data, near_data
+from bench.common import data
+from bench.near import calibration as near_data
 from bench.settings import RESULTS_DIR
 
 THRESHOLDS = tuple(range(0, 17))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
+# This module lives in bench/common/: the bench package is the folder above.
+BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO_DIR = BENCH_DIR.parent
 CACHE_DIR = BENCH_DIR / ".cache"
 RESULTS_DIR = BENCH_DIR / "results"
@@ -38,7 +39,7 @@ class Sizes:
         timeout_s: limit for any one subprocess (a hung Beam job must not hang
             ``make bench``).
         codec_web_images, codec_phone_images: images of each set the codec
-            study (``bench.codecs``) converts per pass (the first ones, sorted).
+            study (``bench.convert.codecs``) converts per pass (the first ones, sorted).
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""The loaders of other trainers, timed on the same shards (issue 26; ``bench.trainers``).
+"""The loaders of other trainers, timed on the same shards (issue 26; ``bench.train.trainers``).
 
 Each yields ``(images uint8 [B, 224, 224, 3], labels [B])`` training batches:
 a random window (8-100% of the area, aspect 3/4-4/3) resized to 224x224 and
@@ -31,8 +31,8 @@ import json
 import os
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
-from bench.read_pipelines import Pipeline
+from bench.read.pipelines import Pipeline
+from imagerecords.codec import INFO_FILE
 
 VARIANTS = ("reader_uint8", "tfds_as_dataset", "grain_source", "grain_threads")
 LABELS = {

@@ -1,4 +1,4 @@
-"""A ResNet-50 training step fed by each input pipeline: ``python -m bench.gpu_step ...``.
+"""A ResNet-50 training step fed by each input pipeline: ``python -m bench.read.gpu_step ...``.
 
 Only meaningful on a machine with a GPU; without one it prints one JSON line
 saying the part was skipped, and exits 0.
@@ -314,7 +314,7 @@ def _child(args) -> dict:
 
 
 def _run_child(argv: list[str], timeout_s: float) -> dict:
-    cmd = [sys.executable, "-m", "bench.gpu_step", *argv]
+    cmd = [sys.executable, "-m", "bench.read.gpu_step", *argv]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -367,7 +367,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=300)
     parser.add_argument(
-        "--compile-cache", type=Path, default=Path(__file__).parent / ".cache" / "jax"
+        # bench/.cache (gitignored), two folders up from bench/read/gpu_step.py.
+        "--compile-cache",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / ".cache" / "jax",
     )
     parser.add_argument(
         "--allow-cpu",

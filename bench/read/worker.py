@@ -1,6 +1,6 @@
-"""Times reader pipelines in this process: ``python -m bench.read_worker --variant V ...``.
+"""Times reader pipelines in this process: ``python -m bench.read.worker --variant V ...``.
 
-For each ``--variant`` it builds the pipeline (``bench.read_pipelines``), runs
+For each ``--variant`` it builds the pipeline (``bench.read.pipelines``), runs
 ``--warmup`` epochs untimed (page cache, tf.data AUTOTUNE, shuffle buffers,
 graph tracing), then ``--epochs`` timed epochs, and prints one JSON line per
 variant. An "epoch" is as many images as the pipeline's source holds; a
@@ -20,8 +20,8 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.procstats import process_cpu_s
-from bench.read_pipelines import BUILDERS, VARIANTS
+from bench.common.procstats import process_cpu_s
+from bench.read.pipelines import BUILDERS, VARIANTS
 
 
 def _time_epochs(pipeline, warmup: int, epochs: int) -> tuple[list[float], list[int], float]:

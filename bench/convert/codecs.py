@@ -1,9 +1,9 @@
 """The codec study: which decoder + resize + encoder turns a photo into the
 stored JPEG fastest, and how sharp the result is.
 
-For each image set and each path of ``bench.codec_paths`` (plus Pillow-SIMD's
+For each image set and each path of ``bench.convert.codec_paths`` (plus Pillow-SIMD's
 Pillow paths when ``--simd-python`` names an interpreter that has it), a fresh
-``bench.codec_worker`` process converts the same images on one thread; rounds
+``bench.convert.codec_worker`` process converts the same images on one thread; rounds
 are interleaved (every path once, then again) and each path's best round
 (least CPU) is kept. Speed is CPU milliseconds per image on one core (the
 steady number on a shared machine) and its ratio to ``pillow_bicubic``, the
@@ -23,11 +23,11 @@ import json
 import sys
 from pathlib import Path
 
-from bench.codec_paths import CODECS, LABELS
-from bench.data import ImageSet, list_images
-from bench.procstats import run_measured
-from bench.quality import median_quality
-from bench.settings import REPO_DIR
+from bench.common.data import ImageSet, list_images
+from bench.common.procstats import run_measured
+from bench.common.settings import REPO_DIR
+from bench.convert.codec_paths import CODECS, LABELS
+from bench.convert.quality import median_quality
 
 SIMD_CODECS = ("pillow_bicubic", "pillow_bilinear")
 # Quality is measured on the first images only: SSIM of every output of every
@@ -43,7 +43,7 @@ class CodecResult:
 
     Attributes:
         image_set: "web" or "phone".
-        codec: a ``bench.codec_paths.CODECS`` name, or ``simd:<name>`` (Pillow-SIMD).
+        codec: a ``bench.convert.codec_paths.CODECS`` name, or ``simd:<name>`` (Pillow-SIMD).
         label: what it does, in words.
         ok: it ran.
         note: why not.
@@ -89,7 +89,15 @@ def _quality(
 def _run_worker(
     python: str, codec: str, image_set: ImageSet, limit: int, out: Path | None, log: Path
 ) -> dict:
-    cmd = [python, "-m", "bench.codec_worker", "--codec", codec, "--input", str(image_set.path)]
+    cmd = [
+        python,
+        "-m",
+        "bench.convert.codec_worker",
+        "--codec",
+        codec,
+        "--input",
+        str(image_set.path),
+    ]
     cmd += ["--limit", str(limit)]
     if out is not None:
         cmd += ["--out", str(out)]

@@ -1,6 +1,6 @@
-"""Times one trainer's loader in this process: ``python -m bench.trainer_worker --variant V ...``.
+"""Times one trainer's loader in this process: ``python -m bench.train.worker --variant V ...``.
 
-The child of ``bench.trainers``: builds ``bench.trainer_pipelines.BUILDERS[V]``,
+The child of ``bench.train.trainers``: builds ``bench.train.pipelines.BUILDERS[V]``,
 pulls ``--warmup`` untimed epochs of batches from one iterator, then
 ``--epochs`` timed ones, and prints one ``BENCH_RESULT`` JSON line. CPU is
 that of this process *and its descendants* during the timed epochs (Grain's
@@ -17,8 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.procstats import tree_sample
-from bench.trainer_pipelines import BUILDERS, VARIANTS
+from bench.common.procstats import tree_sample
+from bench.train.pipelines import BUILDERS, VARIANTS
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 

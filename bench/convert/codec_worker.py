@@ -1,13 +1,13 @@
-"""Times one codec path on one thread: ``python -m bench.codec_worker --codec C --input DIR``.
+"""Times one codec path on one thread: ``python -m bench.convert.codec_worker --codec C --input DIR``.
 
 Reads every image of ``--input`` (first ``--limit`` in sorted order) into
 memory, converts each once untimed (imports, libvips start-up, page cache),
 then converts all of them ``--passes`` times and prints one JSON line: CPU
 seconds and wall seconds of the best pass, images, input and output bytes.
 With ``--out DIR`` it also writes each output JPEG there (for the quality
-figures, computed by ``bench.codecs`` in another interpreter if need be).
+figures, computed by ``bench.convert.codecs`` in another interpreter if need be).
 
-Runs under any interpreter with Pillow on it (``--python`` of ``bench.codecs``
+Runs under any interpreter with Pillow on it (``--python`` of ``bench.convert.codecs``
 points it at one with Pillow-SIMD).
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 for _name in ("VIPS_CONCURRENCY", "OMP_NUM_THREADS", "OPENCV_FOR_THREADS_NUM"):
     os.environ.setdefault(_name, "1")
 
-from bench.codec_paths import PATHS, unavailable  # noqa: E402
-from bench.data import list_images  # noqa: E402
+from bench.common.data import list_images  # noqa: E402
+from bench.convert.codec_paths import PATHS, unavailable  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

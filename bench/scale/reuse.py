@@ -40,10 +40,10 @@ from PIL import Image, ImageOps
 
 from beam_pipeline.cli.summary import read_counters
 from beam_pipeline.core import metadata
-from bench.data import ImageSet, list_images
-from bench.procstats import run_measured
-from bench.scale import scaled_set
-from bench.settings import REPO_DIR
+from bench.common.data import ImageSet, list_images
+from bench.common.procstats import run_measured
+from bench.common.settings import REPO_DIR
+from bench.scale.growth import scaled_set
 
 # 1% of the phone set's 200 images would be 2: it is taken 10 times (1,990 images).
 FULL_FACTORS = {"web": 8, "phone": 10}

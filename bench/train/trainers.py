@@ -2,11 +2,11 @@
 
 Part of ``make bench`` (``python -m bench --only trainers`` runs it alone and
 writes ``bench/results/trainers.md`` and ``trainers.json``); ``python -m
-bench.trainers`` runs it on its own and writes under the cache instead.
+bench.train.trainers`` runs it on its own and writes under the cache instead.
 
 Converts the benchmark's web set once (cached, as the reader half does), then
-times each loader of ``bench.trainer_pipelines`` in its own child process
-(``bench.trainer_worker``): fresh imports, its own thread pools and worker
+times each loader of ``bench.train.pipelines`` in its own child process
+(``bench.train.worker``): fresh imports, its own thread pools and worker
 processes, rounds interleaved so that a burst of load from elsewhere hits one
 round of each loader. Reported per loader: the best round's images/s, and the
 CPU per image of the loader's whole process tree, best and range over the
@@ -16,7 +16,7 @@ tf.data reader's in the same run.
 Examples::
 
     python -m bench --only trainers        # 2,000 web images, batch 128, 2 rounds
-    python -m bench.trainers --quick       # 48 images, batch 16: a smoke run
+    python -m bench.train.trainers --quick # 48 images, batch 16: a smoke run
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import os
 import sys
 from pathlib import Path
 
-from beam_pipeline.core.metadata import INFO_FILE
-from bench import converters, data, machine
-from bench.procstats import run_measured
-from bench.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR, Sizes
-from bench.trainer_pipelines import LABELS, VARIANTS
+from bench.common import data, machine
+from bench.common.procstats import run_measured
+from bench.common.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR, Sizes
+from bench.convert import converters
+from bench.train.pipelines import LABELS, VARIANTS
+from imagerecords.codec import INFO_FILE
 
 RESULT_NAME = "trainers"  # trainers.json and trainers.md
 # The loader every other is compared with, in the same run.
@@ -54,7 +55,7 @@ def records_for(sizes: Sizes, cache_dir: Path, log_dir: Path) -> Path:
 
 def run_one(variant: str, records: Path, sizes: Sizes, log_path: Path) -> dict:
     """One round of one loader, in its own process: the worker's result line."""
-    cmd = [sys.executable, "-m", "bench.trainer_worker", "--variant", variant]
+    cmd = [sys.executable, "-m", "bench.train.worker", "--variant", variant]
     cmd += ["--records", str(records), "--batch", str(sizes.read_batch_size)]
     cmd += ["--image-size", str(READ_IMAGE_SIZE)]
     cmd += ["--warmup", str(sizes.read_warmup_epochs), "--epochs", str(sizes.read_epochs)]
@@ -180,7 +181,7 @@ def markdown(result: dict) -> str:
         f"{result['warmup']} untimed and {result['epochs']} timed epochs per round, each "
         "loader in its own process, rounds interleaved. CPU is that of the loader's "
         "process and all its workers; peak RSS the whole tree's. What each loader does: "
-        "`bench/trainer_pipelines.py`, docs/trainers.md. Reproduce: `python -m bench "
+        "`bench/train/pipelines.py`, docs/trainers.md. Reproduce: `python -m bench "
         + ("--quick " if result["sizes"] == QUICK.name else "")
         + f"--only trainers --read-rounds {result['rounds']}` (part of `make bench`).",
         "",
@@ -201,7 +202,7 @@ def write(result: dict, folder: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.trainers", description=__doc__.splitlines()[0]
+        prog="python -m bench.train.trainers", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--rounds", type=int, default=None, help="default: 2 (quick: 1)")

@@ -16,7 +16,7 @@ other one of those), cycle through ``KINDS``: resized to 50-90%, re-encoded
 as JPEG at quality 50-95, cropped by up to 10% of each side's length,
 brightness +-10%, and a combination of all four. Deterministic (each image
 its own seeded generator) and cached under
-``bench/.cache/data/near-<tag>/`` with a stamp, like ``bench/data.py``.
+``bench/.cache/data/near-<tag>/`` with a stamp, like ``bench/common/data.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageEnhance
 
-from bench import data
+from bench.common import data
 
 RECIPE_VERSION = 1
 SEED = 20261201

@@ -46,10 +46,10 @@ from PIL import Image
 
 from beam_pipeline.cli.summary import read_counters
 from beam_pipeline.core import spill
-from bench.converters import _SUMMARY
-from bench.data import ImageSet, list_images
-from bench.procstats import run_measured
-from bench.settings import REPO_DIR
+from bench.common.data import ImageSet, list_images
+from bench.common.procstats import run_measured
+from bench.common.settings import REPO_DIR
+from bench.convert.converters import SUMMARY_LINE
 
 FULL_FACTORS = (1, 8, 64)
 QUICK_FACTORS = (1, 8)
@@ -114,7 +114,7 @@ def _folder_mb(path: Path) -> float:
 def _run(converter: str, folder: Path, images: int, factor: int, out_dir: Path, log_dir: Path,
          timeout_s: float) -> ScaleRow:  # fmt: skip
     if converter == "floor":
-        command = [sys.executable, "-m", "bench.convert_floor", "--input", str(folder)]
+        command = [sys.executable, "-m", "bench.convert.floor", "--input", str(folder)]
     else:
         shutil.rmtree(out_dir, ignore_errors=True)
         command = [sys.executable, "-m", "beam_pipeline", "--input", str(folder)]
@@ -136,7 +136,7 @@ def _run(converter: str, folder: Path, images: int, factor: int, out_dir: Path, 
     if converter == "floor":
         row.work_s = json.loads(proc.stdout.strip().splitlines()[-1])["work_s"]
     else:
-        match = _SUMMARY.search(proc.stdout)
+        match = SUMMARY_LINE.search(proc.stdout)
         row.work_s = float(match.group(2)) if match else float("nan")
         row.output_mb = _folder_mb(out_dir)
         shutil.rmtree(out_dir, ignore_errors=True)  # 64x is gigabytes

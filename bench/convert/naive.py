@@ -1,4 +1,4 @@
-"""Converter baseline (b), the tutorial loop: ``python -m bench.convert_naive --input D --output O``.
+"""Converter baseline (b), the tutorial loop: ``python -m bench.convert.naive --input D --output O``.
 
 What most "images to TFRecord" tutorials teach, made correct (EXIF
 orientation, any mode to RGB) but otherwise left as written: one Python
@@ -9,7 +9,7 @@ into a ``BytesIO`` -> ``tf.train.Example`` -> ``tf.io.TFRecordWriter``, one
 output file. Transparent images are not composited onto white (``convert``
 drops alpha), as in the tutorials.
 
-Prints one JSON line like ``bench.convert_floor``.
+Prints one JSON line like ``bench.convert.floor``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from PIL import Image, ImageOps
 
-from bench.converters import print_work_summary
-from bench.data import list_images
-from bench.imageops import shorter_side_size
-from bench.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
+from bench.common.data import list_images
+from bench.common.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
+from bench.convert.converters import print_work_summary
+from bench.convert.imageops import shorter_side_size
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,7 @@
 """Converter benchmark: the codec floor, the naive loop and imagerecords on each set.
 
 Each converter runs as a fresh child process timed from the outside (see
-``bench.procstats``), so every number includes the tool's start-up. Before
+``bench.common.procstats``), so every number includes the tool's start-up. Before
 the first run on a set, its files are read once, so every converter finds
 them in the page cache and none pays (or is spared) the disk.
 """
@@ -15,9 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench.data import ImageSet, list_images
-from bench.procstats import ProcResult, run_measured
-from bench.settings import REPO_DIR
+from bench.common.data import ImageSet, list_images
+from bench.common.procstats import ProcResult, run_measured
+from bench.common.settings import REPO_DIR
 
 CONVERTERS = ("floor", "naive", "imagerecords", "imagerecords_beam")
 LABELS = {
@@ -27,7 +27,7 @@ LABELS = {
     "imagerecords_beam": "imagerecords on Beam (--runner DirectRunner)",
 }
 # beam_pipeline's summary line, e.g. "2000 images read in 41.2 s wall time: 48.5 images/s".
-_SUMMARY = re.compile(r"(\d+) images read in ([\d.]+) s wall time: ([\d.]+) images/s")
+SUMMARY_LINE = re.compile(r"(\d+) images read in ([\d.]+) s wall time: ([\d.]+) images/s")
 
 
 def print_work_summary(
@@ -71,7 +71,7 @@ class ConverterResult:
         peak_tree_rss_mb: peak summed RSS of the process tree (sampled).
         peak_proc_rss_mb: peak RSS of the largest single process.
         psnr_db, ssim: median quality of the output on the set's sample
-            (``bench.quality``), filled in by the caller.
+            (``bench.convert.quality``), filled in by the caller.
     """
 
     image_set: str
@@ -120,11 +120,11 @@ def warm_page_cache(image_set: ImageSet) -> None:
 
 def _command(converter: str, image_set: ImageSet, out_dir: Path) -> list[str]:
     if converter == "floor":
-        return [sys.executable, "-m", "bench.convert_floor", "--input", str(image_set.path)]
+        return [sys.executable, "-m", "bench.convert.floor", "--input", str(image_set.path)]
     if converter == "naive":
         return [
             sys.executable,
-            *("-m", "bench.convert_naive", "--input", str(image_set.path)),
+            *("-m", "bench.convert.naive", "--input", str(image_set.path)),
             *("--output", str(out_dir)),
         ]
     # Default local settings, as a user would type it: no runner flags (the
@@ -161,7 +161,7 @@ def _result(image_set: ImageSet, converter: str, proc: ProcResult) -> ConverterR
         result.images_per_s = result.mb_per_s = float("nan")
         return result
     if converter.startswith("imagerecords"):
-        match = _SUMMARY.search(proc.stdout + proc.stderr)
+        match = SUMMARY_LINE.search(proc.stdout + proc.stderr)
         if match:
             result.work_s = float(match.group(2))
             result.work_images_per_s = float(match.group(3))
