@@ -22,8 +22,8 @@ import sys
 import tempfile
 import time
 
-from bench.data import ensure_image_set
-from bench.settings import CACHE_DIR, REPO_DIR
+from bench.common.data import ensure_image_set
+from bench.common.settings import CACHE_DIR, REPO_DIR
 
 # The child: the converter's own entry point, with convert-ahead on or off.
 _CHILD = (
