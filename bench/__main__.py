@@ -321,7 +321,7 @@ def _trainers_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> in
     result = trainers.run_trainers(sizes, cache_dir, args.read_rounds)
     trainers.write(result, results_dir)
     print(trainers.markdown(result))
-    return 0 if all(r["ok"] for r in result["rows"]) else 1
+    return 0 if trainers.succeeded(result) else 1
 
 
 def _reuse_part(args, sizes: Sizes, cache_dir: Path, results_dir: Path) -> int:

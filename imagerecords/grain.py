@@ -9,9 +9,12 @@ a ``grain.IterDataset`` of dicts of NumPy batches::
 Which records each host reads, in which order, and the crops' random numbers
 are ``imagerecords.streams``'s (a new permutation of the whole split each
 epoch; in evaluation every record once across the hosts, every host the same
-number of batches). The records are read and decoded in ``num_workers``
-processes (Grain's ``mp_prefetch``, which starts them with ``spawn``), each
-with ``read_options``' threads. The iterator's ``get_state()`` is a small
+number of batches). Each element of the Grain pipeline is a whole batch
+(``Batches``): its records read in one call and each image decoded straight
+into the batch's array, which in a worker process lies in shared memory that
+Grain hands to the main process as it is. The batches are made in
+``num_workers`` processes (Grain's ``mp_prefetch``, which starts them with
+``spawn``), each with ``read_options``' threads. The iterator's ``get_state()`` is a small
 dict; ``set_state`` on a new iterator of the same pipeline continues with the
 next batch.
 """
@@ -25,6 +28,8 @@ import sys
 from collections.abc import Sequence
 
 import grain
+import numpy as np
+from grain.multiprocessing import SharedMemoryArray
 
 from imagerecords import streams
 
@@ -52,6 +57,58 @@ def host(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
             launched[1],
         )
     return 0, 1
+
+
+# Set by ``_start_worker`` in each of Grain's worker processes: batches are
+# then made in shared memory.
+_in_worker = False
+
+
+def _start_worker(worker_index: int, worker_count: int) -> None:
+    """In each worker process, before its first batch (Grain's ``worker_init_fn``).
+
+    One OpenCV thread: OpenCV would spread every small resize over a thread pool
+    of its own, beside the other workers, for more CPU per image.
+    """
+    global _in_worker
+    import cv2
+
+    cv2.setNumThreads(1)
+    _in_worker = True
+
+
+def _image_array(shape: tuple[int, ...]) -> np.ndarray:
+    """A batch's image array: in shared memory in a worker (Grain passes it on by name,
+    where an ordinary array would be copied there), else in this process."""
+    return SharedMemoryArray(shape, np.uint8) if _in_worker else np.empty(shape, np.uint8)
+
+
+class Batches:
+    """Batch ``b`` of a host's stream: positions ``b * batch_size`` on, as NumPy arrays.
+
+    Grain's random-access source of the pipeline: making a whole batch here
+    instead of with Grain's ``batch`` writes the images into the batch array
+    itself (no stacking copy, and none into shared memory after) and leaves
+    out Grain's per-record work.
+    """
+
+    def __init__(self, examples: streams.Examples, batch_size: int, num_batches: int, size: int):
+        self.examples, self.batch_size = examples, batch_size
+        self.num_batches, self.size = num_batches, size
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"batch {index} of {self.num_batches}")
+        start = index * self.batch_size
+        images = _image_array((self.batch_size, self.size, self.size, 3))
+        columns = self.examples.batch(range(start, start + self.batch_size), images)
+        # Labels int64, masks bool, text fields NumPy strings: what np.stack gives.
+        return {
+            key: value if key == "image" else np.asarray(value) for key, value in columns.items()
+        }
 
 
 def default_read_options(workers: int) -> grain.ReadOptions:
@@ -118,12 +175,16 @@ def dataset(
         length = order.length
         make = functools.partial(streams.eval_example, size=image_size, padding=padding)
     examples = streams.Examples(source, order, make, length, seed)
-    batches = grain.MapDataset.source(examples).batch(batch_size, drop_remainder=training)
+    # Training keeps whole batches only; evaluation's length is whole batches.
+    batches = Batches(examples, batch_size, length // batch_size, image_size)
     workers = streams.default_workers() if num_workers is None else num_workers
-    out = batches.to_iter_dataset(read_options or default_read_options(workers))
+    out = grain.MapDataset.source(batches).to_iter_dataset(
+        read_options or default_read_options(workers)
+    )
     if workers:
-        out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+        options = grain.MultiprocessingOptions(num_workers=workers)
+        out = out.mp_prefetch(options, worker_init_fn=_start_worker)
     return out
 
 
-__all__ = ["dataset", "default_read_options", "host"]
+__all__ = ["Batches", "dataset", "default_read_options", "host"]

@@ -150,8 +150,9 @@ class Examples:
     Args:
         source: the split's ``RecordSource``.
         order: a ``TrainOrder`` or an ``EvalOrder``.
-        make: ``make(record, slot, rng)`` -> the example dict; ``record`` is
-            None for padding, ``rng`` None in evaluation.
+        make: ``make(record, slot, rng, out=row)`` -> the example dict; ``record``
+            is None for padding, ``rng`` None in evaluation, ``row`` the array to
+            write the image into (None: a new one).
         length: positions of the stream (training runs on through epochs).
         seed: the crops' seed (training).
     """
@@ -173,19 +174,37 @@ class Examples:
     def __getitem__(self, position: int) -> dict:
         return self.__getitems__([position])[0]
 
-    def __getitems__(self, positions: Sequence[int]) -> list[dict]:
+    def __getitems__(
+        self, positions: Sequence[int], images: np.ndarray | None = None
+    ) -> list[dict]:
+        """The examples at ``positions``; with ``images`` (uint8 ``[len(positions), size,
+        size, 3]``) each example's image is written into its row instead of a new array."""
         slots = [self.order.locate(int(p)) for p in positions]
         wanted = [slot.record for slot in slots if slot.record is not None]
         records = iter(self.source.__getitems__(wanted) if wanted else [])
-        out = []
-        for slot in slots:
+        training = isinstance(self.order, TrainOrder)
+        examples = []
+        for i, slot in enumerate(slots):
+            row = None if images is None else images[i]
             if slot.record is None:
-                out.append(self.make(None, slot, None))
+                examples.append(self.make(None, slot, None, out=row))
                 continue
-            training = isinstance(self.order, TrainOrder)
             rng = crop_rng(self.seed, slot.epoch, slot.record) if training else None
-            out.append(self.make(next(records), slot, rng))
-        return out
+            examples.append(self.make(next(records), slot, rng, out=row))
+        return examples
+
+    def batch(self, positions: Sequence[int], images: np.ndarray) -> dict[str, np.ndarray | list]:
+        """The batch of ``positions``: ``images`` filled in (row ``i``, position ``i``'s
+        image), and every other key's values as a list in position order.
+
+        What both loaders batch with: the images go straight into the array the
+        loader hands on (shared memory in a worker process), with no copy into a
+        batch after, and the batch's records are read in one call.
+        """
+        examples = self.__getitems__(positions, images)
+        columns = {key: [example[key] for example in examples] for key in examples[0]}
+        columns["image"] = images
+        return columns
 
     _getitems = __getitems__  # Grain's batched read
 
@@ -210,19 +229,33 @@ def padding_values(source: RecordSource, fields: Sequence[str]) -> dict:
     return {name: "" if isinstance(record[name], str) else type(record[name])() for name in fields}
 
 
-def train_example(record: dict, slot: Slot, rng, *, size: int, fields: Sequence[str]) -> dict:
-    """A training example: the random crop, and the kept fields."""
-    out = transforms.train_crop(record, rng, size)
-    out.update((name, record[name]) for name in fields)
-    return out
+def train_example(
+    record: dict,
+    slot: Slot,
+    rng,
+    *,
+    size: int,
+    fields: Sequence[str],
+    out: np.ndarray | None = None,
+) -> dict:
+    """A training example: the random crop (into ``out`` when given), and the kept fields."""
+    example = transforms.train_crop(record, rng, size, out=out)
+    example.update((name, record[name]) for name in fields)
+    return example
 
 
-def eval_example(record: dict | None, slot: Slot, rng, *, size: int, padding: dict) -> dict:
-    """An evaluation example with its ``mask``: the evaluation crop, or padding."""
+def eval_example(
+    record: dict | None, slot: Slot, rng, *, size: int, padding: dict, out: np.ndarray | None = None
+) -> dict:
+    """An evaluation example with its ``mask``: the evaluation crop, or padding (black)."""
     if record is None:
-        image = np.zeros((size, size, 3), np.uint8)
+        if out is None:
+            image = np.zeros((size, size, 3), np.uint8)
+        else:
+            image = out  # a row of a batch array may hold anything: blacked here
+            image.fill(0)
         return {"image": image, "label": 0, "mask": False, **padding}
-    out = transforms.eval_crop(record, size)
-    out["mask"] = True
-    out.update((name, record[name]) for name in padding)
-    return out
+    example = transforms.eval_crop(record, size, out=out)
+    example["mask"] = True
+    example.update((name, record[name]) for name in padding)
+    return example

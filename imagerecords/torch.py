@@ -57,26 +57,98 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return 0, 1
 
 
+def _column(key: str, values: list):
+    """One key's values of a batch: numbers as tensors, JPEGs as byte tensors, text as a list."""
+    first = values[0]
+    if key == "jpeg":  # None for padding
+        return [
+            None if data is None else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            for data in values
+        ]
+    if isinstance(first, bool | np.bool_):
+        return torch.tensor(values, dtype=torch.bool)
+    if isinstance(first, int | np.integer | tuple):  # labels, numbers, crop windows
+        return torch.tensor(values, dtype=torch.int64)
+    return values
+
+
 def collate(examples: list[dict]) -> dict:
     """Examples -> a batch: images ``[B, 3, H, W]`` uint8, numbers as tensors, text as lists."""
     batch = {}
-    for key, first in examples[0].items():
+    for key in examples[0]:
         values = [example[key] for example in examples]
         if key == "image":
             # np.stack makes a fresh, writable array: from_numpy shares it, no copy.
             batch[key] = torch.from_numpy(np.stack(values)).permute(0, 3, 1, 2)
-        elif key == "jpeg":  # None for padding
-            batch[key] = [
-                None if data is None else torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                for data in values
-            ]
-        elif isinstance(first, bool | np.bool_):
-            batch[key] = torch.tensor(values, dtype=torch.bool)
-        elif isinstance(first, int | np.integer | tuple):  # labels, numbers, crop windows
-            batch[key] = torch.tensor(values, dtype=torch.int64)
         else:
-            batch[key] = values
+            batch[key] = _column(key, values)
     return batch
+
+
+def _image_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """A batch's uint8 image tensor: in shared memory in a DataLoader worker (which
+    then sends it by handle; an ordinary tensor would be copied there first),
+    else in this process's memory."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+class Batches(torch.utils.data.Dataset):
+    """The map-style dataset of the CPU decode: a batch of positions made in one call.
+
+    The ``DataLoader`` hands each batch's positions to ``__getitems__``, which
+    reads their records in one call and decodes each image straight into the
+    batch's tensor (in a worker, in shared memory): no per-example collation,
+    no stacking copy, no copy into shared memory after.
+    """
+
+    def __init__(self, examples: streams.Examples, size: int):
+        self.examples, self.size = examples, size
+
+    def __getitem__(self, position: int) -> dict:
+        return self.__getitems__([position])
+
+    def __getitems__(self, positions: Sequence[int]) -> dict:
+        images = _image_tensor((len(positions), self.size, self.size, 3))
+        columns = self.examples.batch(positions, images.numpy())
+        batch = {key: _column(key, values) for key, values in columns.items() if key != "image"}
+        batch["image"] = images.permute(0, 3, 1, 2)  # channels_last: the same memory
+        return batch
+
+
+def _made(batch: dict) -> dict:
+    """The collate function of ``Batches``: its batches are made already."""
+    return batch
+
+
+def _start_worker(worker_id: int, then=None, *, opencv_threads: bool = True) -> None:
+    """Each worker process's start (the ``DataLoader``'s ``worker_init_fn``, before the
+    caller's own ``then``): one OpenCV thread, as OpenCV would spread every small
+    resize over a thread pool of its own, beside the other workers.
+
+    Not in a forked worker (``opencv_threads=False``): there OpenCV's pool is the
+    parent's, whose threads the child does not have, and resizing it hangs; a
+    forked worker keeps the main process's setting.
+    """
+    if opencv_threads:
+        import cv2
+
+        cv2.setNumThreads(1)
+    if then is not None:
+        then(worker_id)
+
+
+def _forks(context) -> bool:
+    """Whether a ``DataLoader`` with this ``multiprocessing_context`` forks its workers."""
+    import multiprocessing
+
+    if context is None:
+        context = multiprocessing.get_context()
+    elif isinstance(context, str):
+        context = multiprocessing.get_context(context)
+    return context.get_start_method() == "fork"
 
 
 class Positions(Sampler):
@@ -112,12 +184,19 @@ class Loader(DataLoader):
     """
 
     def __init__(self, examples, positions: Positions, *, device=None, image_size=0, **kwargs):
+        decode_here = device is None
+        if decode_here:
+            kwargs["worker_init_fn"] = functools.partial(
+                _start_worker,
+                then=kwargs.get("worker_init_fn"),
+                opencv_threads=not _forks(kwargs.get("multiprocessing_context")),
+            )
         super().__init__(
-            examples,
+            Batches(examples, image_size) if decode_here else examples,
             batch_size=positions.batch_size,
             sampler=positions,
             drop_last=positions.training,
-            collate_fn=collate,
+            collate_fn=_made if decode_here else collate,
             **kwargs,
         )
         self.positions = positions
@@ -150,7 +229,9 @@ class Loader(DataLoader):
         self.positions.start_batch = 0  # the next pass of this epoch is a whole one
 
 
-def _undecoded_train(record: dict, slot, rng, *, size: int, fields: Sequence[str]) -> dict:
+def _undecoded_train(
+    record: dict, slot, rng, *, size: int, fields: Sequence[str], out: None = None
+) -> dict:
     """A training example left for the device to decode: the JPEG, its window, the flip.
 
     The draws are ``transforms.train_crop``'s, in its order: the same seed gives
@@ -164,7 +245,9 @@ def _undecoded_train(record: dict, slot, rng, *, size: int, fields: Sequence[str
     return out
 
 
-def _undecoded_eval(record: dict | None, slot, rng, *, size: int, padding: dict) -> dict:
+def _undecoded_eval(
+    record: dict | None, slot, rng, *, size: int, padding: dict, out: None = None
+) -> dict:
     """An evaluation example left for the device to decode, or padding (no JPEG)."""
     if record is None:
         out = {"jpeg": None, "window": (0, 0, 1, 1), "flip": False, "label": 0, "mask": False}
@@ -272,4 +355,4 @@ def loader(
     )
 
 
-__all__ = ["Loader", "collate", "decode_batch", "loader", "rank_and_world"]
+__all__ = ["Batches", "Loader", "collate", "decode_batch", "loader", "rank_and_world"]

@@ -209,7 +209,35 @@ def crop_resize(encoded: bytes, window: Window, size: int) -> np.ndarray:
     return _crop_resize(encoded, jpeg_shape(encoded), window, size)
 
 
-def _crop_resize(encoded: bytes, shape: tuple[int, int], window: Window, size: int) -> np.ndarray:
+def _check_out(out: np.ndarray | None, size: int) -> np.ndarray | None:
+    """``out``, if given, as OpenCV writes into it in place: uint8, ``[size, size, 3]``, contiguous.
+
+    Anything else would make OpenCV allocate an array of its own and leave
+    ``out`` as it was, so it is refused instead.
+    """
+    if out is not None and not (
+        isinstance(out, np.ndarray)
+        and out.shape == (size, size, 3)
+        and out.dtype == np.uint8
+        and out.flags.c_contiguous
+        and out.flags.writeable
+    ):
+        shape = getattr(out, "shape", None)
+        dtype = getattr(out, "dtype", type(out).__name__)
+        raise ValueError(
+            f"out must be a writable C-contiguous uint8 array of shape ({size}, {size}, 3), "
+            f"got {dtype} {shape}"
+        )
+    return out
+
+
+def _crop_resize(
+    encoded: bytes,
+    shape: tuple[int, int],
+    window: Window,
+    size: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     height, width = shape
     pixels, scale = _decode(encoded, dct_scale(window, size, height, width), height, width)
     if scale == 1:
@@ -219,7 +247,7 @@ def _crop_resize(encoded: bytes, shape: tuple[int, int], window: Window, size: i
         # TensorFlow's float32 result; resizing a float32 copy instead matches it
         # but for float rounding, for a quarter more resize time.
         crop = pixels[window.y : window.y + window.height, window.x : window.x + window.width]
-        return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
+        return cv2.resize(crop, (size, size), dst=out, interpolation=cv2.INTER_LINEAR)
     # Decoded pixel i covers stored pixels [i * scale, (i + 1) * scale): the
     # reader's sample point p (in stored pixels) is (p + 0.5) / scale - 0.5 here.
     # A window at least size * scale pixels wide keeps every sample inside it.
@@ -235,6 +263,7 @@ def _crop_resize(encoded: bytes, shape: tuple[int, int], window: Window, size: i
         pixels,
         matrix,
         (size, size),
+        dst=out,
         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
         borderMode=cv2.BORDER_REPLICATE,
     )
@@ -256,7 +285,9 @@ def _check_size(size: int) -> int:
     return int(size)
 
 
-def train_crop(record: dict | bytes, rng: np.random.Generator, size: int) -> dict:
+def train_crop(
+    record: dict | bytes, rng: np.random.Generator, size: int, *, out: np.ndarray | None = None
+) -> dict:
     """Training: the reader's random window, resized to ``size`` x ``size``, mirrored half the time.
 
     Args:
@@ -264,23 +295,32 @@ def train_crop(record: dict | bytes, rng: np.random.Generator, size: int) -> dic
             or the serialized Example of ``RecordSource(..., parse=False)``.
         rng: the draws' source (Grain's ``random_map`` passes one per record).
         size: output side in pixels.
+        out: a uint8 ``[size, size, 3]`` C-contiguous array to write the image
+            into (a loader's slot of its batch: no copy into the batch after);
+            by default a new array.
 
     Returns:
-        ``{"image": uint8 [size, size, 3], "label": int}``.
+        ``{"image": uint8 [size, size, 3], "label": int}`` (``image`` is ``out`` when given).
     """
     size = _check_size(size)
+    out = _check_out(out, size)
     encoded, label = image_and_label(record)
     shape = jpeg_shape(encoded)
-    image = _crop_resize(encoded, shape, random_window(*shape, rng), size)
+    image = _crop_resize(encoded, shape, random_window(*shape, rng), size, out)
     if rng.random() < 0.5:
-        image = cv2.flip(image, 1)
+        # In place: OpenCV's flip swaps the columns pairwise.
+        image = cv2.flip(image, 1, dst=image)
     return {"image": image, "label": label}
 
 
-def eval_crop(record: dict | bytes, size: int) -> dict:
-    """Evaluation: the reader's centre window (0.875 of the largest square), resized; no draw."""
+def eval_crop(record: dict | bytes, size: int, *, out: np.ndarray | None = None) -> dict:
+    """Evaluation: the reader's centre window (0.875 of the largest square), resized; no draw.
+
+    ``out`` as in ``train_crop``.
+    """
     size = _check_size(size)
+    out = _check_out(out, size)
     encoded, label = image_and_label(record)
     shape = jpeg_shape(encoded)
-    image = _crop_resize(encoded, shape, center_window(*shape, size), size)
+    image = _crop_resize(encoded, shape, center_window(*shape, size), size, out)
     return {"image": image, "label": label}

@@ -7,6 +7,7 @@ here, so its path is checked with a stand-in module that has JAX's two calls.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import textwrap
@@ -326,3 +327,37 @@ def test_serialized_records_give_the_same_batches_as_parsed_ones(dataset):
     assert set(serialized[0]) == {"image", "label"}
     for a, b in zip(parsed, serialized, strict=True):
         assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["label"], b["label"])
+
+
+@pytest.mark.e2e
+def test_a_worker_makes_its_batch_in_shared_memory_that_grain_passes_on_uncopied(
+    dataset, monkeypatch
+):
+    """In a worker process (``_start_worker`` ran) a batch's images lie in shared memory,
+    which Grain's hand-over to the main process sends by name, not by a copy."""
+    import cv2
+    from grain._src.python.ipc import shared_memory_array
+    from grain.multiprocessing import SharedMemoryArray
+
+    source = streams.open_source(dataset.path, "train", ())
+    order = streams.TrainOrder(len(source), 4, 0, 1, seed=0)
+    make = functools.partial(streams.train_example, size=24, fields=())
+    batches = imagerecords_grain.Batches(streams.Examples(source, order, make, 40), 4, 10, 24)
+    in_process = batches[3]
+    assert type(in_process["image"]) is np.ndarray and in_process["label"].dtype == np.int64
+    threads = cv2.getNumThreads()
+    monkeypatch.setattr(imagerecords_grain, "_in_worker", False)
+    try:
+        imagerecords_grain._start_worker(0, 2)
+        assert imagerecords_grain._in_worker and cv2.getNumThreads() == 1
+        batch = batches[3]
+    finally:
+        cv2.setNumThreads(threads)
+    assert isinstance(batch["image"], SharedMemoryArray)
+    assert np.array_equal(batch["image"], in_process["image"])
+    handed = shared_memory_array.copy_to_shm(batch)
+    assert handed["image"].name == batch["image"].shm.name  # the same memory, by name
+    received = shared_memory_array.open_from_shm(handed)
+    assert np.array_equal(received["image"], in_process["image"])
+    with pytest.raises(IndexError, match="batch 10 of 10"):
+        batches[10]

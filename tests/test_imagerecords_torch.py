@@ -9,6 +9,7 @@ decode runs its code on the CPU (``device="cpu"``): no GPU here.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -379,3 +380,58 @@ def test_imports_no_tensorflow(dataset):
         env={**os.environ, "PYTHONPATH": str(trainer_fixtures.REPO)},
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+# ------------------------------------------------------------------ batches made in one call
+
+
+def test_a_batch_is_made_in_one_call_as_the_examples_collated(dataset):
+    """``Batches``: the records of a batch read and decoded into one tensor, what the
+    per-example path and ``collate`` give (the device path's way)."""
+    source = streams.open_source(dataset.path, "val", ("filename",))
+    order = streams.EvalOrder(len(source), 4, 0, 1)
+    padding = streams.padding_values(source, ("filename",))
+    make = functools.partial(streams.eval_example, size=24, padding=padding)
+    examples = streams.Examples(source, order, make, order.length)
+    made = imagerecords_torch.Batches(examples, 24).__getitems__(range(4, 8))  # 1 real, 3 padding
+    expected = imagerecords_torch.collate(examples.__getitems__(range(4, 8)))
+    assert made.keys() == expected.keys()
+    assert made["image"].is_contiguous(memory_format=torch.channels_last)
+    assert made["filename"] == expected["filename"] and made["filename"][1:] == ["", "", ""]
+    for key in ("image", "label", "mask"):
+        assert made[key].dtype == expected[key].dtype and torch.equal(made[key], expected[key])
+
+
+def _report_opencv_threads(folder, worker_id):
+    import cv2
+
+    (folder / f"worker-{worker_id}").write_text(str(cv2.getNumThreads()))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_run_one_opencv_thread_unless_forked_and_the_callers_init_too(
+    dataset, tmp_path, context
+):
+    """A spawned worker sets one OpenCV thread; a forked one keeps the main process's
+    (resizing the pool it inherits hangs); the caller's ``worker_init_fn`` runs after."""
+    import cv2
+
+    loader = _loader(
+        dataset.path, "train", training=True, num_workers=2, multiprocessing_context=context,
+        worker_init_fn=functools.partial(_report_opencv_threads, tmp_path),
+    )  # fmt: skip
+    main = cv2.getNumThreads()
+    cv2.resize(np.zeros((300, 300, 3), np.uint8), (224, 224))  # the main process's pool runs
+    assert len(list(loader)) == 8
+    reported = sorted(int(p.read_text()) for p in tmp_path.glob("worker-*"))
+    assert reported == ([main, main] if context == "fork" else [1, 1])
+
+
+@pytest.mark.parametrize(
+    "context, forks", [("fork", True), ("spawn", False), ("forkserver", False)]
+)
+def test_which_workers_are_forked(context, forks):
+    import multiprocessing
+
+    assert imagerecords_torch._forks(context) is forks
+    assert imagerecords_torch._forks(multiprocessing.get_context(context)) is forks

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import inspect
 import io
+import re
 
 import numpy as np
 import pytest
@@ -391,3 +392,39 @@ def test_pillow_reads_what_simplejpeg_decodes():
     """The records are Pillow's JPEGs (the converter encodes with Pillow): same header shape."""
     encoded = converted(photo(333, 111, 3), size=111)
     assert transforms.jpeg_shape(encoded) == Image.open(io.BytesIO(encoded)).size[::-1]
+
+
+@pytest.mark.parametrize("size", [1, 7, 32, 200])
+def test_out_takes_the_image_in_place_the_same_pixels(tmp_path, size):
+    """``out=``: a loader's row of its batch array is written, not a new array made
+    (1/8 to whole-image decodes: the records are up to 1,600 pixels on a side)."""
+    dataset = write_dataset(tmp_path / "ds", per_class=3, min_side=20, max_side=1600)
+    source = RecordSource(dataset.path, "train", parse=False)
+    batch = np.full((2, size, size, 3), 7, np.uint8)
+    for index in range(len(source)):
+        for seed in range(4):  # a flip or not
+            crop = transforms.train_crop(source[index], np.random.default_rng(seed), size)
+            into = transforms.train_crop(
+                source[index], np.random.default_rng(seed), size, out=batch[1]
+            )
+            assert into["image"] is batch[1] or np.shares_memory(into["image"], batch[1])
+            assert np.array_equal(batch[1], crop["image"]) and into["label"] == crop["label"]
+        transforms.eval_crop(source[index], size, out=batch[0])
+        assert np.array_equal(batch[0], transforms.eval_crop(source[index], size)["image"])
+
+
+@pytest.mark.parametrize(
+    "out, problem",
+    [
+        (np.zeros((16, 16, 3), np.float32), "float32 (16, 16, 3)"),
+        (np.zeros((16, 15, 3), np.uint8), "uint8 (16, 15, 3)"),
+        (np.zeros((16, 32, 3), np.uint8)[:, ::2], "uint8 (16, 16, 3)"),  # not contiguous
+        ([[0]], "list None"),
+    ],
+)
+def test_out_that_opencv_would_not_fill_is_refused(out, problem):
+    record = {"image": jpeg_bytes(photo(40, 30, 1)), "label": 0}
+    with pytest.raises(ValueError, match=r"out must be a writable C-contiguous uint8 array"):
+        transforms.train_crop(record, np.random.default_rng(), 16, out=out)
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        transforms.eval_crop(record, 16, out=out)

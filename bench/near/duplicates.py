@@ -35,8 +35,8 @@ from PIL import Image
 from beam_pipeline.core import images, keys
 from beam_pipeline.core import near_duplicates as nd
 from bench.common import data
-from bench.near import calibration as near_data
 from bench.common.settings import RESULTS_DIR
+from bench.near import calibration as near_data
 
 THRESHOLDS = tuple(range(0, 17))
 # The centre and four corners at 90% of each side: the first crop-tolerant try.

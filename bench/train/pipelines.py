@@ -11,36 +11,56 @@ flipped half the time, from the same converted web set.
   beside the shards), ``as_dataset(shuffle_files=True)`` with the image left
   encoded, then ``decode_and_crop_jpeg`` of a sampled window,
   ``resize``, flip, batch, prefetch.
-* ``grain_source``: Grain over ``imagerecords.RecordSource`` (``parse=False``):
-  a global shuffle, ``imagerecords.transforms.train_crop`` (the reader's window and resize
-  without TensorFlow, docs/trainers.md), batch, on one worker process per
-  core (``mp_prefetch``), each computing one batch at a time.
-* ``grain_threads``: the same pipeline in the loader's own process, one read
-  thread per core (``ReadOptions``): simplejpeg and OpenCV release the GIL
-  while they work, so the threads decode in parallel and no batch crosses
-  between processes.
+* ``grain_workers``: ``imagerecords.grain.dataset`` (what a JAX loop
+  iterates: the permutation per epoch, ``imagerecords.transforms.train_crop``
+  with its draws from the seed, whole batches made in ``WORKERS`` worker
+  processes, handed over in shared memory).
+* ``grain_threads``: the same with ``num_workers=0``: a read thread per core
+  in the loader's own process (simplejpeg and OpenCV release the GIL), no
+  batch crossing between processes.
+* ``torch_workers``: ``imagerecords.torch.loader`` with ``WORKERS`` worker
+  processes (the same batches as the Grain rows for a seed), run from the
+  torch venv (``.venv-torch``, ``make test-torch`` builds it).
+* ``torch_in_process``: the same with ``num_workers=0``.
+* ``crop_loop``: no loader: the same records through ``train_crop`` in a plain
+  loop on one thread, each image written into its batch's array: what every
+  loader above does per image, so the floor of what they can cost.
 
-PyTorch's ``DataLoader`` is not timed: torch is not installed; over the same
-source it runs the same ``train_crop`` in its worker processes.
+The in-process rows run one OpenCV thread per process, as docs/trainers.md
+advises (the worker rows' workers set it themselves).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
-import os
 from pathlib import Path
 
 from bench.read.pipelines import Pipeline
 from imagerecords.codec import INFO_FILE
 
-VARIANTS = ("reader_uint8", "tfds_as_dataset", "grain_source", "grain_threads")
+# Worker processes of the rows that have them (the tests' default is 2 as well).
+WORKERS = 2
+VARIANTS = (
+    "reader_uint8",
+    "tfds_as_dataset",
+    "grain_workers",
+    "grain_threads",
+    "torch_workers",
+    "torch_in_process",
+    "crop_loop",
+)
+# The rows that need torch: they run in the torch venv (bench.trainers).
+TORCH_VARIANTS = frozenset({"torch_workers", "torch_in_process"})
 LABELS = {
     "reader_uint8": "imagerecords tf.data reader, uint8 batches",
     "tfds_as_dataset": "TFDS builder_from_directory + as_dataset, decode_and_crop_jpeg",
-    "grain_source": "Grain MapDataset over RecordSource + imagerecords.transforms.train_crop, "
-    "a worker process per core",
-    "grain_threads": "the same Grain pipeline, a read thread per core in one process",
+    "grain_workers": f"imagerecords.grain.dataset, {WORKERS} worker processes",
+    "grain_threads": "imagerecords.grain.dataset, num_workers=0 (a read thread per core)",
+    "torch_workers": f"imagerecords.torch.loader, {WORKERS} worker processes",
+    "torch_in_process": "imagerecords.torch.loader, num_workers=0",
+    "crop_loop": "no loader: train_crop in a loop on one thread (the floor)",
 }
 SHUFFLE_SEED = 0
 
@@ -102,67 +122,110 @@ def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
 @functools.cache
 def _one_opencv_thread() -> None:
     """OpenCV spreads each resize over its own thread pool: for one small image per call,
-    beside the loader's own threads or processes, that costs more than it saves (5%
-    of the threaded Grain row's CPU per image); docs/trainers.md tells loaders so."""
+    beside the loader's own threads, that costs more than it saves (5% of the
+    threaded Grain row's CPU per image); docs/trainers.md tells loaders so."""
     import cv2
 
     cv2.setNumThreads(1)
 
 
-def grain_crop(record, rng, size):
-    """Top-level (so Grain's worker processes can unpickle it): the transform timed."""
-    from imagerecords.transforms import train_crop
+def _grain(records_dir: Path, batch: int, size: int, workers: int) -> Pipeline:
+    from imagerecords import grain as imagerecords_grain
 
-    _one_opencv_thread()
-    return train_crop(record, rng, size)
-
-
-def as_pair(batch):
-    return batch["image"], batch["label"]
+    ds = imagerecords_grain.dataset(
+        str(records_dir), "train", batch_size=batch, image_size=size, training=True,
+        seed=SHUFFLE_SEED, num_workers=workers,
+    )  # fmt: skip
+    return Pipeline(_pairs(ds), _num_examples(records_dir), True)
 
 
-def _grain_batches(records_dir: Path, batch: int, size: int):
-    """The Grain pipeline of both Grain rows, up to the batches: ``(MapDataset, records)``."""
-    import grain
-
-    from imagerecords import RecordSource
-
-    # The serialized records: train_crop parses only the JPEG and the label.
-    source = RecordSource(str(records_dir), "train", parse=False)
-    ds = (
-        grain.MapDataset.source(source)
-        .shuffle(seed=SHUFFLE_SEED)
-        .repeat()
-        .random_map(functools.partial(grain_crop, size=size), seed=SHUFFLE_SEED)
-        .batch(batch, drop_remainder=True)
-        .map(as_pair)
-    )
-    return ds, len(source)
+def _pairs(batches):
+    """``(images, labels)`` of each batch dict (the worker times pairs); closing it
+    closes the loader's iterator (Grain's worker processes and shared memory)."""
+    iterator = iter(batches)
+    try:
+        for batch in iterator:
+            yield batch["image"], batch["label"]
+    finally:
+        getattr(iterator, "close", lambda: None)()
 
 
-def grain_source(records_dir: Path, batch: int, size: int) -> Pipeline:
-    import grain
-
-    ds, records = _grain_batches(records_dir, batch, size)
-    # One batch at a time in each worker: more read threads there only contend
-    # for the worker's GIL (Grain's default of 16 cost a quarter more CPU).
-    ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=os.cpu_count() or 1))
-    return Pipeline(ds, records, True)
+def grain_workers(records_dir: Path, batch: int, size: int) -> Pipeline:
+    return _grain(records_dir, batch, size, WORKERS)
 
 
 def grain_threads(records_dir: Path, batch: int, size: int) -> Pipeline:
-    import grain
+    _one_opencv_thread()
+    return _grain(records_dir, batch, size, 0)
 
-    ds, records = _grain_batches(records_dir, batch, size)
-    threads = os.cpu_count() or 1
-    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
-    return Pipeline(ds.to_iter_dataset(options), records, True)
+
+class _Epochs:
+    """A torch loader's epochs one after another (``set_epoch`` before each), as pairs."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        for epoch in itertools.count():
+            self.loader.set_epoch(epoch)
+            yield from _pairs(self.loader)
+
+
+def _torch(records_dir: Path, batch: int, size: int, workers: int) -> Pipeline:
+    from imagerecords import torch as imagerecords_torch
+
+    loader = imagerecords_torch.loader(
+        str(records_dir), "train", batch_size=batch, image_size=size, training=True,
+        seed=SHUFFLE_SEED, num_workers=workers,
+    )  # fmt: skip
+    return Pipeline(_Epochs(loader), _num_examples(records_dir), True)
+
+
+def torch_workers(records_dir: Path, batch: int, size: int) -> Pipeline:
+    return _torch(records_dir, batch, size, WORKERS)
+
+
+def torch_in_process(records_dir: Path, batch: int, size: int) -> Pipeline:
+    _one_opencv_thread()
+    return _torch(records_dir, batch, size, 0)
+
+
+class _CropLoop:
+    """Every record of the split in turn through ``train_crop``, batch after batch."""
+
+    def __init__(self, records_dir: Path, batch: int, size: int):
+        from imagerecords import RecordSource
+
+        self.source = RecordSource(str(records_dir), "train", parse=False)
+        self.batch, self.size = batch, size
+
+    def __iter__(self):
+        import numpy as np
+
+        from imagerecords import streams, transforms
+
+        records = itertools.cycle(range(len(self.source)))
+        for epoch in itertools.count():
+            images = np.empty((self.batch, self.size, self.size, 3), np.uint8)
+            labels = np.empty(self.batch, np.int64)
+            for i, record in zip(range(self.batch), records, strict=False):
+                rng = streams.crop_rng(SHUFFLE_SEED, epoch, record)
+                crop = transforms.train_crop(self.source[record], rng, self.size, out=images[i])
+                labels[i] = crop["label"]
+            yield images, labels
+
+
+def crop_loop(records_dir: Path, batch: int, size: int) -> Pipeline:
+    _one_opencv_thread()
+    return Pipeline(_CropLoop(records_dir, batch, size), _num_examples(records_dir), True)
 
 
 BUILDERS = {
     "reader_uint8": reader_uint8,
     "tfds_as_dataset": tfds_as_dataset,
-    "grain_source": grain_source,
+    "grain_workers": grain_workers,
     "grain_threads": grain_threads,
+    "torch_workers": torch_workers,
+    "torch_in_process": torch_in_process,
+    "crop_loop": crop_loop,
 }

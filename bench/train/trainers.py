@@ -2,7 +2,7 @@
 
 Part of ``make bench`` (``python -m bench --only trainers`` runs it alone and
 writes ``bench/results/trainers.md`` and ``trainers.json``); ``python -m
-bench.train.trainers`` runs it on its own and writes under the cache instead.
+bench.trainers`` runs it on its own and writes under the cache instead.
 
 Converts the benchmark's web set once (cached, as the reader half does), then
 times each loader of ``bench.train.pipelines`` in its own child process
@@ -16,7 +16,7 @@ tf.data reader's in the same run.
 Examples::
 
     python -m bench --only trainers        # 2,000 web images, batch 128, 2 rounds
-    python -m bench.train.trainers --quick # 48 images, batch 16: a smoke run
+    python -m bench.trainers --quick       # 48 images, batch 16: a smoke run
 """
 
 from __future__ import annotations
@@ -32,12 +32,15 @@ from bench.common import data, machine
 from bench.common.procstats import run_measured
 from bench.common.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR, Sizes
 from bench.convert import converters
-from bench.train.pipelines import LABELS, VARIANTS
+from bench.train.pipelines import LABELS, TORCH_VARIANTS, VARIANTS
 from imagerecords.codec import INFO_FILE
 
 RESULT_NAME = "trainers"  # trainers.json and trainers.md
 # The loader every other is compared with, in the same run.
 BASELINE = "reader_uint8"
+# The interpreter of the torch rows: the venv `make test-torch` builds (the
+# shared one has no torch: ~3 GB of CUDA wheels).
+TORCH_PYTHON = REPO_DIR / ".venv-torch" / "bin" / "python"
 
 
 def records_for(sizes: Sizes, cache_dir: Path, log_dir: Path) -> Path:
@@ -53,9 +56,31 @@ def records_for(sizes: Sizes, cache_dir: Path, log_dir: Path) -> Path:
     return out
 
 
+def interpreter(variant: str, torch_python: Path = TORCH_PYTHON) -> str | None:
+    """The Python that runs ``variant``: the torch venv's for the torch rows (None when
+    there is none), else this one."""
+    if variant not in TORCH_VARIANTS:
+        return sys.executable
+    return str(torch_python) if torch_python.exists() else None
+
+
+def not_installed(variant: str) -> dict:
+    """The round of a torch row with no torch venv: skipped, saying so."""
+    return {
+        "variant": variant,
+        "ok": False,
+        "skipped": True,
+        "note": f"not run: torch is not installed (no {TORCH_PYTHON.relative_to(REPO_DIR)}; "
+        "make test-torch builds it)",
+    }
+
+
 def run_one(variant: str, records: Path, sizes: Sizes, log_path: Path) -> dict:
     """One round of one loader, in its own process: the worker's result line."""
-    cmd = [sys.executable, "-m", "bench.train.worker", "--variant", variant]
+    python = interpreter(variant)
+    if python is None:
+        return not_installed(variant)
+    cmd = [python, "-m", "bench.train.worker", "--variant", variant]
     cmd += ["--records", str(records), "--batch", str(sizes.read_batch_size)]
     cmd += ["--image-size", str(READ_IMAGE_SIZE)]
     cmd += ["--warmup", str(sizes.read_warmup_epochs), "--epochs", str(sizes.read_epochs)]
@@ -78,6 +103,7 @@ def summarize(variant: str, rounds: list[dict]) -> dict:
     row = {"variant": variant, "label": LABELS[variant], "ok": bool(ok), "rounds": rounds}
     if not ok:
         row["note"] = rounds[-1].get("note", "failed") if rounds else "not run"
+        row["skipped"] = bool(rounds) and all(r.get("skipped") for r in rounds)
         return row
     cpu = [r["cpu_ms_per_image"] for r in ok]
     row.update(
@@ -140,6 +166,11 @@ def run_trainers(sizes: Sizes, cache_dir: Path, rounds: int, variants=VARIANTS) 
     }
 
 
+def succeeded(result: dict) -> bool:
+    """Every row measured, or skipped for want of its library (it says so): no failure."""
+    return all(r["ok"] or r.get("skipped") for r in result["rows"])
+
+
 def _number(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -186,9 +217,6 @@ def markdown(result: dict) -> str:
         + f"--only trainers --read-rounds {result['rounds']}` (part of `make bench`).",
         "",
         table(result),
-        "",
-        "PyTorch's `DataLoader` is not timed: torch is not installed here; over "
-        "`RecordSource` it runs the Grain rows' `train_crop` in its worker processes.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -202,7 +230,7 @@ def write(result: dict, folder: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.train.trainers", description=__doc__.splitlines()[0]
+        prog="python -m bench.trainers", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--rounds", type=int, default=None, help="default: 2 (quick: 1)")
@@ -214,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_trainers(sizes, CACHE_DIR, rounds, tuple(args.variant or VARIANTS))
     write(result, args.out or CACHE_DIR / "logs" / sizes.name)
     print(table(result))
-    return 0 if all(r["ok"] for r in result["rows"]) else 1
+    return 0 if succeeded(result) else 1
 
 
 if __name__ == "__main__":

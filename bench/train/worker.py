@@ -1,6 +1,6 @@
 """Times one trainer's loader in this process: ``python -m bench.train.worker --variant V ...``.
 
-The child of ``bench.train.trainers``: builds ``bench.train.pipelines.BUILDERS[V]``,
+The child of ``bench.trainers``: builds ``bench.train.pipelines.BUILDERS[V]``,
 pulls ``--warmup`` untimed epochs of batches from one iterator, then
 ``--epochs`` timed ones, and prints one ``BENCH_RESULT`` JSON line. CPU is
 that of this process *and its descendants* during the timed epochs (Grain's
@@ -11,14 +11,16 @@ leave them out), read from ``/proc``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
 
 from bench.common.procstats import tree_sample
-from bench.train.pipelines import BUILDERS, VARIANTS
+from bench.train.pipelines import BUILDERS, TORCH_VARIANTS, VARIANTS
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -59,6 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args(argv)
     result = {"variant": args.variant, "ok": False}
+    if args.variant in TORCH_VARIANTS and importlib.util.find_spec("torch") is None:
+        result.update(skipped=True, note=f"not run: torch is not installed in {sys.executable}")
+        print("BENCH_RESULT " + json.dumps(result), flush=True)
+        return
     try:
         start = time.perf_counter()
         pipeline = BUILDERS[args.variant](args.records, args.batch, args.image_size)
