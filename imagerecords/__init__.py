@@ -12,8 +12,10 @@ Importing this package loads neither TensorFlow nor Apache Beam: it needs
 a client may import and expect to keep: this package's names below, the
 format's codec (``imagerecords.codec``: the TFRecord framing, the Example
 schema, the published file names), the training and evaluation crops
-(``imagerecords.transforms``) and the two loaders (``imagerecords.grain``,
-``imagerecords.torch``; docs/trainers.md).
+(``imagerecords.transforms``), the two loaders (``imagerecords.grain``,
+``imagerecords.torch``; docs/trainers.md) and what they share, for a loader
+of one's own: each host's records per epoch and each crop's random numbers
+(``imagerecords.streams``).
 """
 
 from imagerecords.info import DatasetNotFoundError, UnknownSplitError, find_info
@@ -25,6 +27,7 @@ PUBLIC_MODULES = (
     "imagerecords.transforms",
     "imagerecords.grain",
     "imagerecords.torch",
+    "imagerecords.streams",
 )
 
 __all__ = [

@@ -10,7 +10,7 @@ Which records each host reads, in which order, and the crops' random numbers
 are ``imagerecords.streams``'s (a new permutation of the whole split each
 epoch; in evaluation every record once across the hosts, every host the same
 number of batches). Each element of the Grain pipeline is a whole batch
-(``Batches``): its records read in one call and each image decoded straight
+(``GrainBatches``): its records read in one call and each image decoded straight
 into the batch's array, which in a worker process lies in shared memory that
 Grain hands to the main process as it is. The batches are made in
 ``num_workers`` processes (Grain's ``mp_prefetch``, which starts them with
@@ -83,7 +83,7 @@ def _image_array(shape: tuple[int, ...]) -> np.ndarray:
     return SharedMemoryArray(shape, np.uint8) if _in_worker else np.empty(shape, np.uint8)
 
 
-class Batches:
+class GrainBatches:
     """Batch ``b`` of a host's stream: positions ``b * batch_size`` on, as NumPy arrays.
 
     Grain's random-access source of the pipeline: making a whole batch here
@@ -176,7 +176,7 @@ def dataset(
         make = functools.partial(streams.eval_example, size=image_size, padding=padding)
     examples = streams.Examples(source, order, make, length, seed)
     # Training keeps whole batches only; evaluation's length is whole batches.
-    batches = Batches(examples, batch_size, length // batch_size, image_size)
+    batches = GrainBatches(examples, batch_size, length // batch_size, image_size)
     workers = streams.default_workers() if num_workers is None else num_workers
     out = grain.MapDataset.source(batches).to_iter_dataset(
         read_options or default_read_options(workers)
@@ -187,4 +187,4 @@ def dataset(
     return out
 
 
-__all__ = ["Batches", "dataset", "default_read_options", "host"]
+__all__ = ["GrainBatches", "dataset", "default_read_options", "host"]

@@ -95,7 +95,7 @@ def _image_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
-class Batches(torch.utils.data.Dataset):
+class TorchBatches(torch.utils.data.Dataset):
     """The map-style dataset of the CPU decode: a batch of positions made in one call.
 
     The ``DataLoader`` hands each batch's positions to ``__getitems__``, which
@@ -119,7 +119,7 @@ class Batches(torch.utils.data.Dataset):
 
 
 def _made(batch: dict) -> dict:
-    """The collate function of ``Batches``: its batches are made already."""
+    """The collate function of ``TorchBatches``: its batches are made already."""
     return batch
 
 
@@ -192,7 +192,7 @@ class Loader(DataLoader):
                 opencv_threads=not _forks(kwargs.get("multiprocessing_context")),
             )
         super().__init__(
-            Batches(examples, image_size) if decode_here else examples,
+            TorchBatches(examples, image_size) if decode_here else examples,
             batch_size=positions.batch_size,
             sampler=positions,
             drop_last=positions.training,
@@ -355,4 +355,4 @@ def loader(
     )
 
 
-__all__ = ["Batches", "Loader", "collate", "decode_batch", "loader", "rank_and_world"]
+__all__ = ["TorchBatches", "Loader", "collate", "decode_batch", "loader", "rank_and_world"]

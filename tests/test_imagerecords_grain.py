@@ -342,7 +342,7 @@ def test_a_worker_makes_its_batch_in_shared_memory_that_grain_passes_on_uncopied
     source = streams.open_source(dataset.path, "train", ())
     order = streams.TrainOrder(len(source), 4, 0, 1, seed=0)
     make = functools.partial(streams.train_example, size=24, fields=())
-    batches = imagerecords_grain.Batches(streams.Examples(source, order, make, 40), 4, 10, 24)
+    batches = imagerecords_grain.GrainBatches(streams.Examples(source, order, make, 40), 4, 10, 24)
     in_process = batches[3]
     assert type(in_process["image"]) is np.ndarray and in_process["label"].dtype == np.int64
     threads = cv2.getNumThreads()

@@ -386,14 +386,16 @@ def test_imports_no_tensorflow(dataset):
 
 
 def test_a_batch_is_made_in_one_call_as_the_examples_collated(dataset):
-    """``Batches``: the records of a batch read and decoded into one tensor, what the
+    """``TorchBatches``: the records of a batch read and decoded into one tensor, what the
     per-example path and ``collate`` give (the device path's way)."""
     source = streams.open_source(dataset.path, "val", ("filename",))
     order = streams.EvalOrder(len(source), 4, 0, 1)
     padding = streams.padding_values(source, ("filename",))
     make = functools.partial(streams.eval_example, size=24, padding=padding)
     examples = streams.Examples(source, order, make, order.length)
-    made = imagerecords_torch.Batches(examples, 24).__getitems__(range(4, 8))  # 1 real, 3 padding
+    made = imagerecords_torch.TorchBatches(examples, 24).__getitems__(
+        range(4, 8)
+    )  # 1 real, 3 padding
     expected = imagerecords_torch.collate(examples.__getitems__(range(4, 8)))
     assert made.keys() == expected.keys()
     assert made["image"].is_contiguous(memory_format=torch.channels_last)
