@@ -24,14 +24,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from beam_pipeline.core import groups, keys, tfds_metadata
+from beam_pipeline.core import duplicates, groups, keys, tfds_metadata
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 # --resample's names; each is the Pillow filter of that name (images.py).
 RESAMPLE_NAMES = ("bicubic", "bilinear", "lanczos")
-# --dedupe: what it drops, besides keeping one of each group. "exact": identical
-# source files; "near": near copies as well (docs/images.md, "Near duplicates").
-DEDUPE_MODES = ("exact", "near")
 MAX_IMAGE_SIZE = 65500  # JPEG's largest side
 # Conversion is CPU work (decode, resize, encode): a few processes per core
 # cover the time each waits on its file (gs:// reads included); many more
@@ -89,20 +86,6 @@ def _digits_between(low: str, high: str) -> list[str]:
     if first <= last:
         parts.append(_digit_class(first, last) + "[0-9]" * rest)
     return parts + tail
-
-
-def dedupe_mode(value) -> str:
-    """--dedupe's value as the config holds it: "" (off), "exact" or "near".
-
-    A switch's words stay valid (``--dedupe=true`` is ``exact``), as scripts and
-    Flex Templates passed them before ``near`` existed.
-    """
-    if isinstance(value, bool):
-        return "exact" if value else ""
-    text = str(value).strip().lower()
-    if text in DEDUPE_MODES:
-        return text
-    return "exact" if BOOLEAN_WORDS.get(text, False) else ""
 
 
 def one_of(choices: tuple[str, ...]) -> Check:
@@ -202,8 +185,7 @@ class Flag:
         template: How the Flex Template offers it; None: it does not.
         shown_default: The default in words, where the value is decided later
             (``--local_processes``: the number of cores).
-        const: The value of the flag given alone (``--dedupe``: ``exact``), for a
-            ``str`` flag that may also stand without one.
+        const: A ``str`` flag's value when given alone (``--dedupe``: ``exact``).
     """
 
     name: str
@@ -437,9 +419,9 @@ FLAGS: tuple[Flag, ...] = (
         "(train, val, test) with the smallest ID, the others 'near duplicate of <id>'. Groups "
         "are always reported in duplicates.jsonl and near_duplicates.jsonl (default {default})",
         default="off",
-        check=one_of((*DEDUPE_MODES, *BOOLEAN_WORDS)),
+        check=one_of((*duplicates.DEDUPE_MODES, *BOOLEAN_WORDS)),
         field="dedupe",
-        to_field=dedupe_mode,
+        to_field=lambda value: duplicates.dedupe_mode(value, BOOLEAN_WORDS),
         metavar="MODE",
         const="exact",
         template=Template("Drop duplicates"),
