@@ -15,6 +15,7 @@ Pure of Beam.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -85,7 +86,7 @@ def drop_all_near(
 
 PARTITIONS = 64  # run files: one partition's keys are 1/64 of every image's
 _RUN = np.dtype([("key", "<u8"), ("image", "<u4"), ("whole", "u1")])
-_FLUSH = 1 << 16  # keyed entries a partition buffers before it appends to its file
+_CHUNK = 2048  # images whose keyed entries are sorted into the partitions at once
 
 
 def partition_of(key: int, partitions: int = PARTITIONS) -> int:
@@ -139,29 +140,29 @@ def _run_path(runs: str, partition: int) -> str:
 
 
 def _write_runs(prints: list[bytes], runs: str) -> None:
-    buffers: list[list[tuple[int, int, int]]] = [[] for _ in range(PARTITIONS)]
-
-    def flush(partition: int) -> None:
-        with open(_run_path(runs, partition), "ab") as f:
-            f.write(np.array(buffers[partition], dtype=_RUN).tobytes())
-        buffers[partition] = []
-
-    for image, packed in enumerate(prints):
-        for key, whole in near_duplicates.band_keys(near_search.unpack(packed)):
-            partition = partition_of(key)
-            buffers[partition].append((key, image, whole))
-            if len(buffers[partition]) >= _FLUSH:
-                flush(partition)
-    for partition in range(PARTITIONS):
-        if buffers[partition]:
-            flush(partition)
+    """Every image's keyed entries, appended to its key's partition a chunk of images
+    at a time (what is held is one chunk's entries, not every image's)."""
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
+        for start in range(0, len(prints), _CHUNK):
+            rows = [
+                (key, image, whole)
+                for image in range(start, min(start + _CHUNK, len(prints)))
+                for key, whole in near_duplicates.band_keys(near_search.unpack(prints[image]))
+            ]
+            entries = np.array(rows, dtype=_RUN)
+            parts = entries["key"] % PARTITIONS
+            order = np.argsort(parts, kind="stable")
+            entries, parts = entries[order], parts[order]
+            bounds = np.searchsorted(parts, np.arange(PARTITIONS + 1))
+            for partition in range(PARTITIONS):
+                low, high = bounds[partition], bounds[partition + 1]
+                if low < high:
+                    files[partition].write(entries[low:high].tobytes())
 
 
 def _partition_buckets(runs: str, partition: int, members, prints):
-    path = _run_path(runs, partition)
-    if not os.path.exists(path):
-        return
-    entries = np.fromfile(path, dtype=_RUN)
+    entries = np.fromfile(_run_path(runs, partition), dtype=_RUN)
     entries = entries[np.argsort(entries["key"], kind="stable")]
     keys = entries["key"]
     bounds = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(entries)]
