@@ -31,6 +31,8 @@ V1_INFO_FILE = "dataset_info.json"
 LABELS_FILE = "labels.txt"
 REJECTS_FILE = "rejects.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
+# The near-duplicate groups, one a line (format_version 3).
+NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"
 
 # ------------------------------------------------------------- TFRecord frames
 # A frame (docs/format.md section 5): the data's length (uint64, little
@@ -145,7 +147,12 @@ FEATURE_TYPES: dict[str, str] = {
     "image/class/text": "bytes",
     "image/filename": "bytes",
     "image/key/sha256": "bytes",
+    # format_version 3: the image's near-duplicate fingerprint, as the converter
+    # computed it (docs/format.md section 6); readers need not read them.
+    "image/near/phash": "bytes",
+    "image/near/colour": "bytes",
 }
+NEAR_FEATURES = ("image/near/phash", "image/near/colour")
 
 
 def _build_example_classes():
@@ -233,26 +240,44 @@ def image_record(
     class_name: str | bytes,
     image_id: str | bytes,
     sha256: str | bytes,
+    near: tuple[bytes, bytes] | None = None,
 ) -> bytes:
     """One image's serialized Example (docs/format.md section 6): the one builder of records.
 
     A conversion calls it with what it made; a reused record whose label
     changed (``reuse.relabel``) with what its old record holds, so the two
-    are the same bytes whenever their values are the same.
+    are the same bytes whenever their values are the same. ``near``: the
+    values of :data:`NEAR_FEATURES` (None: a record without them, format 2's).
     """
-    return make_example(
-        {
-            "image/encoded": jpeg,
-            "image/format": b"jpeg",
-            "image/height": height,
-            "image/width": width,
-            "image/channels": 3,
-            "image/class/label": label,
-            "image/class/text": class_name,
-            "image/filename": image_id,
-            "image/key/sha256": sha256,
-        }
-    )
+    values = {
+        "image/encoded": jpeg,
+        "image/format": b"jpeg",
+        "image/height": height,
+        "image/width": width,
+        "image/channels": 3,
+        "image/class/label": label,
+        "image/class/text": class_name,
+        "image/filename": image_id,
+        "image/key/sha256": sha256,
+    }
+    if near is not None:
+        values.update(zip(NEAR_FEATURES, near, strict=True))
+    return make_example(values)
+
+
+def near_of(data: bytes) -> tuple[bytes, bytes] | None:
+    """The :data:`NEAR_FEATURES` values of a serialized Example; None when it has none."""
+    features = Example.FromString(data).features.feature
+    found = []
+    for key in NEAR_FEATURES:
+        feature = features.get(key)
+        if feature is None or feature.WhichOneof("kind") != "bytes_list":
+            return None
+        values = feature.bytes_list.value
+        if len(values) != 1:
+            return None
+        found.append(values[0])
+    return found[0], found[1]
 
 
 def parse_example(data: bytes) -> dict[str, bytes | int]:

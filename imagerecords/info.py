@@ -19,7 +19,7 @@ from imagerecords import codec, storage
 INFO_FILES = (codec.INFO_FILE, codec.V1_INFO_FILE)
 # The format versions this package reads; the same shard layout in both, only
 # the metadata file's name differs.
-SUPPORTED_FORMAT_VERSIONS = (1, 2)
+SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
 
 
 class DatasetNotFoundError(FileNotFoundError):

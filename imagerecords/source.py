@@ -48,6 +48,9 @@ FIELD_NAMES: dict[str, str] = {
 }
 # Bytes features that stay bytes; the others are UTF-8 text and come back as str.
 BINARY_KEYS = frozenset({"image/encoded"})
+# Features a read leaves out: the near-duplicate fingerprint is the converter's
+# (format_version 3), of no use to a trainer.
+LEFT_OUT = frozenset(codec.NEAR_FEATURES)
 
 # Concurrent requests of one batch on gs:// (the storage client's HTTP pool
 # keeps 10 connections); local reads are page-cache copies and run in turn.
@@ -65,7 +68,7 @@ def parse_record(data: bytes) -> dict:
     features = codec.Example.FromString(data).features.feature
     # The format's keys in FIELD_NAMES order, then any newer ones.
     keys = [key for key in FIELD_NAMES if key in features]
-    keys += sorted(key for key in features if key not in FIELD_NAMES)
+    keys += sorted(key for key in features if key not in FIELD_NAMES and key not in LEFT_OUT)
     out = {}
     for key in keys:
         feature = features[key]

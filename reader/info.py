@@ -34,7 +34,7 @@ LABELS_FILENAME = codec.LABELS_FILE
 # that the two agree). A successful run deletes it last, after INFO_FILENAME.
 CONVERTER_MARKER = ".imagerecords-tmp/job.json"
 # docs/format.md section 11: a version this reader does not list is refused.
-SUPPORTED_FORMAT_VERSIONS = (1, 2)
+SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
 
 
 class DatasetInfoError(ValueError):

@@ -168,10 +168,62 @@ def summary(info: info_lib.DatasetInfo, mixes: Sequence[ShardMix] | None) -> str
             )
             + (f" (see {duplicates['file']})" if duplicates.get("file") else "")
         )
+    lines += near_lines(raw.get("near_duplicates"))
+    lines += groups_lines(raw.get("groups"))
     if mixes is not None:
         lines.append("")
         lines += _mix_lines(mixes)
     return "\n".join(lines)
+
+
+def near_lines(block) -> list[str]:
+    """The ``near_duplicates`` block (format_version 3) in a line or two; none without it."""
+    if not isinstance(block, dict):
+        return []
+    counts = ", ".join(
+        f"{k.replace('_', '-')} {block[k]:,}"
+        for k in ("pairs", "groups", "images", "cross_split")
+        if isinstance(block.get(k), int)
+    )
+    lines = [
+        f"near duplicates: {counts}"
+        + (f" (see {block['file']})" if block.get("file") else "")
+        + (
+            f"; scheme {block['scheme']}, threshold {block.get('threshold')}"
+            if block.get("scheme")
+            else ""
+        )
+    ]
+    if block.get("oversized_buckets"):
+        lines.append(
+            f"near duplicates: {block['oversized_buckets']:,} band keys shared by more than "
+            f"{block.get('bucket_limit')} images were not paired (flat or blank images)"
+        )
+    return lines
+
+
+def groups_lines(block) -> list[str]:
+    """The ``groups`` block (``--group_by``): the groups per split and any lumpy split."""
+    if not isinstance(block, dict):
+        return []
+    by_split = block.get("by_split") or {}
+    parts = [
+        f"{split} {row.get('groups', 0):,} ({row.get('fraction', 0):.1%} of images)"
+        for split, row in by_split.items()
+        if isinstance(row, dict)
+    ]
+    pattern = block.get("group_by")
+    lines = [
+        f"groups: {block.get('groups', 0):,}"
+        + (f" by {pattern}" if pattern else " (from the manifest)")
+        + (f": {', '.join(parts)}" if parts else "")
+    ]
+    straddling = (block.get("straddling") or {}).get("count")
+    if straddling:
+        lines.append(f"groups: {straddling:,} span more than one split")
+    for split, why in sorted((block.get("lumpy") or {}).items()):
+        lines.append(f"groups: {split} is lumpy: {why}")
+    return lines
 
 
 def _class_table(info: info_lib.DatasetInfo) -> list[str]:

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
-from beam_pipeline.core import metadata, tfds_metadata
+from beam_pipeline.core import images, metadata, near_search, tfds_metadata
 from imagerecords import codec
 
 # Far apart in RGB, so a decoded image's mean colour names its class.
@@ -164,7 +164,13 @@ def write_dataset(
                 width=width,
                 colour=colour,
             )
-            payload = codec.image_record(jpeg, height, width, label, name, image_id, record.sha256)
+            # Format 3's records hold the stored JPEG's fingerprint, as the converter's do.
+            near = (
+                near_search.features(images.near_of_stored(jpeg)) if format_version >= 3 else None
+            )
+            payload = codec.image_record(
+                jpeg, height, width, label, name, image_id, record.sha256, near
+            )
             split = _assign_split(seed, image_id, splits)
             by_split[split].append((_hash64(seed, "order", image_id), record, payload))
 

@@ -140,6 +140,24 @@ def test_a_grouped_folder_on_dask_is_what_the_local_engine_and_directrunner_writ
     assert len(set(found.values())) == 3
 
 
+def test_near_copies_on_dask_are_what_the_local_engine_and_directrunner_write(
+    dask_cluster, tmp_path, capsys
+):
+    """The near-duplicate search on every engine: the same records, pairs and groups."""
+    pytest.importorskip("skimage")
+    from tests import near_fixtures
+
+    root = near_fixtures.near_folder(str(tmp_path / "images"))
+    on_dask = ["--runner", "DaskRunner", "--dask_client_address", dask_cluster]
+    for out, extra in [("local", []), ("direct", ["--runner", "DirectRunner"]), ("dask", on_dask)]:
+        assert main(["--input", root, "--quiet", "--output", str(tmp_path / out), *extra]) == 0
+    capsys.readouterr()
+    local = contract.all_files(str(tmp_path / "local"))
+    assert contract.all_files(str(tmp_path / "direct")) == local
+    assert contract.all_files(str(tmp_path / "dask")) == local
+    assert near_fixtures.near_groups(tmp_path / "dask") == near_fixtures.GROUPS
+
+
 def test_a_local_dask_run_logs_nothing_of_dask_without_verbose(images, tmp_path):
     """Without --dask_client_address Beam starts a local cluster in the command's
     process; its scheduler and workers log every start and close at INFO."""

@@ -34,6 +34,7 @@ OUR_FILES = {
     "rejects.jsonl",
     "skipped.jsonl",
     "duplicates.jsonl",
+    "near_duplicates.jsonl",  # (format_version 3)
     *tfds_metadata.FILES,  # TFDS's metadata (format_version 2)
 }
 

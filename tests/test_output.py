@@ -76,6 +76,7 @@ def where(request, tmp_path):
         ("rejects.jsonl", True),
         ("skipped.jsonl", True),
         ("duplicates.jsonl", True),
+        ("near_duplicates.jsonl", True),  # format_version 3
         ("train-00000-of-00012.tfrecord", True),
         ("my_split-00011-of-00012.tfrecord.idx", True),
         ("labels.txt.tmp-" + "0f" * 16, True),  # write_atomically's temporary name

@@ -26,7 +26,7 @@ def test_parses_classes_counts_and_shards(fixture):
     written = fixture.info
     assert info.classes == tuple(written["classes"])
     assert info.num_classes == len(written["classes"])
-    assert info.format_version == 2
+    assert info.format_version == 3
     assert info.raw["created_by"] == written["created_by"]
     assert info.seed == written["seed"]
     assert info.image == StoredImage(
@@ -85,9 +85,9 @@ def test_missing_info_says_conversion_unfinished(tmp_path):
 
 
 def test_unknown_format_version_is_refused(tmp_path):
-    write_dataset(tmp_path / "v3", per_class=3, format_version=3)
-    with pytest.raises(reader.DatasetInfoError, match="format_version 3 is not supported"):
-        reader.load_info(tmp_path / "v3")
+    write_dataset(tmp_path / "v4", per_class=3, format_version=4)
+    with pytest.raises(reader.DatasetInfoError, match="format_version 4 is not supported"):
+        reader.load_info(tmp_path / "v4")
 
 
 def test_malformed_info_is_refused(tmp_path):

@@ -120,7 +120,7 @@ def test_thousands_of_images_over_many_shards_are_exactly_once_and_leave_no_temp
         assert order == sorted(order)
     assert sorted(os.listdir(reference)) == sorted(
         [metadata.INFO_FILE, metadata.LABELS_FILE, metadata.REJECTS_FILE, metadata.SKIPPED_FILE]
-        + [duplicates.DUPLICATES_FILE, *tfds_metadata.FILES]
+        + [duplicates.DUPLICATES_FILE, metadata.NEAR_DUPLICATES_FILE, *tfds_metadata.FILES]
         + [s["file"] for split in info["splits"].values() for s in split["shards"]]
     ), "a temp or spill file was left behind"
 

@@ -198,6 +198,7 @@ def _launder(shard: Path, which: int = 0) -> None:
             fields["image/class/text"],
             fields["image/filename"],
             fields["image/key/sha256"],
+            tuple(fields[key] for key in codec.NEAR_FEATURES),
         )
     )
     assert len(framed) == length + 16 and codec.is_intact(framed)

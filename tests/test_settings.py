@@ -15,7 +15,7 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import arguments
-from beam_pipeline.core import flags, images, metadata, settings, spill
+from beam_pipeline.core import flags, images, metadata, near_search, settings, spill
 from beam_pipeline.stages import resume
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery
@@ -89,9 +89,17 @@ def _another_value(flag: flags.Flag):
     return flag.field_value(other)
 
 
-# Another valid value of each ImageSpec field that decides the bytes, from its flag.
+def _other_image_value(field: dataclasses.Field):
+    """Another valid value of an ImageSpec field: from its flag, or for the one
+    without a flag (the near-duplicate scheme, fixed by the code) another scheme."""
+    if field.name == "near_scheme":
+        return "another-scheme-v9"
+    return _another_value(flags.BY_FIELD[f"image.{field.name}"])
+
+
+# Another valid value of each ImageSpec field that decides the bytes.
 OTHER_VALUE = {
-    f.name: _another_value(flags.BY_FIELD[f"image.{f.name}"])
+    f.name: _other_image_value(f)
     for f in dataclasses.fields(images.ImageSpec)
     if all(s.decides for s in settings.declaration(f))
 }
@@ -131,6 +139,7 @@ def test_the_declared_settings_keep_dataset_info_as_it_was_plus_resample(tmp_pat
         "upscale": True,
         "jpeg_quality": 90,
         "resample": "lanczos",
+        "near_scheme": near_search.SCHEME,
     }
     assert info["config"] == {
         "layout": "classes",
@@ -212,7 +221,7 @@ def test_the_dry_run_names_every_setting_that_decides_the_bytes(small, tmp_path,
     out = capsys.readouterr().out
     assert (
         "images converted in memory (resize shorter, image_size 40, upscale off, "
-        "jpeg_quality 90, resample lanczos)"
+        f"jpeg_quality 90, resample lanczos, near_scheme {near_search.SCHEME})"
     ) in out
 
 

@@ -392,7 +392,12 @@ def test_the_untouched_dataset_verifies_ok(dataset):
     assert (_info(dataset)["rejected"]["count"], _info(dataset)["skipped"]["count"]) == (2, 1)
     assert _info(dataset)["duplicates"]["groups"] == 1
     lists = published.list_files(info_lib.load_info(str(dataset)))
-    assert sorted(lists) == ["duplicates.jsonl", "rejects.jsonl", "skipped.jsonl"]
+    assert sorted(lists) == [
+        "duplicates.jsonl",
+        "near_duplicates.jsonl",
+        "rejects.jsonl",
+        "skipped.jsonl",
+    ]
     status, text = _verify(dataset)
     assert status == 0, text
     assert "verify: OK: 6 shards, " in text and "FAIL" not in text

@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for flag in flags.FLAGS:
         kind = _SWITCH if flag.kind == "bool" else {"type": _TYPES[flag.kind]}
+        if flag.const is not None:  # a value that may be left out: --dedupe, --dedupe near
+            kind = {**kind, "nargs": "?", "const": flag.const}
         named = {"metavar": flag.metavar} if flag.metavar else {}
         parser.add_argument(
             flag.option,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import resource
 
-from beam_pipeline.core import duplicates, groups, images, settings
+from beam_pipeline.core import duplicates, groups, images, near_search, settings
 from beam_pipeline.core.counters import NAMESPACE, RESUMED
 
 # The summary's last line: "counters: bytes_read=288368, images_converted=60, ...".
@@ -71,6 +71,7 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
     first = duplicates.first_split(list(info["splits"]))
     deduped = bool(info.get("config", {}).get("dedupe"))
     lines += duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
+    lines += near_search.summary_lines(info.get("near_duplicates") or {})
     lines += groups.report_lines(info.get("groups"))
     if counted:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(counted.items()))

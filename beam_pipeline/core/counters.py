@@ -24,6 +24,9 @@ PASSED_THROUGH = "images_passed_through"
 REPAIRED = "images_repaired"
 BAD_PROFILE = "images_bad_profile"
 DROPPED_AS_DUPLICATES = "images_dropped_as_duplicates"
+NEAR_HASHED = "images_near_hashed"
+NEAR_PAIRS = "near_duplicate_pairs"
+DROPPED_AS_NEAR = "images_dropped_as_near_duplicates"
 BYTES_READ = "bytes_read"
 RECORD_BYTES = "record_bytes"
 SHARDS_WRITTEN = "shards_written"
@@ -43,6 +46,10 @@ MEANING = {
     REPAIRED: "converted images whose JPEG had stray bytes, dropped and re-encoded clean",
     BAD_PROFILE: "converted images with an unusable colour profile (pixels kept as they are)",
     DROPPED_AS_DUPLICATES: "copies --dedupe turned into rejections",
+    NEAR_HASHED: "near-duplicate fingerprints computed by this run (a resume, or --reuse of "
+    "a format 3 dataset, takes them from the records)",
+    NEAR_PAIRS: "near-duplicate pairs the search verified",
+    DROPPED_AS_NEAR: "near copies --dedupe near turned into rejections",
     BYTES_READ: "source bytes read by this run (to convert, or to check a reused record)",
     RECORD_BYTES: "bytes of the records converted, resumed or reused",
     SHARDS_WRITTEN: "shard files written",

@@ -43,6 +43,9 @@ class ShardEntry(NamedTuple):
     # The source file, for a rejection --dedupe makes of this record.
     path: str = ""
     sha256: str = ""  # of the source file: duplicates are grouped by it
+    # The image's near-duplicate fingerprint as the record stores it
+    # (near_search.pack): the search stage pairs records by it.
+    near: bytes = b""
 
 
 class Converted(NamedTuple):
@@ -81,6 +84,8 @@ class RejectKind(enum.Enum):
     CRASHED = "crashed the image decoder"
     # --dedupe dropped it: a copy of the kept image, asked for, not a bad image.
     DUPLICATE = "duplicate of "
+    # --dedupe near dropped it: a near copy (resized, re-encoded, cropped) of the kept image.
+    NEAR_DUPLICATE = "near duplicate of "
 
     @property
     def prefix(self) -> str:
@@ -99,7 +104,7 @@ class RejectKind(enum.Enum):
     @property
     def bad(self) -> bool:
         """Whether it counts towards --max_reject_fraction (copies --dedupe drops do not)."""
-        return self is not RejectKind.DUPLICATE
+        return self not in (RejectKind.DUPLICATE, RejectKind.NEAR_DUPLICATE)
 
 
 class Rejection(NamedTuple):
@@ -121,6 +126,7 @@ class Outcome(NamedTuple):
     repaired: bool = False  # extra bytes dropped, re-encoded clean
     bad_profile: bool = False  # unusable colour profile, pixels kept
     reused: bool = False  # the record was taken from --reuse's dataset, not converted
+    near_hashed: bool = False  # its fingerprint was computed here, not taken from a record
 
 
 class Origin(enum.Enum):

@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from beam_pipeline.core import groups, keys, tfds_metadata
+from beam_pipeline.core import duplicates, groups, keys, tfds_metadata
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 # --resample's names; each is the Pillow filter of that name (images.py).
@@ -185,6 +185,7 @@ class Flag:
         template: How the Flex Template offers it; None: it does not.
         shown_default: The default in words, where the value is decided later
             (``--local_processes``: the number of cores).
+        const: A ``str`` flag's value when given alone (``--dedupe``: ``exact``).
     """
 
     name: str
@@ -199,6 +200,7 @@ class Flag:
     required: bool = False
     template: Template | None = None
     shown_default: str | None = None
+    const: str | None = None
 
     @property
     def option(self) -> str:
@@ -410,13 +412,19 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "dedupe",
-        "Keep one image of each group of identical source files (the smallest ID); reject "
-        "the others as 'duplicate of <id>' (they do not count towards "
-        "--max_reject_fraction). Groups are always reported in duplicates.jsonl (default "
-        "{default})",
-        kind="bool",
-        default=False,
+        "Keep one image of each group of duplicates; reject the others (they do not count "
+        "towards --max_reject_fraction). --dedupe (or exact): groups of identical source "
+        "files, keeping the smallest ID, the others 'duplicate of <id>'; --dedupe near: near "
+        "copies too (resized, re-encoded, lightly cropped), keeping the one in the first split "
+        "(train, val, test) with the smallest ID, the others 'near duplicate of <id>'. Groups "
+        "are always reported in duplicates.jsonl and near_duplicates.jsonl (default {default})",
+        default="off",
+        check=one_of((*duplicates.DEDUPE_MODES, *BOOLEAN_WORDS)),
         field="dedupe",
+        to_field=lambda value: duplicates.dedupe_mode(value, BOOLEAN_WORDS),
+        metavar="MODE",
+        const="exact",
+        template=Template("Drop duplicates"),
     ),
     Flag(
         "index_files",

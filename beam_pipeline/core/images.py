@@ -12,7 +12,7 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
-from beam_pipeline.core import colour, flags, jpeg, settings
+from beam_pipeline.core import colour, flags, jpeg, near_duplicates, near_search, settings
 
 RESIZE_MODES = flags.RESIZE_MODES
 # --resample: the downscaling filter, each Pillow's of its name. Bicubic is the
@@ -92,6 +92,13 @@ class ImageSpec:
         "jpeg_quality", settings.decides("jpeg_quality", info="image.jpeg_quality")
     )
     resample: str = _setting("resample", settings.decides("resample", info="image.resample"))
+    # Every record holds its near-duplicate fingerprint, made by this scheme.
+    near_scheme: str = dataclasses.field(
+        default=near_search.SCHEME,
+        metadata=settings.decides(
+            near_search.SCHEME_SETTING, info=f"image.{near_search.SCHEME_SETTING}"
+        ),
+    )
     # Not part of how images are stored, but it travels with them to every
     # converting process: the per-image time limit (--image_timeout_s; 0: none).
     timeout_s: float = _setting(
@@ -121,6 +128,8 @@ class EncodedImage:
     repaired: bool = False
     # The embedded colour profile was unusable; the pixels were kept as they are.
     bad_profile: bool = False
+    # The near-duplicate fingerprint of the stored image (near_search.pack).
+    near: bytes = b""
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -304,6 +313,35 @@ def _pass_through_profile_ok(image: Image.Image) -> bool:
         return False  # re-encode: the stored JPEG then carries no broken profile
 
 
+def _near(image: Image.Image) -> bytes:
+    return near_search.pack(near_duplicates.fingerprint(image))
+
+
+def _near_of_draft(draft: Image.Image, image: Image.Image, data: bytes) -> bytes:
+    """The fingerprint of a stored JPEG from a DCT-scaled decode: ``draft`` when
+    it already has the fingerprint's base size a side, else a decode at the
+    smallest scale that has (the stored JPEG decodes to the same pixels on every
+    path that hashes it: a pass-through, a record of an old format)."""
+    base = near_duplicates.BASE_SIDE
+    if min(draft.size) < base and min(image.size) > min(draft.size):
+        draft = jpeg.decode(data, image, (base, base)).image
+    return _near(draft)
+
+
+def near_of_stored(data: bytes) -> bytes:
+    """The fingerprint of a stored JPEG, the way a pass-through one is hashed.
+
+    Raises:
+        Rejected: the bytes are not a JPEG this module wrote or passed through.
+    """
+    image = _open(data)
+    try:
+        draft = jpeg.decode(data, image, (1, 1)).image
+    except (jpeg.CorruptData, ValueError) as error:
+        raise Rejected(f"corrupt stored image: {error}") from None
+    return _near_of_draft(draft, image, data)
+
+
 def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
     """Turns source file bytes into a stored baseline sRGB JPEG.
 
@@ -318,7 +356,9 @@ def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
         )
         loaded, repaired = _decode(image, data, spec, orientation, passthrough)
         if passthrough and not repaired:
-            return EncodedImage(data, image.height, image.width, passed_through=True)
+            # Hashed from the 1/8-scale check's pixels: never decoded at full size.
+            near = _near_of_draft(loaded, image, data)
+            return EncodedImage(data, image.height, image.width, passed_through=True, near=near)
         if passthrough:  # the pixels came from a 1/8-scale check: decode them properly
             loaded, _ = _decode(image, data, spec, orientation, False)
         if image.format == "TIFF":
@@ -341,6 +381,7 @@ def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
             image.width,
             repaired=repaired,
             bad_profile=bad_profile,
+            near=_near(image),
         )
     except Rejected:
         raise

@@ -11,14 +11,16 @@ from imagerecords import codec
 
 # The contract version (docs/format.md section 11): change it only when an old
 # reader could misread the new output, and change that document with it.
-# 2: the metadata file is imagerecords.json, beside TFDS's own files.
-FORMAT_VERSION = 2
+# 2: the metadata file is imagerecords.json, beside TFDS's own files; 3: every
+# record holds its near-duplicate fingerprint, and near_duplicates.jsonl the groups.
+FORMAT_VERSION = 3
 # The published files' names are the format's (imagerecords.codec declares them).
 INFO_FILE = codec.INFO_FILE
 V1_INFO_FILE = codec.V1_INFO_FILE
 LABELS_FILE = codec.LABELS_FILE
 REJECTS_FILE = codec.REJECTS_FILE
 SKIPPED_FILE = codec.SKIPPED_FILE
+NEAR_DUPLICATES_FILE = codec.NEAR_DUPLICATES_FILE
 # What every stored image is, whatever the settings: dataset_info.json's
 # "image" block ends with these, after the settings (settings.info_values).
 IMAGE_FACTS = {

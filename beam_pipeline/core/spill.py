@@ -9,7 +9,8 @@ therefore stays flat however many images there are (docs/scale.md).
 A spill file is a sequence of entries, each a header then, for a converted
 image, the framed TFRecord exactly as the shard will hold it::
 
-    header  = TFRecord frame of  struct("<BQqQ": kind, key, label, size)
+    header  = TFRecord frame of  struct("<BQqQH": kind, key, label, size, near bytes)
+                                 + the record's near-duplicate fingerprint
                                  + UTF-8 "split\\0image_id\\0reason\\0sha256"
     record  = `size` bytes: the framed tf.train.Example (kind RECORD only)
 
@@ -38,12 +39,14 @@ from imagerecords import codec
 # The spill files' format, part of the resume key (resume.key): a rerun never
 # reads another format's files. 2: records carry their source's sha256
 # (duplicates); 3: rejections are spilled only when the same bytes would get
-# them again (elements.RejectKind.transient), and the key holds --resample.
-FORMAT = 3
+# them again (elements.RejectKind.transient), and the key holds --resample;
+# 4: records carry their near-duplicate fingerprint (the search's input,
+# taken from the spill on resume, never computed again).
+FORMAT = 4
 RECORD, REJECTION = 1, 2
 SUFFIX = ".spill"
 SETTINGS_FILE = "job.json"
-_HEAD = struct.Struct("<BQqQ")
+_HEAD = struct.Struct("<BQqQH")
 _MAX_HEAD = 1 << 20  # an entry head is small: a longer frame there is damage
 
 
@@ -74,6 +77,7 @@ class Spilled(NamedTuple):
     offset: int  # of the framed record in ``path``
     reason: str  # why it was rejected; "" for a record
     sha256: str = ""  # of a record's source file (duplicates are grouped by it)
+    near: bytes = b""  # a record's near-duplicate fingerprint (near_search.pack)
 
 
 def encode(
@@ -85,10 +89,11 @@ def encode(
     framed: bytes = b"",
     reason: str = "",
     sha256: str = "",
+    near: bytes = b"",
 ) -> bytes:
     """One entry's bytes: the framed header, then ``framed`` (a record's TFRecord)."""
     text = "\0".join((split, image_id, reason, sha256)).encode("utf-8")
-    head = _HEAD.pack(kind, key, label, len(framed)) + text
+    head = _HEAD.pack(kind, key, label, len(framed), len(near)) + near + text
     return codec.frame_record(head) + framed
 
 
@@ -142,14 +147,16 @@ def scan(path: str) -> Iterator[Spilled]:
             head = _read_frame(stream)
             if head is None:
                 return
-            kind, key, label, size = _HEAD.unpack_from(head)
-            split, image_id, reason, sha256 = head[_HEAD.size :].decode("utf-8").split("\0", 3)
+            kind, key, label, size, near_size = _HEAD.unpack_from(head)
+            near = bytes(head[_HEAD.size : _HEAD.size + near_size])
+            text = head[_HEAD.size + near_size :]
+            split, image_id, reason, sha256 = text.decode("utf-8").split("\0", 3)
             offset += codec.FRAME_OVERHEAD + len(head)
             if kind == RECORD:
                 framed = stream.read(size)
                 if len(framed) != size or not codec.is_intact(framed):
                     return
-                yield Spilled(image_id, split, key, label, size, path, offset, "", sha256)
+                yield Spilled(image_id, split, key, label, size, path, offset, "", sha256, near)
                 offset += size
             elif kind == REJECTION:
                 yield Spilled(image_id, split, key, label, 0, path, offset, reason)
@@ -204,6 +211,9 @@ class Index(Mapping):
         self._files = array.array("I")
         self._split_of = array.array("H")
         self._sha256 = bytearray()
+        # Fingerprints, one byte buffer: every record's has the same length.
+        self._near = bytearray()
+        self._near_ends = array.array("Q")
         split_numbers: dict[str, int] = {}
         for number, path in enumerate(paths):
             for item in scan(path):
@@ -232,6 +242,8 @@ class Index(Mapping):
         self._files.append(file_number)
         self._split_of.append(split_number)
         self._sha256 += bytes.fromhex(item.sha256) if item.sha256 else bytes(32)
+        self._near += item.near
+        self._near_ends.append(len(self._near))
 
     def _id_bytes(self, position: int) -> bytes:
         start = self._id_ends[position - 1] if position else 0
@@ -253,6 +265,8 @@ class Index(Mapping):
     def _spilled(self, position: int, image_id: str) -> Spilled:
         reason = self._reasons.get(position, "")
         sha256 = "" if reason else self._sha256[32 * position : 32 * position + 32].hex()
+        near_start = self._near_ends[position - 1] if position else 0
+        near = bytes(self._near[near_start : self._near_ends[position]])
         return tuple.__new__(  # Spilled(...) without its keyword handling
             Spilled,
             (
@@ -265,6 +279,7 @@ class Index(Mapping):
                 self._offsets[position],
                 reason,
                 sha256,
+                near,
             ),
         )
 

@@ -22,7 +22,16 @@ from collections import Counter
 from beam_pipeline.core import counters, groups
 from beam_pipeline.core.elements import Converted, ImageRef, RecordBatch, Rejection
 from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.stages import convert, dedupe, list_images, outcomes, plan, reuse, reuse_scan
+from beam_pipeline.stages import (
+    convert,
+    dedupe,
+    list_images,
+    near,
+    outcomes,
+    plan,
+    reuse,
+    reuse_scan,
+)
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import WrittenShard, by_shard, sort_entries, write_shard
@@ -63,6 +72,13 @@ def run(
         batches, copies = dedupe.drop_all_copies(batches, duplicates)
         counted[counters.DROPPED_AS_DUPLICATES] += len(copies)
         rejects += copies
+    # Near duplicates
+    near_found = near.find_local(batches, config.spill_directory)
+    counted[counters.NEAR_PAIRS] += sum(len(g.pairs) for g in near_found.groups)
+    if config.dedupe_near and near_found.groups:
+        batches, copies = near.drop_all_near(batches, near_found)
+        counted[counters.DROPPED_AS_NEAR] += len(copies)
+        rejects += copies
     # Plan
     for batch in batches:
         books.add(*plan.written(batch))
@@ -75,7 +91,14 @@ def run(
     # Finalize
     shown.step("publishing: the lists, the books, the shards renamed, imagerecords.json last")
     Finalizer(config).run(
-        shards, rejects, plans.items(), skipped, duplicates, counted[counters.REUSED], census
+        shards,
+        rejects,
+        plans.items(),
+        skipped,
+        duplicates,
+        counted[counters.REUSED],
+        census,
+        near_found,
     )
     return {name: value for name, value in counted.items() if value}
 

@@ -7,6 +7,8 @@ ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected"); with --
                 a count of the records taken over goes to "reused"
 FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; with
                 --dedupe also the batches without the copies + a Rejection per copy
+FindNearDuplicates  RecordBatch -> near-duplicate groups (near_graph.py); with
+                --dedupe near also the batches without the near copies
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
 WriteShards     RecordBatch + plans -> WrittenShard of a temp file
 Finalize        side inputs -> rejects.jsonl, labels.txt, imagerecords.json (last)
@@ -39,6 +41,7 @@ from beam_pipeline.core.elements import (
     ShardEntry,
 )
 from beam_pipeline.engines import local_pool, pooled, progress
+from beam_pipeline.engines.near_graph import FindNearDuplicates
 from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
 from beam_pipeline.stages.convert import SpillTask, convert_ref
 from beam_pipeline.stages.finalize import Finalizer
@@ -532,9 +535,9 @@ class _Finalize(beam.DoFn):
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def process(self, _, shards, rejects, plans, skipped, duplicates, census, reused=0):
+    def process(self, _, shards, rejects, plans, skipped, duplicates, census, near, reused=0):
         yield Finalizer(self._config).run(
-            shards, rejects, plans, skipped, duplicates, reused, census
+            shards, rejects, plans, skipped, duplicates, reused, census, near
         )
 
 
@@ -557,9 +560,14 @@ def build(
     listed = pipeline | "ListImages" >> ListImages(config)
     converted = listed["refs"] | "ConvertImages" >> ConvertImages(config, pool, shown)
     found = converted.batches | "FindDuplicates" >> FindDuplicates(config.dedupe)
-    batches = found["batches"]
-    # Rejection: bad images, then the copies --dedupe dropped
-    rejects = (converted[REJECTED], found["rejected"]) | "AllRejections" >> beam.Flatten()
+    near = found["batches"] | "FindNearDuplicates" >> FindNearDuplicates(config.dedupe_near)
+    batches = near["batches"]
+    # Rejection: bad images, then the copies --dedupe dropped, then the near copies
+    rejects = (
+        converted[REJECTED],
+        found["rejected"],
+        near["rejected"],
+    ) | "AllRejections" >> beam.Flatten()
     plans = {
         "batches": batches,
         "listed": listed["listed"],
@@ -582,6 +590,7 @@ def build(
             skipped=AsList(listed[SKIPPED]),
             duplicates=AsList(found["groups"]),
             census=AsSingleton(listed[GROUPS]),
+            near=AsSingleton(near["found"]),
             **reused,
         )
     )

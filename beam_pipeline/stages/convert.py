@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from beam_pipeline.core import deadline, images, keys, spill
+from beam_pipeline.core import deadline, images, keys, near_search, spill
 from beam_pipeline.core.elements import (
     Converted,
     ImageRef,
@@ -89,16 +89,20 @@ def finish(ref: ImageRef, decoded: Conversion, seed: int, classes) -> Outcome:
         classes[label],
         image_id,
         decoded.sha256,
+        near_search.features(converted.near),
     )
     framed = codec.frame_record(payload)
     key = keys.order_key(seed, image_id)
-    entry = ShardEntry(key, image_id, label, len(framed), framed, ref.path, decoded.sha256)
+    entry = ShardEntry(
+        key, image_id, label, len(framed), framed, ref.path, decoded.sha256, converted.near
+    )
     return Outcome(
         Converted(ref.split, entry),
         decoded.bytes_read,
         converted.passed_through,
         converted.repaired,
         converted.bad_profile,
+        near_hashed=True,
     )
 
 
@@ -137,10 +141,12 @@ def reuse_or_convert(ref: ImageRef, old: reuse.OldRecord, spec, seed, classes) -
         return finish(ref, unreadable(error), seed, classes)
     taken = reuse.take(old, image_id, sha256, label, classes[label])
     if taken is not None:
-        framed, _ = taken
         key = keys.order_key(seed, image_id)
-        entry = ShardEntry(key, image_id, label, len(framed), framed, path, sha256)
-        return Outcome(Converted(ref.split, entry), size, False, reused=True)
+        entry = ShardEntry(key, image_id, label, len(taken.framed), taken.framed, path, sha256)
+        entry = entry._replace(near=taken.near)
+        return Outcome(
+            Converted(ref.split, entry), size, False, reused=True, near_hashed=taken.near_hashed
+        )
     if data is None:  # changed: read it, and hash what is converted (it may change again)
         return finish(ref, decode_path(path, spec), seed, classes)
     return finish(ref, decode_data(data, spec, path, sha256), seed, classes)
@@ -188,7 +194,7 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Ou
         if isinstance(result, Converted):
             e = result.entry
             entries[index] = spill.encode(
-                spill.RECORD, result.split, e.image_id, e.key, e.label, e.data, "", e.sha256
+                spill.RECORD, result.split, e.image_id, e.key, e.label, e.data, "", e.sha256, e.near
             )
         elif not result.kind.transient:
             key = keys.order_key(seed, result.image_id)
@@ -215,5 +221,7 @@ def from_spill(item: spill.Spilled, path: str) -> Converted | Rejection:
         # Only rejections of the bytes themselves are spilled (spill_chunk).
         return Rejection(item.image_id, path, item.split, item.reason, RejectKind.BAD_IMAGE)
     where = SpillLocation(item.path, item.offset)
-    entry = ShardEntry(item.key, item.image_id, item.label, item.size, where, path, item.sha256)
+    entry = ShardEntry(
+        item.key, item.image_id, item.label, item.size, where, path, item.sha256, item.near
+    )
     return Converted(item.split, entry)

@@ -9,10 +9,20 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from beam_pipeline.core import books, duplicates, errors, keys, metadata, settings, tfds_metadata
+from beam_pipeline.core import (
+    books,
+    duplicates,
+    errors,
+    keys,
+    metadata,
+    near_search,
+    settings,
+    tfds_metadata,
+)
 from beam_pipeline.core import groups as split_groups  # "groups" here: of identical sources
 from beam_pipeline.core.errors import BooksDoNotBalance
 from beam_pipeline.stages.job_config import JobConfig, output_path
+from beam_pipeline.stages.near import Found
 from beam_pipeline.stages.shards import WrittenShard, check_shards, place_shards
 from beam_pipeline.storage import listing
 from beam_pipeline.storage import output as output_files
@@ -27,12 +37,23 @@ class Finalizer:
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def run(self, shards, rejects, plans, skipped, groups, reused: int = 0, census=None) -> str:
+    def run(
+        self,
+        shards,
+        rejects,
+        plans,
+        skipped,
+        groups,
+        reused: int = 0,
+        census=None,
+        near: Found | None = None,
+    ) -> str:
         """Everything the job produced -> a JSON line of records per split.
 
         ``groups``: the groups of identical sources; ``reused``: records taken from
         --reuse's dataset (its ``reuse`` block); ``census``: the listing's
-        ``groups.Census`` (the ``groups`` block).
+        ``groups.Census`` (the ``groups`` block); ``near``: the near-duplicate
+        search's groups and oversized buckets (the ``near_duplicates`` block).
 
         Raises:
             BooksDoNotBalance: see :meth:`_check_books`.
@@ -42,19 +63,21 @@ class Finalizer:
             listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER)
             for path in self._config.layout.loose_files
         ]
+        near = near or Found()
         # The lists first: a run that fails its books still leaves them to read.
-        self._write_lists(rejects, skipped, groups)
+        self._write_lists(rejects, skipped, groups, near)
         kept = self._check_books(plans, list(shards), rejects)
         placed = place_shards(kept, self._config.output)
         info = self._info(placed, rejects, skipped, groups, census or split_groups.Census())
+        info["near_duplicates"] = near_search.info_block(near.groups, near.oversized)
         if self._config.reuse:
             # Describes the run, not the data: all else is what a full conversion writes.
             info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
         self._publish(info)
         return json.dumps({s: split["num_examples"] for s, split in info["splits"].items()})
 
-    def _write_lists(self, rejects, skipped, groups) -> None:
-        """rejects.jsonl, labels.txt, duplicates.jsonl and skipped.jsonl."""
+    def _write_lists(self, rejects, skipped, groups, near: Found) -> None:
+        """rejects.jsonl, labels.txt, duplicates.jsonl, near_duplicates.jsonl, skipped.jsonl."""
         config = self._config
         output_files.write_atomically(
             output_path(config.output, metadata.REJECTS_FILE),
@@ -70,6 +93,10 @@ class Finalizer:
         output_files.write_atomically(
             output_path(config.output, duplicates.DUPLICATES_FILE),
             duplicates.jsonl(groups, config.layout.classes),
+        )
+        output_files.write_atomically(
+            output_path(config.output, metadata.NEAR_DUPLICATES_FILE),
+            near_search.jsonl(near.groups, config.layout.classes),
         )
         output_files.write_atomically(
             output_path(config.output, metadata.SKIPPED_FILE),

@@ -102,13 +102,16 @@ class JobConfig:
     spill_dir: str | None = _field(
         default=None, metadata=settings.does_not_decide("where records wait, not what they are")
     )
-    # Keep one image of each group of identical source files (--dedupe).
-    dedupe: bool = flags.field(
+    # Keep one image of each group of duplicates (--dedupe): "" (off), "exact"
+    # (identical source files) or "near" (near copies as well).
+    dedupe: str = flags.field(
         "dedupe",
         settings.does_not_decide(
             _RECORDS_ALREADY_MADE + ": the copies are dropped after conversion",
             name="dedupe",
             info="config.dedupe",
+            # imagerecords.json: false when off, else the mode.
+            value=lambda config: config.dedupe or False,
         ),
     )
 
@@ -160,6 +163,11 @@ class JobConfig:
     def split_names(self) -> list[str]:
         """Splits in imagerecords.json order: the layout's own, else --splits."""
         return list(self.layout.split_names or self.splits)
+
+    @property
+    def dedupe_near(self) -> bool:
+        """--dedupe near: near copies are dropped too, not only identical files."""
+        return self.dedupe == "near"
 
     @property
     def spill_directory(self) -> str:

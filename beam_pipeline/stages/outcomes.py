@@ -30,6 +30,7 @@ def counts(outcome: Outcome, how: Origin = Origin.CONVERTED) -> dict[str, int]:
         found[counters.REJECTED] = 1
         return found
     found[counters.RECORD_BYTES] = result.entry.size
+    found[counters.NEAR_HASHED] = int(outcome.near_hashed and how is not Origin.RESUMED)
     if outcome.reused:
         found.update({counters.BYTES_READ: outcome.bytes_read, counters.REUSED: 1})
     elif how is not Origin.RESUMED:

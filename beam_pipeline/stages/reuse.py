@@ -60,7 +60,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from beam_pipeline.core import errors, settings
+from beam_pipeline.core import errors, images, near_search, settings
 from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.core.errors import OldDatasetChanged, UsageError
 from beam_pipeline.stages.reuse_scan import OldIndex, OldRecord, OldShard, changed, read_old
@@ -230,6 +230,8 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
         )
     differ = []
     for name, value in image_settings.items():
+        if name == near_search.SCHEME_SETTING and name not in old.image:
+            continue  # format 2: take() fingerprints each record from its stored JPEG
         if name not in old.image:
             differ.append(f"{name} not recorded -> {settings.show(value)}")
         elif old.image[name] != value:
@@ -285,17 +287,25 @@ def read_record(old: OldRecord) -> bytes:
     return framed
 
 
-def take(
-    old: OldRecord, image_id: str, sha256: str, label: int, class_name: str
-) -> tuple[bytes, bool] | None:
+class Taken(NamedTuple):
+    """OLD's record as this run writes it."""
+
+    framed: bytes
+    unchanged: bool  # OLD's bytes as they are (not rebuilt)
+    near: bytes  # its near-duplicate fingerprint (near_search.pack)
+    near_hashed: bool  # computed here, from the stored JPEG (a record of format 2)
+
+
+def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str) -> Taken | None:
     """OLD's record for an image whose source has the hash ``sha256``, with this label.
 
-    Returns ``(framed record, unchanged)``: the record as it is when its ID,
-    source hash, label and class name are the image's (``unchanged``), or
-    rebuilt with the new label and class name (:func:`relabel`); the bytes a
-    conversion would write either way, read and checked here (:func:`read_record`).
-    None when OLD's record is of another image or another source: the image
-    is converted.
+    The record as it is when its ID, source hash, label and class name are
+    the image's and it holds a fingerprint (``unchanged``); else rebuilt with
+    the new label and class name (:func:`relabel`) and, for a record of
+    format 2, the fingerprint of its own stored JPEG (never of the source,
+    which would cost a conversion): the bytes a conversion would write either
+    way, read and checked here (:func:`read_record`). None when OLD's record
+    is of another image or another source: the image is converted.
 
     Raises:
         OldDatasetChanged: the record is not the one the scan checked.
@@ -307,11 +317,22 @@ def take(
         features, "image/key/sha256"
     ) != sha256.encode("ascii"):
         return None
-    if _value(features, "image/class/label") == label and _value(
-        features, "image/class/text"
-    ) == class_name.encode("utf-8"):
-        return framed, True
-    return _rebuilt(features, label, class_name), False
+    near = codec.near_of(codec.payload(framed))
+    hashed = near is None
+    if hashed:
+        try:
+            packed = images.near_of_stored(_value(features, "image/encoded"))
+        except images.Rejected:
+            return None  # a stored JPEG this run cannot read: converted from the source
+        near = near_search.features(packed)
+    packed = b"".join(near)
+    if (
+        not hashed
+        and _value(features, "image/class/label") == label
+        and _value(features, "image/class/text") == class_name.encode("utf-8")
+    ):
+        return Taken(framed, True, packed, False)
+    return Taken(_rebuilt(features, label, class_name, near), False, packed, hashed)
 
 
 def _value(features, key: str):
@@ -322,7 +343,7 @@ def _value(features, key: str):
     return values[0] if len(values) == 1 else None
 
 
-def _rebuilt(features, label: int, class_name: str) -> bytes:
+def _rebuilt(features, label: int, class_name: str, near: tuple[bytes, bytes] | None) -> bytes:
     payload = codec.image_record(
         _value(features, "image/encoded"),
         _value(features, "image/height"),
@@ -331,6 +352,7 @@ def _rebuilt(features, label: int, class_name: str) -> bytes:
         class_name,
         _value(features, "image/filename"),
         _value(features, "image/key/sha256"),
+        near,
     )
     return codec.frame_record(payload)
 
@@ -338,8 +360,9 @@ def _rebuilt(features, label: int, class_name: str) -> bytes:
 def relabel(framed: bytes, label: int, class_name: str) -> bytes:
     """The same record with another label and class name: the bytes a conversion
     with them would write (``codec.image_record`` builds both)."""
-    features = codec.Example.FromString(codec.payload(framed)).features.feature
-    return _rebuilt(features, label, class_name)
+    data = codec.payload(framed)
+    features = codec.Example.FromString(data).features.feature
+    return _rebuilt(features, label, class_name, codec.near_of(data))
 
 
 # ---------------------------------------------------------------------- dry run
@@ -402,7 +425,7 @@ def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> tuple[bool, bo
     except Exception:  # unreadable: the run rejects it (converted, in the count)
         return False, False
     taken = take(old, image_id, sha256, label, classes[label])
-    return taken is not None, taken is not None and not taken[1]
+    return taken is not None, taken is not None and not taken.unchanged
 
 
 # Wall time the dry run spends hashing sources before it extrapolates.

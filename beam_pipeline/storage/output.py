@@ -46,6 +46,7 @@ _FILES = (
     metadata.LABELS_FILE,
     metadata.REJECTS_FILE,
     metadata.SKIPPED_FILE,
+    metadata.NEAR_DUPLICATES_FILE,
     duplicates.DUPLICATES_FILE,
     *tfds_metadata.FILES,
 )

@@ -1,0 +1,101 @@
+"""The Beam graph's Near duplicates stage (``pipeline.build`` wires it after FindDuplicates).
+
+FindNearDuplicates  RecordBatch -> the near-duplicate groups and oversized buckets
+                    (one element, ``found``); with --dedupe near also the batches
+                    without the near copies + a Rejection per copy
+
+The steps are stages/near.py's, as the local engine runs them: every record's
+band keys, a ``GroupByKey`` on the key (the buckets spread over the workers,
+~200 bytes an entry, never the image), each bucket's verified pairs, a
+``Distinct`` (a pair meets in several buckets), and the few pairs gathered
+into groups on one worker. DirectRunner, Dask and Dataflow run the same graph.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import AsSingleton, TaggedOutput
+
+from beam_pipeline.core import counters, near_search
+from beam_pipeline.core.elements import RecordBatch
+from beam_pipeline.stages import near
+
+OVERSIZED = "oversized"
+REJECTED = "rejected"
+
+
+class _BucketFn(beam.DoFn):
+    """(band key, [Entry]) -> a PairRow per verified pair; an Oversized bucket on
+    ``oversized``."""
+
+    def process(self, item):
+        result = near.bucket(item)
+        if isinstance(result, near_search.Oversized):
+            yield TaggedOutput(OVERSIZED, tuple(result))
+            return
+        for pair in result:
+            yield near.to_row(pair)
+
+
+def _found(pairs, oversized) -> near.Found:
+    return near.found_of(
+        [near.from_row(row) for row in pairs], [near_search.Oversized(*o) for o in oversized]
+    )
+
+
+class _DropNearFn(beam.DoFn):
+    """RecordBatch -> RecordBatch without the near copies + a Rejection per copy."""
+
+    def __init__(self):
+        self._dropped = Metrics.counter(counters.NAMESPACE, counters.DROPPED_AS_NEAR)
+
+    def process(self, batch: RecordBatch, found: near.Found):
+        kept, copies = near.drop_near(batch, near_search.dropped(found.groups))
+        for rejection in copies:
+            self._dropped.inc()
+            yield TaggedOutput(REJECTED, rejection)
+        if kept.entries:
+            yield kept
+
+
+def _count_pairs(found: near.Found) -> near.Found:
+    pairs = sum(len(g.pairs) for g in found.groups)
+    if pairs:  # (a counter never counted is absent, as the local engine's Counter has it)
+        Metrics.counter(counters.NAMESPACE, counters.NEAR_PAIRS).inc(pairs)
+    return found
+
+
+class FindNearDuplicates(beam.PTransform):
+    """RecordBatch -> {"found": one near.Found, "batches", "rejected"}.
+
+    Without --dedupe near, ``batches`` are the input and ``rejected`` is empty.
+    """
+
+    def __init__(self, dedupe_near: bool):
+        super().__init__()
+        self._dedupe_near = dedupe_near
+
+    def expand(self, batches):
+        buckets = (
+            batches
+            # RecordBatch -> (band key, Entry), up to 76 per record
+            | "BandKeys" >> beam.FlatMap(near.keyed)
+            | "GroupByBandKey" >> beam.GroupByKey()
+            | "VerifyBucket" >> beam.ParDo(_BucketFn()).with_outputs(OVERSIZED, main="pairs")
+        )
+        pairs = buckets.pairs | "DistinctPairs" >> beam.Distinct()
+        gathered = (
+            pairs | "AllPairs" >> beam.combiners.ToList(),
+            buckets[OVERSIZED] | "AllOversized" >> beam.combiners.ToList(),
+        )
+        found = gathered[0] | "Groups" >> beam.Map(
+            lambda rows, oversized: _count_pairs(_found(rows, oversized)), AsSingleton(gathered[1])
+        )
+        if not self._dedupe_near:
+            empty = batches.pipeline | "NoNearDrops" >> beam.Create([], reshuffle=False)
+            return {"found": found, "batches": batches, "rejected": empty}
+        kept = batches | "DropNearCopies" >> beam.ParDo(
+            _DropNearFn(), found=AsSingleton(found)
+        ).with_outputs(REJECTED, main="batches")
+        return {"found": found, "batches": kept.batches, "rejected": kept[REJECTED]}

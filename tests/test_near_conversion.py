@@ -1,0 +1,373 @@
+"""Near duplicates in the conversion: the fingerprint in every record, the search on
+every engine, after a resume and a --reuse, the report, and --dedupe near."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+
+import pytest
+from PIL import Image
+
+from beam_pipeline.__main__ import main
+from beam_pipeline.core import counters, images, metadata, near_duplicates, near_search, spill
+from beam_pipeline.core.duplicates import Member
+from beam_pipeline.core.elements import RecordBatch, ShardEntry
+from beam_pipeline.stages import near
+from imagerecords import codec
+from tests import contract
+
+pytest.importorskip("skimage")
+from tests import near_fixtures  # noqa: E402  (needs skimage's photos)
+
+# ------------------------------------------------------------------ pure parts
+
+
+def _fingerprint(seed: int) -> near_duplicates.Fingerprint:
+    hashes = tuple(
+        int.from_bytes(hashlib.sha256(f"{seed}-{n}".encode()).digest()[:8], "big")
+        for n in range(19)
+    )
+    return near_duplicates.Fingerprint(hashes, (85, 85, 85))
+
+
+def test_a_fingerprint_packs_into_the_two_features_and_back():
+    fp = _fingerprint(1)
+    packed = near_search.pack(fp)
+    phash, colour = near_search.features(packed)
+    assert (len(phash), len(colour)) == (152, 3)
+    assert phash[:8] == fp.hashes[0].to_bytes(8, "big")
+    assert near_search.unpack(packed) == fp
+
+
+@pytest.mark.parametrize(
+    "members, kept",
+    [
+        ([("b", "val"), ("a", "test"), ("c", "train")], "c"),  # train first, whatever the ID
+        ([("b", "test"), ("c", "val")], "c"),  # val before test
+        ([("b", "train"), ("a", "train")], "a"),  # then the smallest ID
+        ([("b", "extra"), ("a", "zzz"), ("c", "test")], "c"),  # other splits last, by name
+    ],
+)
+def test_dedupe_near_keeps_the_first_split_then_the_smallest_id(members, kept):
+    found = [Member(image_id, split, 0) for image_id, split in members]
+    assert near_search.keeper(found).image_id == kept
+
+
+def test_an_oversized_bucket_is_reported_not_paired():
+    flat = near_search.pack(near_duplicates.Fingerprint((0,) * 19, (85, 85, 85)))
+    entries = [
+        near_search.Entry(Member(f"{n:05d}", "train", 0), True, flat)
+        for n in range(near_search.MAX_BUCKET + 1)
+    ]
+    assert near_search.bucket(7, entries) == near_search.Oversized(7, near_search.MAX_BUCKET + 1)
+    assert len(near_search.bucket(7, entries[:3])) == 3  # a small one: every pair at distance 0
+
+
+def _batches(prints: dict[str, tuple[str, bytes]]) -> list[RecordBatch]:
+    by_split: dict[str, list[ShardEntry]] = {}
+    for image_id, (split, packed) in sorted(prints.items()):
+        entry = ShardEntry(0, image_id, 0, 0, b"", near=packed)
+        by_split.setdefault(split, []).append(entry)
+    return [RecordBatch(split, tuple(entries)) for split, entries in by_split.items()]
+
+
+def _near_prints() -> dict[str, tuple[str, bytes]]:
+    """Fingerprints of the fixture's photos and copies, by ID, and many flat images."""
+    prints = {}
+    for name, where, copies in near_fixtures.PHOTOS:
+        photo = near_fixtures._photo(name)
+        prints[f"{where}/{name}"] = (where.split("/")[0], near_search.pack(_fp(photo)))
+        for copy_where, kind in copies:
+            copy = near_fixtures.COPIES[kind][0](photo)
+            prints[f"{copy_where}/{kind}-{name}"] = (copy_where.split("/")[0], _pack(copy))
+    flat = _pack(Image.new("RGB", (64, 64), (90, 90, 90)))
+    for n in range(near_search.MAX_BUCKET + 1):
+        prints[f"flat/{n:05d}"] = ("train", flat)
+    return prints
+
+
+def _fp(image):
+    return near_duplicates.fingerprint(image)
+
+
+def _pack(image) -> bytes:
+    return near_search.pack(_fp(image))
+
+
+def test_the_local_search_in_partitions_finds_what_the_beam_graph_finds(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that
+
+    from beam_pipeline.engines.near_graph import FindNearDuplicates
+
+    batches = _batches(_near_prints())
+    local = near.find_local(batches, str(tmp_path / "work"))
+    assert os.listdir(tmp_path / "work") == []  # the run files are gone
+    groups = [[m.image_id for m in g.members] for g in local.groups]
+    assert len(groups) == 4 and all(not g[0].startswith("flat/") for g in groups)
+    # The flat images share every band key: each bucket of theirs reported, none paired.
+    flat = near_search.unpack(_pack(Image.new("RGB", (64, 64), (90, 90, 90))))
+    assert len(local.oversized) == len(near_duplicates.band_keys(flat))
+    assert {o.images for o in local.oversized} == {near_search.MAX_BUCKET + 1}
+
+    def same(found):
+        assert list(found) == [local], found
+
+    with beam.Pipeline("DirectRunner") as pipeline:
+        made = pipeline | beam.Create(batches, reshuffle=False)
+        found = made | FindNearDuplicates(dedupe_near=False)
+        assert_that(found["found"], same)
+
+
+# ------------------------------------------------------------ the conversion
+
+
+def test_a_stored_jpeg_is_hashed_as_its_pass_through_was():
+    photo = near_fixtures._photo("coffee.png").resize((200, 133))
+    buffer = io.BytesIO()
+    photo.save(buffer, "JPEG", quality=90)
+    data = buffer.getvalue()
+    stored = images.convert(data, images.ImageSpec())
+    assert stored.passed_through and stored.jpeg == data
+    assert stored.near == images.near_of_stored(data)
+    # A re-encoded image is hashed before its encode, of the pixels it stores.
+    resized = images.convert(data, images.ImageSpec(size=100))
+    assert not resized.passed_through and len(resized.near) == 155
+    decoded = Image.open(io.BytesIO(resized.jpeg))
+    assert (
+        near_duplicates.distance(near_search.unpack(resized.near), _fp(decoded))
+        <= near_duplicates.THRESHOLD
+    )
+
+
+def test_a_spilled_record_keeps_its_fingerprint(tmp_path):
+    packed = near_search.pack(_fingerprint(3))
+    entry = spill.encode(
+        spill.RECORD, "train", "a/x.jpg", 5, 0, codec.frame_record(b"x"), "", "ab" * 32, packed
+    )
+    path = tmp_path / "one.spill"
+    path.write_bytes(entry)
+    (item,) = spill.scan(str(path))
+    assert item.near == packed
+    index = spill.Index([str(path)])
+    assert index["a/x.jpg"].near == packed and index["a/x.jpg"].sha256 == "ab" * 32
+
+
+def test_a_format_2_dataset_still_reads(tmp_path):
+    import reader
+    from imagerecords import RecordSource
+    from tests.shard_fixtures import write_dataset
+
+    for version in (2, 3):
+        write_dataset(tmp_path / f"v{version}", per_class=3, format_version=version)
+        info = reader.load_info(tmp_path / f"v{version}")
+        assert info.format_version == version
+        record = RecordSource(str(tmp_path / f"v{version}"), "train")[0]
+        assert record["image"][:2] == b"\xff\xd8" and "image/near/phash" not in record
+
+
+def _records(out) -> list[dict]:
+    rows = []
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".tfrecord"):
+            with open(os.path.join(out, name), "rb") as f:
+                rows += [codec.parse_example(data) for data in codec.iter_records(f)]
+    return rows
+
+
+def _counted(text: str) -> dict[str, int]:
+    line = next(line for line in text.splitlines() if line.startswith("counters: "))
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return near_fixtures.near_folder(str(tmp_path_factory.mktemp("near") / "images"))
+
+
+def _convert(folder, out, *extra) -> int:
+    return main(["--input", folder, "--output", str(out), *extra])
+
+
+@pytest.mark.e2e
+def test_the_local_engine_pairs_the_near_copies_across_splits(folder, tmp_path, capsys):
+    assert _convert(folder, tmp_path / "out") == 0
+    counted = _counted(capsys.readouterr().out)
+    assert counted[counters.NEAR_HASHED] == near_fixtures.IMAGES
+    assert near_fixtures.near_groups(tmp_path / "out") == near_fixtures.GROUPS
+    block = contract.load_info(str(tmp_path / "out"))["near_duplicates"]
+    assert block["groups"] == 4 and block["cross_split"] == 3 and block["images"] == 9
+    assert block["scheme"] == near_search.SCHEME and block["oversized_buckets"] == 0
+    assert counted[counters.NEAR_PAIRS] == block["pairs"] == 6
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "near_duplicates.jsonl")]
+    astronaut = rows[0]
+    assert [p["a"] for p in astronaut["pairs"]][0] == "test/b/astronaut_crop.png"
+    assert all(0 <= p["distance"] <= near_duplicates.THRESHOLD for p in astronaut["pairs"])
+    # Every record holds its fingerprint, as the format says.
+    records = _records(tmp_path / "out")
+    assert len(records) == near_fixtures.IMAGES
+    assert all(
+        len(r["image/near/phash"]) == 152 and len(r["image/near/colour"]) == 3 for r in records
+    )
+    # inspect shows the block.
+    from reader import inspect
+
+    assert inspect.main([str(tmp_path / "out")]) == 0
+    shown = capsys.readouterr().out
+    assert "near duplicates: pairs 6, groups 4, images 9, cross-split 3" in shown
+
+
+@pytest.mark.e2e
+def test_directrunner_writes_the_local_engines_bytes_and_pairs(folder, tmp_path, capsys):
+    assert _convert(folder, tmp_path / "local", "--quiet") == 0
+    assert _convert(folder, tmp_path / "beam", "--quiet", "--runner", "DirectRunner") == 0
+    assert (
+        _convert(
+            folder,
+            tmp_path / "shuffle",
+            "--quiet",
+            "--runner",
+            "DirectRunner",
+            "--local_processes",
+            "1",
+        )
+        == 0
+    )
+    local = contract.all_files(str(tmp_path / "local"))
+    assert contract.all_files(str(tmp_path / "beam")) == local
+    assert contract.all_files(str(tmp_path / "shuffle")) == local
+    assert near_fixtures.near_groups(tmp_path / "beam") == near_fixtures.GROUPS
+
+
+@pytest.mark.e2e
+def test_a_resume_takes_the_fingerprints_from_the_spilled_records(tmp_path, capsys):
+    folder = near_fixtures.near_folder(str(tmp_path / "images"), broken=True)
+    # The broken file is one rejection of 12: over the limit, so Finalize stops
+    # before imagerecords.json and the output is an unfinished run.
+    assert _convert(folder, tmp_path / "out", "--max_reject_fraction", "0") != 0
+    assert not (tmp_path / "out" / metadata.INFO_FILE).exists()
+    capsys.readouterr()
+    assert _convert(folder, tmp_path / "out", "--max_reject_fraction", "0.5") == 0
+    counted = _counted(capsys.readouterr().out)
+    assert counted[counters.RESUMED] == near_fixtures.IMAGES + 1
+    assert counters.NEAR_HASHED not in counted  # none computed again
+    assert near_fixtures.near_groups(tmp_path / "out") == near_fixtures.GROUPS
+    assert _convert(folder, tmp_path / "fresh", "--max_reject_fraction", "0.5") == 0
+    assert contract.all_files(str(tmp_path / "out")) == contract.all_files(str(tmp_path / "fresh"))
+
+
+def _downgrade(old) -> None:
+    """OLD as format 2 wrote it: records without the fingerprint, no near block or file."""
+    info_path = old / metadata.INFO_FILE
+    info = json.loads(info_path.read_text())
+    for split in info["splits"].values():
+        for shard in split["shards"]:
+            path = old / shard["file"]
+            with open(path, "rb") as f:
+                records = [codec.parse_example(data) for data in codec.iter_records(f)]
+            data = b"".join(
+                codec.frame_record(
+                    codec.make_example({k: v for k, v in r.items() if k not in codec.NEAR_FEATURES})
+                )
+                for r in records
+            )
+            path.write_bytes(data)
+            shard["sha256"], shard["num_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+        split["num_bytes"] = sum(s["num_bytes"] for s in split["shards"])
+    info["format_version"] = 2
+    del info["near_duplicates"], info["image"]["near_scheme"]
+    for key in codec.NEAR_FEATURES:
+        del info["features"][key]
+    info_path.write_text(metadata.dumps(info).decode())
+    (old / codec.NEAR_DUPLICATES_FILE).unlink()
+
+
+@pytest.mark.e2e
+def test_reuse_takes_the_fingerprints_from_old_or_from_its_stored_jpegs(folder, tmp_path, capsys):
+    assert _convert(folder, tmp_path / "old") == 0
+    capsys.readouterr()
+    assert _convert(folder, tmp_path / "new", "--reuse", str(tmp_path / "old")) == 0
+    counted = _counted(capsys.readouterr().out)
+    assert counted[counters.REUSED] == near_fixtures.IMAGES
+    assert counters.NEAR_HASHED not in counted
+    old, new = (contract.all_files(str(tmp_path / n)) for n in ("old", "new"))
+    assert [name for name in old if old[name] != new[name]] == [metadata.INFO_FILE]
+    # OLD of format 2: each record is hashed from its own stored JPEG, never the source.
+    _downgrade(tmp_path / "old")
+    assert _convert(folder, tmp_path / "from_v2", "--reuse", str(tmp_path / "old")) == 0
+    counted = _counted(capsys.readouterr().out)
+    assert counted[counters.REUSED] == counted[counters.NEAR_HASHED] == near_fixtures.IMAGES
+    assert counters.CONVERTED not in counted
+    assert near_fixtures.near_groups(tmp_path / "from_v2") == near_fixtures.GROUPS
+    records = _records(tmp_path / "from_v2")
+    assert all(len(r["image/near/phash"]) == 152 for r in records)
+
+
+@pytest.mark.e2e
+def test_dedupe_near_keeps_the_train_member_of_each_group(folder, tmp_path, capsys):
+    assert _convert(folder, tmp_path / "out", "--dedupe", "near", "--quiet") == 0
+    out = str(tmp_path / "out")
+    rejects = {r["id"]: r["reason"] for r in contract.read_rejects(out)}
+    # Each group keeps its member in train (train/a before train/b for the rocket).
+    assert rejects == {
+        "test/b/astronaut_crop.png": "near duplicate of train/a/astronaut.jpg",
+        "val/a/astronaut_small.jpg": "near duplicate of train/a/astronaut.jpg",
+        "val/a/coffee_small.jpg": "near duplicate of train/a/coffee.jpg",
+        "test/b/chelsea_crop.png": "near duplicate of train/b/chelsea.jpg",
+        "train/b/rocket_q50.jpg": "near duplicate of train/a/rocket.jpg",
+    }
+    written = {r["image/filename"].decode() for r in _records(out)}
+    assert len(written) == near_fixtures.IMAGES - len(rejects) and not written & set(rejects)
+    info = contract.load_info(out)
+    # The report describes the input, and the drops do not count as bad images.
+    assert info["near_duplicates"]["groups"] == 4 and info["config"]["dedupe"] == "near"
+    assert near_fixtures.near_groups(out) == near_fixtures.GROUPS
+    assert (
+        _convert(
+            folder, tmp_path / "beam", "--dedupe", "near", "--quiet", "--runner", "DirectRunner"
+        )
+        == 0
+    )
+    assert contract.all_files(str(tmp_path / "beam")) == contract.all_files(out)
+
+
+def test_inspect_shows_the_near_block_and_the_groups_block():
+    from reader import overview
+
+    near_block = {
+        "pairs": 6,
+        "groups": 4,
+        "images": 9,
+        "cross_split": 3,
+        "file": "n.jsonl",
+        "scheme": "s-v1",
+        "threshold": 6,
+        "oversized_buckets": 2,
+        "bucket_limit": 10,
+    }
+    assert overview.near_lines(near_block) == [
+        "near duplicates: pairs 6, groups 4, images 9, cross-split 3 (see n.jsonl); "
+        "scheme s-v1, threshold 6",
+        "near duplicates: 2 band keys shared by more than 10 images were not paired "
+        "(flat or blank images)",
+    ]
+    groups_block = {
+        "group_by": "^([^/]+)_",
+        "groups": 12,
+        "by_split": {
+            "train": {"groups": 10, "fraction": 0.8},
+            "val": {"groups": 2, "fraction": 0.2},
+        },
+        "straddling": {"count": 1, "shown": {}},
+        "lumpy": {"val": "its fraction 0.2 is off 0.1"},
+    }
+    assert overview.groups_lines(groups_block) == [
+        "groups: 12 by ^([^/]+)_: train 10 (80.0% of images), val 2 (20.0% of images)",
+        "groups: 1 span more than one split",
+        "groups: val is lumpy: its fraction 0.2 is off 0.1",
+    ]
+    assert overview.near_lines(None) == overview.groups_lines(None) == []  # older datasets
