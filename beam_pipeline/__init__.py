@@ -10,7 +10,7 @@ prints, the pure core (``beam_pipeline.core``: one image's conversion, split
 and order keys, the books, the elements, the near-duplicate hashes, ...), and
 the parts of a run the benchmark's tools time on their own (the dry run's
 census and the discovery it counts, the progress line, the Beam graph's shard
-writer). Every other module is the package's inside, free to change.
+writer, the near-duplicate search). Every other module is the package's inside, free to change.
 ``tests/test_bench_public.py`` checks that ``bench/`` keeps to these.
 """
 
@@ -24,5 +24,6 @@ PUBLIC_MODULES = (
     "beam_pipeline.storage.discovery",  # discover(): the layout found before work starts
     "beam_pipeline.engines.progress",  # Reporter: the live progress line
     "beam_pipeline.stages.staging",  # write_staged_shard(): the Beam graph's shard writer
+    "beam_pipeline.stages.near",  # find_local(): the local engine's near-duplicate search
     "beam_pipeline.core.*",
 )

@@ -12,7 +12,8 @@ import os
 
 from PIL import Image, ImageEnhance
 
-from bench import data, near_data
+from bench.common import data
+from bench.near import calibration as near_data
 
 
 def _photo(name: str) -> Image.Image:

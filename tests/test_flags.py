@@ -15,7 +15,7 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import arguments, dryrun
-from beam_pipeline.core import flags, images, keys
+from beam_pipeline.core import digit_ranges, flags, images, keys
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.stages.job_config import JobConfig
 from tests.image_factory import make_class_folders
@@ -51,7 +51,7 @@ def test_the_readme_table_has_one_row_per_flag():
     "lo, hi", [(1, 100), (1, 65500), (0, 86400), (3, 7), (10, 999), (5, 12), (99, 101), (1, None)]
 )
 def test_an_integer_range_regex_matches_exactly_the_range(lo, hi):
-    regex = re.compile(flags._int_range_regex(lo, hi))
+    regex = re.compile(digit_ranges.int_range_regex(lo, hi))
     top = (hi or 2000) + 100
     wrong = [n for n in range(top) if bool(regex.match(str(n))) != (lo <= n <= (hi or top))]
     assert wrong == []

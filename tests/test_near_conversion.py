@@ -112,7 +112,8 @@ def test_the_local_search_in_partitions_finds_what_the_beam_graph_finds(tmp_path
     # The flat images share every band key: each bucket of theirs reported, none paired.
     flat = near_search.unpack(_pack(Image.new("RGB", (64, 64), (90, 90, 90))))
     assert len(local.oversized) == len(near_duplicates.band_keys(flat))
-    assert {o.images for o in local.oversized} == {near_search.MAX_BUCKET + 1}
+    # (a real photo may share one band with them: a bucket of one more)
+    assert all(o.images > near_search.MAX_BUCKET for o in local.oversized)
 
     def same(found):
         assert list(found) == [local], found

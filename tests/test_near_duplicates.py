@@ -149,10 +149,10 @@ FP = Fingerprint((0x0123_4567_89AB_CDEF, 0xFFFF_0000_FFFF_0000), (85, 85, 85))
 
 
 def test_band_keys_are_the_bands_of_every_hash_whole_marked():
-    keys = nd.band_keys(FP)
-    bits = nd.BAND_BITS
+    bits = 21  # the values below are this width's bands
+    keys = nd.band_keys(FP, bits)
     assert keys == sorted(keys)
-    assert nd.band_keys(FP) == keys  # deterministic
+    assert nd.band_keys(FP, bits) == keys  # deterministic
     assert (0 << bits | 0x0BCDEF, True) in keys and (4 << bits | 0x1DE024, True) in keys
     assert (0 << bits | 0x1F0000, False) in keys and (2 << bits | 0x3F, False) in keys
     assert len(keys) == nd.BAND_COUNT * 2

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from beam_pipeline.core import duplicates, groups, keys, tfds_metadata
+from beam_pipeline.core.digit_ranges import int_range_regex
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 # --resample's names; each is the Pillow filter of that name (images.py).
@@ -49,45 +50,6 @@ class Check:
     choices: tuple[str, ...] = ()
 
 
-def _int_range_regex(lo: int, hi: int | None) -> str:
-    """A regex of the decimal integers in ``lo..hi`` (``hi`` None: no bound), ``0 <= lo <= 9``
-    when unbounded."""
-    if hi is None:
-        if not 0 <= lo <= 9:
-            raise ValueError("an unbounded range starts at 0..9")
-        return f"^([{lo}-9]|[1-9][0-9]+)$"
-    parts = []
-    for digits in range(len(str(lo)), len(str(hi)) + 1):
-        low = max(lo, 10 ** (digits - 1) if digits > 1 else 0)
-        high = min(hi, 10**digits - 1)
-        if low <= high:
-            parts.extend(_digits_between(str(low), str(high)))
-    return "^(" + "|".join(parts) + ")$"
-
-
-def _digit_class(first: int, last: int) -> str:
-    return str(first) if first == last else f"[{first}-{last}]"
-
-
-def _digits_between(low: str, high: str) -> list[str]:
-    """Regexes matching exactly the numbers ``low..high`` of one length (as strings)."""
-    rest = len(low) - 1
-    if rest == 0:
-        return [_digit_class(int(low), int(high))]
-    if low[0] == high[0]:
-        return [low[0] + part for part in _digits_between(low[1:], high[1:])]
-    first, last, parts, tail = int(low[0]), int(high[0]), [], []
-    if low[1:] != "0" * rest:  # low's first digit only partly
-        parts = [low[0] + part for part in _digits_between(low[1:], "9" * rest)]
-        first += 1
-    if high[1:] != "9" * rest:  # high's first digit only partly
-        tail = [high[0] + part for part in _digits_between("0" * rest, high[1:])]
-        last -= 1
-    if first <= last:
-        parts.append(_digit_class(first, last) + "[0-9]" * rest)
-    return parts + tail
-
-
 def one_of(choices: tuple[str, ...]) -> Check:
     return Check(
         lambda v: "" if v in choices else f"must be one of {', '.join(choices)}; got {v!r}",
@@ -104,7 +66,7 @@ def int_range(lo: int, hi: int | None = None) -> Check:
             f"must be at least {lo}, got {v}" if hi is None else f"must be in {lo}..{hi}, got {v}"
         )
 
-    return Check(problem, _int_range_regex(lo, hi))
+    return Check(problem, int_range_regex(lo, hi))
 
 
 def positive() -> Check:

@@ -313,7 +313,9 @@ def _pass_through_profile_ok(image: Image.Image) -> bool:
         return False  # re-encode: the stored JPEG then carries no broken profile
 
 
-def _near(image: Image.Image) -> bytes:
+def near_fingerprint(image: Image.Image) -> bytes:
+    """The near-duplicate fingerprint of ``image`` as stored, packed as the record's
+    ``image/near/*`` features carry it."""
     return near_search.pack(near_duplicates.fingerprint(image))
 
 
@@ -325,7 +327,7 @@ def _near_of_draft(draft: Image.Image, image: Image.Image, data: bytes) -> bytes
     base = near_duplicates.BASE_SIDE
     if min(draft.size) < base and min(image.size) > min(draft.size):
         draft = jpeg.decode(data, image, (base, base)).image
-    return _near(draft)
+    return near_fingerprint(draft)
 
 
 def near_of_stored(data: bytes) -> bytes:
@@ -381,7 +383,7 @@ def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
             image.width,
             repaired=repaired,
             bad_profile=bad_profile,
-            near=_near(image),
+            near=near_fingerprint(image),
         )
     except Rejected:
         raise

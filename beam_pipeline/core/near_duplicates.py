@@ -47,7 +47,7 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
 # band more wins back copies whose few differing bits fell in every other
 # band. Chosen with bench/near/duplicates.py against the cross-split recall
 # and the search's cost at 1.28 M images (docs/performance.md).
-BAND_BITS = 21
+BAND_BITS = 20
 BAND_COUNT = 5
 # Calibrated by bench/near/duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6

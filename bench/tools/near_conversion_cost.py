@@ -5,7 +5,7 @@
 
 Convert: ``images.convert`` of every image of the bench web set, in this
 process, rounds alternating between the conversion as it is and the same
-conversion with the fingerprint left out (``images._near`` replaced by a
+conversion with the fingerprint left out (``images.near_fingerprint`` replaced by a
 function that returns nothing): CPU seconds per image, best of the rounds.
 
 Search (``--search N``): ``stages/near.find_local`` over N fingerprints in a
@@ -43,21 +43,21 @@ def _cpu_per_image(datas: list[bytes], spec: images.ImageSpec) -> float:
 
 
 def convert_cost(count: int, rounds: int) -> dict:
-    from bench import data
+    from bench.common import data
 
     web = data.ensure_image_set("web", count, CACHE, f"near-cost-{count}")
     datas = [p.read_bytes() for p in data.list_images(web.path)]
     spec = images.ImageSpec()
-    hashed = images._near
+    hashed = images.near_fingerprint
     with_near, without = [], []
     _cpu_per_image(datas[:20], spec)  # warm caches (the DCT transforms, Pillow's plugins)
     for _ in range(rounds):
         with_near.append(_cpu_per_image(datas, spec))
-        images._near = lambda image: b""
+        images.near_fingerprint = lambda image: b""
         try:
             without.append(_cpu_per_image(datas, spec))
         finally:
-            images._near = hashed
+            images.near_fingerprint = hashed
     best, base = min(with_near), min(without)
     return {
         "images": len(datas),
