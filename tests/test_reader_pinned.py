@@ -76,7 +76,7 @@ CASES = {
 # TensorFlow version -> (fixture digest, {case: digest of its first batches}).
 PINNED = {
     "2.21.0": (
-        "6cfbab3438bda81c",
+        "f4da8371ba0b575d",
         {
             "eval-cache-decoded-native": "a714ce3f0cb6fe6b",
             "eval-cache-decoded-stock": "a714ce3f0cb6fe6b",

@@ -127,10 +127,12 @@ def test_every_record_once_with_tensorflows_values(converted, variant):
 
 
 def test_every_record_key_has_a_field_name():
+    """Each key of the format is either read under a name or left out on purpose."""
     from imagerecords.codec import FEATURE_TYPES
-    from imagerecords.source import FIELD_NAMES
+    from imagerecords.source import FIELD_NAMES, LEFT_OUT
 
-    assert set(FIELD_NAMES) == set(FEATURE_TYPES)
+    assert set(FIELD_NAMES) | LEFT_OUT == set(FEATURE_TYPES)
+    assert not set(FIELD_NAMES) & LEFT_OUT
     assert len(set(FIELD_NAMES.values())) == len(FIELD_NAMES)
 
 
@@ -265,9 +267,9 @@ def test_format_2_metadata_name_wins_over_tfds_dataset_info(converted, tmp_path)
     (copy / "imagerecords.json").unlink()
     with pytest.raises(DatasetNotFoundError):
         RecordSource(str(copy), "train")
-    ours["format_version"] = 3
+    ours["format_version"] = 4
     (copy / "imagerecords.json").write_text(json.dumps(ours))
-    with pytest.raises(ValueError, match="format_version 3; this imagerecords reads 1, 2"):
+    with pytest.raises(ValueError, match="format_version 4; this imagerecords reads 1, 2, 3"):
         RecordSource(str(copy), "train")
 
 

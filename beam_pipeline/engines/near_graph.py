@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsSingleton, TaggedOutput
+from apache_beam.pvalue import AsList, AsSingleton, TaggedOutput
 
 from beam_pipeline.core import counters, near_search
 from beam_pipeline.core.elements import RecordBatch
@@ -85,12 +85,17 @@ class FindNearDuplicates(beam.PTransform):
             | "VerifyBucket" >> beam.ParDo(_BucketFn()).with_outputs(OVERSIZED, main="pairs")
         )
         pairs = buckets.pairs | "DistinctPairs" >> beam.Distinct()
-        gathered = (
-            pairs | "AllPairs" >> beam.combiners.ToList(),
-            buckets[OVERSIZED] | "AllOversized" >> beam.combiners.ToList(),
-        )
-        found = gathered[0] | "Groups" >> beam.Map(
-            lambda rows, oversized: _count_pairs(_found(rows, oversized)), AsSingleton(gathered[1])
+        # One element that takes the pairs and the oversized buckets as side
+        # inputs: a list even when empty, without CombineGlobally's KeyWithVoid.
+        found = (
+            batches.pipeline
+            | "OneSearch" >> beam.Create([None], reshuffle=False)
+            | "Groups"
+            >> beam.Map(
+                lambda _, rows, oversized: _count_pairs(_found(rows, oversized)),
+                AsList(pairs),
+                AsList(buckets[OVERSIZED]),
+            )
         )
         if not self._dedupe_near:
             empty = batches.pipeline | "NoNearDrops" >> beam.Create([], reshuffle=False)
