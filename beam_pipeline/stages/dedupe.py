@@ -35,15 +35,26 @@ def copies(group: Group) -> list[tuple[str, str]]:
     return [(m.image_id, reason) for m, reason in duplicates.dropped(group[1])]
 
 
-def drop_copies(batch: RecordBatch, drops: dict[str, str]) -> tuple[RecordBatch, list[Rejection]]:
+def drop_copies(
+    batch: RecordBatch, drops: dict[str, str], kind: RejectKind = RejectKind.DUPLICATE
+) -> tuple[RecordBatch, list[Rejection]]:
     """The batch without the copies in ``drops`` (image ID -> reason), and a Rejection
-    per copy."""
+    of ``kind`` per copy (exact copies, or near ones for ``--dedupe near``)."""
     kept, dropped = duplicates.drop_copies(batch.entries, drops)
-    rejections = [
-        Rejection(e.image_id, e.path, batch.split, reason, RejectKind.DUPLICATE)
-        for e, reason in dropped
-    ]
+    rejections = [Rejection(e.image_id, e.path, batch.split, reason, kind) for e, reason in dropped]
     return RecordBatch(batch.split, tuple(kept)), rejections
+
+
+def drop_from_all(
+    batches: Iterable[RecordBatch], drops: dict[str, str], kind: RejectKind = RejectKind.DUPLICATE
+) -> tuple[list[RecordBatch], list[Rejection]]:
+    """:func:`drop_copies` over every batch, in one process."""
+    kept, rejections = [], []
+    for batch in batches:
+        batch, dropped = drop_copies(batch, drops, kind)
+        kept.append(batch)
+        rejections += dropped
+    return kept, rejections
 
 
 def find_groups(batches: Iterable[RecordBatch]) -> list[Group]:
@@ -60,10 +71,4 @@ def drop_all_copies(
 ) -> tuple[list[RecordBatch], list[Rejection]]:
     """--dedupe in one process: the batches without the copies of ``groups``, and a
     Rejection per copy."""
-    drops = dict(pair for group in groups for pair in copies(group))
-    kept, rejections = [], []
-    for batch in batches:
-        batch, dropped = drop_copies(batch, drops)
-        kept.append(batch)
-        rejections += dropped
-    return kept, rejections
+    return drop_from_all(batches, dict(pair for group in groups for pair in copies(group)))

@@ -27,6 +27,7 @@ import numpy as np
 from beam_pipeline.core import near_duplicates, near_search
 from beam_pipeline.core.duplicates import Member
 from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind
+from beam_pipeline.stages import dedupe
 
 # A pair as it crosses a Beam shuffle: plain values (a deterministic key for Distinct).
 PairRow = tuple[str, str, int, str, str, int, int]
@@ -56,16 +57,7 @@ def from_row(row) -> near_search.Pair:
 def drop_near(batch: RecordBatch, drops: dict[str, str]) -> tuple[RecordBatch, list[Rejection]]:
     """The batch without the near copies in ``drops`` (image ID -> reason), and a
     Rejection per copy."""
-    kept, rejections = [], []
-    for e in batch.entries:
-        reason = drops.get(e.image_id)
-        if reason is None:
-            kept.append(e)
-        else:
-            rejections.append(
-                Rejection(e.image_id, e.path, batch.split, reason, RejectKind.NEAR_DUPLICATE)
-            )
-    return RecordBatch(batch.split, tuple(kept)), rejections
+    return dedupe.drop_copies(batch, drops, RejectKind.NEAR_DUPLICATE)
 
 
 def drop_all_near(
@@ -73,13 +65,9 @@ def drop_all_near(
 ) -> tuple[list[RecordBatch], list[Rejection]]:
     """--dedupe near in one process: the batches without the near copies, and a
     Rejection per copy."""
-    drops = near_search.dropped(found.groups)
-    kept, rejections = [], []
-    for batch in batches:
-        batch, dropped = drop_near(batch, drops)
-        kept.append(batch)
-        rejections += dropped
-    return kept, rejections
+    return dedupe.drop_from_all(
+        batches, near_search.dropped(found.groups), RejectKind.NEAR_DUPLICATE
+    )
 
 
 # ------------------------------------------------------------- the local engine
