@@ -20,18 +20,30 @@ processes are forked from the command line, so they inherit the change.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import runpy
 import sys
 import time
 
+from beam_pipeline.core import spill
 from beam_pipeline.stages import convert
 
 
 def held_marker(gate) -> str:
     """The file that appears once the run is held (the first process waits at GATE)."""
     return f"{gate}.held"
+
+
+def spilled(output: str) -> int:
+    """Records a run into ``output`` has spilled so far (what a rerun resumes); a
+    spill file the run is renaming as it is read counts nothing."""
+    count = 0
+    for path in spill.spill_files(spill.default_dir(str(output))):
+        with contextlib.suppress(FileNotFoundError):
+            count += sum(1 for _ in spill.scan(path))
+    return count
 
 
 def command(gate, after: int, args: list[str]) -> list[str]:

@@ -21,7 +21,6 @@ import time
 
 import pytest
 
-from beam_pipeline.core import spill
 from beam_pipeline.storage import lock
 from tests import held_run
 from tests.image_factory import make_class_folders
@@ -130,14 +129,6 @@ def test_the_heartbeat_renews_the_lock_and_a_takeover_stops_the_run(
     assert json.loads(gcs_emulator.read_bytes(_lock_url(out)))["host"] == "elsewhere"
 
 
-def _spilled_a_record(directory: str) -> bool:
-    for path in spill.spill_files(directory):
-        with contextlib.suppress(FileNotFoundError):
-            if next(iter(spill.scan(path)), None) is not None:
-                return True
-    return False
-
-
 def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(
     gcs_emulator, tmp_path, monkeypatch
 ):
@@ -175,8 +166,7 @@ def test_a_killed_runs_lock_on_this_machine_is_taken_over_at_once(
         for line in first.stderr:  # the lock is taken and the marker written before it
             if line.startswith("imagerecords: running on"):
                 break
-        spill_dir = spill.default_dir(out)
-        while not _spilled_a_record(spill_dir):
+        while not held_run.spilled(out):
             assert first.poll() is None, "the first run ended before it spilled a record"
             time.sleep(0.02)
         os.killpg(first.pid, signal.SIGSTOP)

@@ -49,17 +49,6 @@ def _run(root, out, *extra):
     return result, {k: int(v) for k, v in counters.items()}
 
 
-def _spilled(out) -> int:
-    directory = spill.default_dir(str(out))
-    count = 0
-    for path in spill.spill_files(directory):
-        try:
-            count += sum(1 for _ in spill.scan(path))
-        except FileNotFoundError:
-            pass
-    return count
-
-
 def _kill_midway(root, out, at_least: int, *extra):
     """Starts the CLI and SIGKILLs its whole process group once records are on disk.
 
@@ -79,7 +68,7 @@ def _kill_midway(root, out, at_least: int, *extra):
     )
     deadline = time.monotonic() + 300
     try:
-        while _spilled(out) < at_least:
+        while held_run.spilled(out) < at_least:
             assert process.poll() is None, "the run ended before it could be killed"
             assert time.monotonic() < deadline, "nothing was spilled"
             time.sleep(0.02)
@@ -87,7 +76,7 @@ def _kill_midway(root, out, at_least: int, *extra):
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     assert not (out / metadata.INFO_FILE).exists(), "the run finished before it was killed"
-    spilled = _spilled(out)
+    spilled = held_run.spilled(out)
     assert spilled <= 2 * after
     return spilled
 
