@@ -31,6 +31,7 @@ import multiprocessing.util
 import os
 import secrets
 import sys
+import threading
 from collections.abc import Sequence
 from multiprocessing import resource_tracker, shared_memory
 
@@ -109,9 +110,16 @@ class _Ring:
         self.folder = folder
         self.segments: list[tuple[shared_memory.SharedMemory, np.ndarray] | None] = [None] * slots
         self._next = 0
+        # read_options may give a worker several read threads: a slot is checked
+        # and linked by one at a time, or two batches could share it.
+        self._lock = threading.Lock()
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
         """A ``SharedMemoryArray`` of ``shape`` under a new name: a free slot's, else a new one."""
+        with self._lock:
+            return self._take(shape)
+
+    def _take(self, shape: tuple[int, ...]) -> np.ndarray:
         slots = len(self.segments)
         for step in range(slots):
             slot = (self._next + step) % slots
@@ -169,12 +177,16 @@ class _Ring:
 _ring: _Ring | None = None  # this worker's, made at its first batch
 
 
+_ring_lock = threading.Lock()
+
+
 def _worker_ring() -> _Ring:
     global _ring
-    if _ring is None:
-        _ring = _Ring()
-        multiprocessing.util.Finalize(_ring, _ring.close, exitpriority=10)
-    return _ring
+    with _ring_lock:
+        if _ring is None:
+            _ring = _Ring()
+            multiprocessing.util.Finalize(_ring, _ring.close, exitpriority=10)
+        return _ring
 
 
 def _image_array(shape: tuple[int, ...]) -> np.ndarray:
