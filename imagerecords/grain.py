@@ -33,7 +33,7 @@ import secrets
 import sys
 import threading
 from collections.abc import Sequence
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 
 import grain
 import numpy as np
@@ -148,9 +148,9 @@ class _Ring:
         os.link(os.path.join(self.folder, segment.name), os.path.join(self.folder, name))
         # Opened by the new name only for Grain to read it there; the pixels are
         # written through the ring's mapping, whose pages are faulted in already.
+        # Opening registers the name with the resource tracker the main process
+        # shares: unlinked there once dropped, by the tracker if it never arrives.
         handle = shared_memory.SharedMemory(name)
-        # The main process unlinks the name, and the tracker hears of it there.
-        resource_tracker.unregister(handle._name, "shared_memory")
         batch = pixels.view(SharedMemoryArray)
         batch.shm = handle
         return batch
