@@ -12,7 +12,9 @@ epoch; in evaluation every record once across the hosts, every host the same
 number of batches). Each element of the Grain pipeline is a whole batch
 (``GrainBatches``): its records read in one call and each image decoded straight
 into the batch's array, which in a worker process lies in shared memory that
-Grain hands to the main process as it is. The batches are made in
+Grain hands to the main process as it is: one of the worker's ``RING_SLOTS``
+reused segments (``_Ring``) whose batch the main process has dropped, else a
+new one. The batches are made in
 ``num_workers`` processes (Grain's ``mp_prefetch``, which starts them with
 ``spawn``), each with ``read_options``' threads. The iterator's ``get_state()`` is a small
 dict; ``set_state`` on a new iterator of the same pipeline continues with the
@@ -24,8 +26,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import math
+import multiprocessing.util
+import os
+import secrets
 import sys
+import threading
 from collections.abc import Sequence
+from multiprocessing import shared_memory
 
 import grain
 import numpy as np
@@ -77,10 +85,119 @@ def _start_worker(worker_index: int, worker_count: int) -> None:
     _in_worker = True
 
 
+# Where POSIX shared memory's names are files: a ring needs to link them.
+_SHM_DIR = "/dev/shm"
+# Segments each worker reuses for its batches' images: the batches in flight
+# (Grain's per-worker buffer) and a few the loop holds. A new segment costs
+# its pages' faults and zeroing in the worker; a batch that finds every slot
+# held gets a new one, as without the ring.
+RING_SLOTS = 6
+
+
+class _Ring:
+    """A worker's reused image segments, one batch each, handed over under new names.
+
+    Grain sends a batch's ``SharedMemoryArray`` by its segment's name, and the
+    main process unlinks that name once it drops the batch (every view of it
+    gone). So each batch goes out under a new name, a hard link to its slot's
+    segment: the slot is free again when its segment has no name but the
+    ring's own (``st_nlink == 1``), and a batch the main process holds, or
+    one still on its way, is never overwritten. The ring's own names are
+    unlinked when the worker exits; a batch's link keeps its memory alive.
+    """
+
+    def __init__(self, slots: int = RING_SLOTS, folder: str = _SHM_DIR):
+        self.folder = folder
+        self.segments: list[tuple[shared_memory.SharedMemory, np.ndarray] | None] = [None] * slots
+        self._next = 0
+        # read_options may give a worker several read threads: a slot is checked
+        # and linked by one at a time, or two batches could share it.
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A ``SharedMemoryArray`` of ``shape`` under a new name: a free slot's, else a new one."""
+        with self._lock:
+            return self._take(shape)
+
+    def _take(self, shape: tuple[int, ...]) -> np.ndarray:
+        slots = len(self.segments)
+        for step in range(slots):
+            slot = (self._next + step) % slots
+            segment = self.segments[slot]
+            if segment is not None and self._links(segment[0]) > 1:
+                continue  # a batch of it is still out
+            if segment is None or segment[1].shape != shape:
+                if segment is not None:
+                    self.segments[slot] = None
+                    self._drop(segment)
+                segment = self.segments[slot] = self._segment(shape)
+            self._next = (slot + 1) % slots
+            return self._hand_over(*segment)
+        return SharedMemoryArray(shape, np.uint8)
+
+    def _links(self, segment: shared_memory.SharedMemory) -> int:
+        return os.stat(os.path.join(self.folder, segment.name)).st_nlink
+
+    @staticmethod
+    def _segment(shape) -> tuple[shared_memory.SharedMemory, np.ndarray]:
+        segment = shared_memory.SharedMemory(create=True, size=math.prod(shape))
+        return segment, np.ndarray(shape, np.uint8, buffer=segment.buf)
+
+    def _hand_over(self, segment: shared_memory.SharedMemory, pixels: np.ndarray) -> np.ndarray:
+        name = f"psm_{secrets.token_hex(8)}"
+        os.link(os.path.join(self.folder, segment.name), os.path.join(self.folder, name))
+        # Opened by the new name only for Grain to read it there; the pixels are
+        # written through the ring's mapping, whose pages are faulted in already.
+        # Opening registers the name with the resource tracker the main process
+        # shares: unlinked there once dropped, by the tracker if it never arrives.
+        handle = shared_memory.SharedMemory(name)
+        batch = pixels.view(SharedMemoryArray)
+        batch.shm = handle
+        return batch
+
+    @staticmethod
+    def _drop(segment) -> None:
+        shm, pixels = segment
+        del segment, pixels
+        shm.unlink()
+        try:
+            shm.close()
+        except BufferError:  # a batch array of it is still here: unmapped with it
+            pass
+
+    def close(self) -> None:
+        """Unlinks the ring's own names (the worker's exit)."""
+        segments, self.segments = self.segments, [None] * len(self.segments)
+        while segments:
+            segment = segments.pop()
+            if segment is not None:
+                self._drop(segment)
+
+
+_ring: _Ring | None = None  # this worker's, made at its first batch
+
+
+_ring_lock = threading.Lock()
+
+
+def _worker_ring() -> _Ring:
+    global _ring
+    with _ring_lock:
+        if _ring is None:
+            _ring = _Ring()
+            multiprocessing.util.Finalize(_ring, _ring.close, exitpriority=10)
+        return _ring
+
+
 def _image_array(shape: tuple[int, ...]) -> np.ndarray:
     """A batch's image array: in shared memory in a worker (Grain passes it on by name,
-    where an ordinary array would be copied there), else in this process."""
-    return SharedMemoryArray(shape, np.uint8) if _in_worker else np.empty(shape, np.uint8)
+    where an ordinary array would be copied there; from the worker's ring where
+    /dev/shm holds the names), else in this process."""
+    if not _in_worker:
+        return np.empty(shape, np.uint8)
+    if os.path.isdir(_SHM_DIR):
+        return _worker_ring().take(shape)
+    return SharedMemoryArray(shape, np.uint8)
 
 
 class GrainBatches:

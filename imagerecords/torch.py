@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, Sampler
 
 from imagerecords import streams, transforms
@@ -91,8 +92,100 @@ def _image_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     else in this process's memory."""
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8)
+    return _shared_tensor(shape)
+
+
+def _shared_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+# Segments each worker reuses for its batches' images: the batches in flight
+# (the DataLoader's prefetch_factor, 2 by default) and a few the loop holds.
+# A fresh segment costs its pages' faults and zeroing in the worker; a batch
+# that finds every slot held gets a fresh one, as without the ring.
+RING_SLOTS = 6
+_FREE, _HELD = 0, 1
+
+
+class _RingTicket:
+    """Which reused segment a batch's images lie in: the worker's slot flags (shared
+    memory the main process writes) and the slot. Not a tensor or a sequence, so
+    ``pin_memory`` passes it on as it is."""
+
+    def __init__(self, flags: torch.Tensor, slot: int):
+        self.flags, self.slot = flags, slot
+
+    def release(self) -> None:
+        self.flags[self.slot] = _FREE
+
+
+class _Ring:
+    """A worker's reused image segments, one batch each.
+
+    The worker takes a slot whose flag is free and marks it held; the main
+    process (``Loader``) marks it free again once no tensor of that batch is
+    left there (``_Releases``). A slot is never written while any view of its
+    batch is alive in the main process: a held batch is not overwritten.
+    """
+
+    def __init__(self, slots: int = RING_SLOTS):
+        self.flags = torch.zeros(slots, dtype=torch.uint8).share_memory_()
+        self._flags = self.flags.numpy()
+        self.segments: list[torch.Tensor | None] = [None] * slots
+        self._next = 0
+
+    def take(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, _RingTicket | None]:
+        """An image tensor of ``shape`` and its ticket; a fresh one (no ticket) when
+        every slot is held."""
+        slots = len(self.segments)
+        for step in range(slots):
+            slot = (self._next + step) % slots
+            if self._flags[slot] != _FREE:
+                continue
+            segment = self.segments[slot]
+            if segment is None or segment.shape != shape:
+                segment = self.segments[slot] = _shared_tensor(shape)
+            self._flags[slot] = _HELD
+            self._next = (slot + 1) % slots
+            return segment, _RingTicket(self.flags, slot)
+        return _shared_tensor(shape), None
+
+
+_ring: _Ring | None = None  # this worker's, made at its first batch
+
+
+def _worker_ring() -> _Ring:
+    global _ring
+    if _ring is None:
+        _ring = _Ring()
+    return _ring
+
+
+class _Releases:
+    """The main process's side of the rings: each received batch's ticket, released
+    once that batch's image storage has no tensor left here."""
+
+    def __init__(self):
+        self._pending: list[tuple[StorageWeakRef, _RingTicket]] = []
+
+    def hold(self, images: torch.Tensor, ticket: _RingTicket) -> None:
+        self._pending.append((StorageWeakRef(images.untyped_storage()), ticket))
+
+    def sweep(self) -> int:
+        """Releases the slots whose batch is gone; returns how many are still held."""
+        held = []
+        for storage, ticket in self._pending:
+            if storage.expired():
+                ticket.release()
+            else:
+                held.append((storage, ticket))
+        self._pending = held
+        return len(held)
+
+
+# The key a worker's batch carries its ticket under, taken off by the Loader.
+_RING_KEY = "_ring_ticket"
 
 
 class TorchBatches(torch.utils.data.Dataset):
@@ -101,20 +194,29 @@ class TorchBatches(torch.utils.data.Dataset):
     The ``DataLoader`` hands each batch's positions to ``__getitems__``, which
     reads their records in one call and decodes each image straight into the
     batch's tensor (in a worker, in shared memory): no per-example collation,
-    no stacking copy, no copy into shared memory after.
+    no stacking copy, no copy into shared memory after. With ``reuse`` (the
+    ``Loader``'s) a worker writes into its ``_Ring`` and the batch carries a
+    ``_RingTicket`` under ``_RING_KEY``, which the ``Loader`` takes off.
     """
 
-    def __init__(self, examples: streams.Examples, size: int):
-        self.examples, self.size = examples, size
+    def __init__(self, examples: streams.Examples, size: int, *, reuse: bool = False):
+        self.examples, self.size, self.reuse = examples, size, reuse
 
     def __getitem__(self, position: int) -> dict:
         return self.__getitems__([position])
 
     def __getitems__(self, positions: Sequence[int]) -> dict:
-        images = _image_tensor((len(positions), self.size, self.size, 3))
+        shape = (len(positions), self.size, self.size, 3)
+        ticket = None
+        if self.reuse and torch.utils.data.get_worker_info() is not None:
+            images, ticket = _worker_ring().take(shape)
+        else:
+            images = _image_tensor(shape)
         columns = self.examples.batch(positions, images.numpy())
         batch = {key: _column(key, values) for key, values in columns.items() if key != "image"}
         batch["image"] = images.permute(0, 3, 1, 2)  # channels_last: the same memory
+        if ticket is not None:
+            batch[_RING_KEY] = ticket
         return batch
 
 
@@ -192,7 +294,7 @@ class Loader(DataLoader):
                 opencv_threads=not _forks(kwargs.get("multiprocessing_context")),
             )
         super().__init__(
-            TorchBatches(examples, image_size) if decode_here else examples,
+            TorchBatches(examples, image_size, reuse=True) if decode_here else examples,
             batch_size=positions.batch_size,
             sampler=positions,
             drop_last=positions.training,
@@ -203,6 +305,7 @@ class Loader(DataLoader):
         self.device = None if device is None else torch.device(device)
         self.image_size = image_size
         self._handed_out = 0
+        self._releases = _Releases()
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.positions.epoch:
@@ -222,6 +325,10 @@ class Loader(DataLoader):
     def __iter__(self):
         self._handed_out = self.positions.start_batch
         for batch in super().__iter__():
+            ticket = batch.pop(_RING_KEY, None) if self.device is None else None
+            if ticket is not None:
+                self._releases.hold(batch["image"], ticket)
+            self._releases.sweep()
             if self.device is not None:
                 batch = decode_batch(batch, self.device, self.image_size)
             self._handed_out += 1

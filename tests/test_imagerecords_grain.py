@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import textwrap
 
@@ -361,3 +362,79 @@ def test_a_worker_makes_its_batch_in_shared_memory_that_grain_passes_on_uncopied
     assert np.array_equal(received["image"], in_process["image"])
     with pytest.raises(IndexError, match="batch 10 of 10"):
         batches[10]
+
+
+# ------------------------------------------------------------------ reused image segments
+
+
+def _inode(array) -> int:
+    """The segment under an array's shared-memory name (its name is linked while held)."""
+    return os.stat(os.path.join(imagerecords_grain._SHM_DIR, array.shm.name)).st_ino
+
+
+def _inodes_in_shm() -> set[int]:  # noqa: D103
+    return {entry.inode() for entry in os.scandir(imagerecords_grain._SHM_DIR)}
+
+
+def test_a_ring_slot_is_written_again_only_once_the_main_process_dropped_its_batch(
+    monkeypatch,
+):
+    """Each batch goes out under a new name; a slot whose batch is held (a view is
+    enough) or on its way is skipped, every slot out gives a new segment, and a slot
+    whose batch the main process dropped (Grain unlinks its name) is reused."""
+    from grain._src.python.ipc import shared_memory_array
+    from grain.multiprocessing import SharedMemoryArray
+
+    # Grain's synchronous unlink (an earlier pipeline here may have started its thread).
+    monkeypatch.setattr(SharedMemoryArray, "_del_thread_pool", None)
+
+    shape = (2, 4, 4, 3)
+    ring = imagerecords_grain._Ring(slots=2)
+
+    def hand_over():  # what Grain does: by name from the worker, opened in the main process
+        return shared_memory_array.open_from_shm(shared_memory_array.copy_to_shm(ring.take(shape)))
+
+    first = hand_over()
+    first[:] = 7
+    slot_0 = _inode(first)
+    on_its_way = ring.take(shape)  # slot 1, not yet opened by the main process
+    fresh = hand_over()
+    assert len({slot_0, _inode(on_its_way), _inode(fresh)}) == 3
+    view = first[1]
+    del first
+    assert _inode(hand_over()) != slot_0  # the view holds slot 0
+    del view
+    again = hand_over()
+    assert _inode(again) == slot_0
+    assert again.shm.name != on_its_way.shm.name
+    shared_memory_array.unlink_shm(shared_memory_array.copy_to_shm(on_its_way))
+    del on_its_way, again, fresh
+    ring.close()
+    assert slot_0 not in _inodes_in_shm()
+
+
+@pytest.mark.e2e
+def test_a_worker_reuses_its_segments_and_never_overwrites_a_held_batch(dataset):
+    """Three epochs through one worker, each batch dropped once the next one comes, but
+    the first held to the end: it keeps its pixels and its segment, and the others
+    share segments. How many depends on how soon Grain's deleting thread unlinks a
+    dropped batch's name; the test above pins the ring's rule itself."""
+    kwargs = {"training": True, "num_epochs": 3, "seed": 3, "shard_index": 0, "shard_count": 1}
+    expected = [batch["image"] for batch in _batches(dataset.path, "train", **kwargs)]
+    iterator = iter(
+        imagerecords_grain.dataset(
+            dataset.path, "train", batch_size=4, image_size=24, num_workers=1, **kwargs
+        )
+    )
+    held, segments = None, []
+    for number, batch in enumerate(iterator):
+        segments.append(_inode(batch["image"]))
+        assert np.array_equal(batch["image"], expected[number])
+        if held is None:
+            held, held_pixels = batch, batch["image"].copy()
+        del batch
+    iterator.close()
+    assert len(segments) == len(expected) > 20
+    assert np.array_equal(held["image"], held_pixels)
+    assert segments[0] not in segments[1:]
+    assert len(set(segments[1:])) < len(segments) - 1

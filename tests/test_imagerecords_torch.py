@@ -437,3 +437,70 @@ def test_which_workers_are_forked(context, forks):
 
     assert imagerecords_torch._forks(context) is forks
     assert imagerecords_torch._forks(multiprocessing.get_context(context)) is forks
+
+
+# ------------------------------------------------------------------ reused image segments
+
+
+def _segment(batch) -> tuple[int, int]:
+    """The shared-memory file a batch's images lie in (what the worker wrote into)."""
+    fd, _ = batch["image"].untyped_storage()._share_fd_cpu_()
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
+
+
+def test_a_ring_slot_is_taken_again_only_once_released():
+    """A worker's ring: held slots are skipped, every slot held gives a fresh segment
+    without a ticket, and a released slot's segment is written again."""
+    ring = imagerecords_torch._Ring(slots=2)
+    first, ticket = ring.take((1, 2, 2, 3))
+    second, other = ring.take((1, 2, 2, 3))
+    assert (ticket.slot, other.slot) == (0, 1)
+    fresh, none = ring.take((1, 2, 2, 3))
+    assert none is None and fresh.data_ptr() not in (first.data_ptr(), second.data_ptr())
+    ticket.release()
+    again, ticket = ring.take((1, 2, 2, 3))
+    assert ticket.slot == 0 and again.data_ptr() == first.data_ptr()
+
+
+def test_the_main_process_releases_a_slot_once_no_view_of_its_batch_is_left():
+    flags = torch.full((2,), imagerecords_torch._HELD, dtype=torch.uint8)
+    releases = imagerecords_torch._Releases()
+    kept, dropped = torch.zeros(2, 3), torch.zeros(2, 3)
+    releases.hold(kept, imagerecords_torch._RingTicket(flags, 0))
+    releases.hold(dropped, imagerecords_torch._RingTicket(flags, 1))
+    view = kept[1:]  # a view keeps the batch held
+    del kept, dropped
+    assert releases.sweep() == 1 and flags.tolist() == [imagerecords_torch._HELD, 0]
+    del view
+    assert releases.sweep() == 0 and flags.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_reuse_their_segments_and_never_overwrite_a_held_batch(dataset, context):
+    """Three epochs through one worker, each batch dropped once the next one comes, but
+    the first held to the end: it keeps its pixels and its segment, and the others
+    come from at most ``RING_SLOTS - 1`` segments, each written again."""
+    kwargs = {"training": True, "fields": ("filename",)}
+    alone = _loader(dataset.path, "train", **kwargs)
+    loader = _loader(
+        dataset.path, "train", num_workers=1, multiprocessing_context=context, **kwargs
+    )
+    held, expected, segments, names = None, [], [], []
+    for epoch in range(3):
+        alone.set_epoch(epoch)
+        loader.set_epoch(epoch)
+        expected += [batch["image"].clone() for batch in alone]
+        for batch in loader:
+            segments.append(_segment(batch))
+            names += batch["filename"]
+            if held is None:
+                held, held_pixels = batch, batch["image"].clone()
+            else:
+                assert torch.equal(batch["image"], expected[len(segments) - 1])
+            del batch
+    assert len(segments) == 24
+    assert torch.equal(held["image"], held_pixels) and torch.equal(held_pixels, expected[0])
+    assert segments[0] not in segments[1:]
+    assert len(set(segments[1:])) <= 5  # RING_SLOTS - 1, the held batch's slot aside
+    assert imagerecords_torch._RING_KEY not in held
