@@ -8,6 +8,7 @@ misses one.
 """
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -125,7 +126,30 @@ def test_every_setting_that_decides_the_bytes_is_in_the_resume_key_and_dataset_i
         assert not resume.conflict(key, resume.key(changed)), name
 
 
-def test_the_declared_settings_keep_dataset_info_as_it_was_plus_resample(tmp_path):
+def _documented_info() -> dict:
+    """The example imagerecords.json of docs/format.md section 7."""
+    section = re.search(r"^## 7\. .*?(?=^## 8\. )", FORMAT_MD, re.M | re.S).group(0)
+    return json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+
+
+def test_a_default_run_records_the_image_block_the_format_documents(tmp_path):
+    """The format's example is the contract: a setting added to how images are
+    stored appears there (docs/format.md), with its default, or this fails."""
+    image = dict(_documented_info()["image"])
+    for key, value in metadata.IMAGE_FACTS.items():
+        assert image.pop(key) == value
+    assert settings.info_values(_config(tmp_path))["image"] == image
+    assert image["near_scheme"] == near_search.SCHEME
+
+
+def test_the_documented_near_block_names_the_search_this_code_runs():
+    documented = _documented_info()["near_duplicates"]
+    assert documented["scheme"] == near_search.SCHEME
+    assert {k: documented[k] for k in near_search.SCHEME_VALUES} == near_search.SCHEME_VALUES
+    assert documented["bucket_limit"] == near_search.MAX_BUCKET
+
+
+def test_the_declared_settings_record_what_was_asked(tmp_path):
     config = _config(tmp_path, resample="lanczos", size=64, upscale=True)
     info = settings.info_values(config)
     # "groups" becomes imagerecords.json's groups block only when there are groups.
@@ -133,14 +157,8 @@ def test_the_declared_settings_keep_dataset_info_as_it_was_plus_resample(tmp_pat
     assert info["groups"] == {"group_by": None}
     assert info["source"] == config.layout.root and info["seed"] == 42
     assert info["classes"] == ["a", "b"]
-    assert info["image"] == {
-        "resize": "shorter",
-        "size": 64,
-        "upscale": True,
-        "jpeg_quality": 90,
-        "resample": "lanczos",
-        "near_scheme": near_search.SCHEME,
-    }
+    default = settings.info_values(_config(tmp_path / "default"))["image"]
+    assert info["image"] == {**default, "size": 64, "upscale": True, "resample": "lanczos"}
     assert info["config"] == {
         "layout": "classes",
         "splits": {"train": 1.0},
