@@ -237,10 +237,13 @@ def test_the_dry_run_names_every_setting_that_decides_the_bytes(small, tmp_path,
     argv = ["--input", str(small), "--output", str(tmp_path / "o"), "--dry_run"]
     assert main([*argv, "--image_size", "40", "--resample", "lanczos"]) == 0
     out = capsys.readouterr().out
-    assert (
-        "images converted in memory (resize shorter, image_size 40, upscale off, "
-        f"jpeg_quality 90, resample lanczos, near_scheme {near_search.SCHEME})"
-    ) in out
+    line = re.search(r"images converted in memory \((.*)\)", out).group(1)
+    shown = dict(part.split(" ", 1) for part in line.split(", "))
+    deciding = [s.name for f, s in _declared(images.ImageSpec) if s.decides]
+    assert list(shown) == deciding
+    asked = images.ImageSpec(size=40, resample="lanczos")
+    assert shown == {k: settings.show(v) for k, v in settings.image_settings(asked).items()}
+    assert shown["image_size"] == "40" and shown["resample"] == "lanczos"
 
 
 @pytest.mark.e2e
@@ -252,10 +255,10 @@ def test_both_engines_record_and_summarise_the_same_settings(small, tmp_path, ca
         argv = ["--input", str(small), "--output", str(out), "--quiet", *extra]
         assert main([*argv, "--image_size", "24", "--resample", "lanczos", "--upscale"]) == 0
         summary = capsys.readouterr().out
-        assert (
-            "images stored with resize shorter, image_size 24, upscale on, jpeg_quality 90, "
-            "resample lanczos"
-        ) in summary
+        asked = images.ImageSpec(size=24, resample="lanczos", upscale=True)
+        stored = settings.describe(settings.image_settings(asked))
+        assert f"images stored with {stored}" in summary
+        assert "image_size 24, upscale on" in stored and "resample lanczos" in stored
         outputs[engine] = contract.all_files(str(out))
     assert outputs["local"] == outputs["beam"]
     info = contract.load_info(str(tmp_path / "local"))
