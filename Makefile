@@ -63,7 +63,8 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# deploy/metadata.json's parameters and the README's flag table, from
+# deploy/metadata.json's parameters, the README's flag table and the settings
+# its dry-run sample shows, from
 # beam_pipeline/core/flags.py (tests/test_flags.py fails when they differ).
 flags: $(STAMP)
 	$(PY) scripts/write_flags.py

@@ -15,7 +15,7 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import arguments, dryrun
-from beam_pipeline.core import digit_ranges, flags, images, keys
+from beam_pipeline.core import digit_ranges, flags, images, keys, settings
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.stages.job_config import JobConfig
 from tests.image_factory import make_class_folders
@@ -38,6 +38,21 @@ def test_the_generated_files_are_what_make_flags_writes(path):
     render = writer.metadata_text if path.endswith(".json") else writer.readme_text
     current = (ROOT / path).read_text()
     assert render(current) == current, f"{path} differs from core/flags.py: run make flags"
+
+
+def test_the_readme_dry_run_sample_shows_the_settings_its_command_asks_for():
+    """The sample's settings come from the declarations: a stale list is rewritten."""
+    writer = _writer()
+    readme = (ROOT / "README.md").read_text()
+    line = re.search(r"converted in memory \((.*)\)", readme).group(1)
+    asked = images.ImageSpec(size=160)
+    assert line == settings.describe(settings.image_settings(asked))
+    stale = readme.replace(line, "resize shorter, image_size 160", 1)
+    assert writer.readme_text(stale) == readme
+    command = "python -m beam_pipeline --input a --upscale --jpeg_quality 80 --resample lanczos"
+    assert writer.asked_image(command) == images.ImageSpec(
+        upscale=True, jpeg_quality=80, resample="lanczos"
+    )
 
 
 def test_the_readme_table_has_one_row_per_flag():
