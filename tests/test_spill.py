@@ -243,3 +243,23 @@ def test_the_index_holds_an_image_in_half_what_a_dict_of_tuples_held(tmp_path):
 
     compact, tuples = held(lambda: spill.Index(paths)), held(as_tuples)
     assert compact < 0.6 * tuples, f"{compact:.0f} vs {tuples:.0f} bytes an image"
+
+
+@pytest.mark.parametrize(
+    "variable, value, under",
+    [
+        ("IMAGERECORDS_SPILL_DIR", "rel/spill", "{cwd}/rel/spill"),
+        ("IMAGERECORDS_SPILL_DIR", "~/spill", "{home}/spill"),
+        ("XDG_CACHE_HOME", "cache", "{cwd}/cache/imagerecords"),
+    ],
+)
+def test_a_gcs_outputs_spill_folder_is_absolute_however_the_variable_spells_it(
+    variable, value, under, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("IMAGERECORDS_SPILL_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, value)
+    found = spill.default_dir("gs://bucket/out")
+    expected = under.format(cwd=tmp_path, home=tmp_path / "home")
+    assert os.path.dirname(found) == expected

@@ -60,8 +60,11 @@ def default_dir(output: str) -> str:
     if "://" not in output:
         return os.path.join(output, metadata.TMP_DIR, "spill")
     base = os.environ.get("IMAGERECORDS_SPILL_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "imagerecords"
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache", "imagerecords"
     )
+    # Made absolute here, where it enters: a relative or ~ spelling names one
+    # folder for every process of the run and for the rerun that resumes it.
+    base = os.path.abspath(os.path.expanduser(base))
     return os.path.join(base, "spill-" + hashlib.sha256(output.encode()).hexdigest()[:16])
 
 
