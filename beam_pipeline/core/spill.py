@@ -63,7 +63,7 @@ def default_dir(output: str) -> str:
         os.environ.get("XDG_CACHE_HOME") or "~/.cache", "imagerecords"
     )
     # Made absolute here, where it enters: a relative or ~ spelling names one
-    # folder for every process of the run and for the rerun that resumes it.
+    # folder for every process of the run, and messages name that folder whole.
     base = os.path.abspath(os.path.expanduser(base))
     return os.path.join(base, "spill-" + hashlib.sha256(output.encode()).hexdigest()[:16])
 
