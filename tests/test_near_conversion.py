@@ -309,6 +309,23 @@ def test_reuse_takes_the_fingerprints_from_old_or_from_its_stored_jpegs(folder, 
 
 
 @pytest.mark.e2e
+def test_the_dry_run_says_a_format_2_olds_records_are_fingerprinted_not_relabelled(
+    folder, tmp_path, capsys
+):
+    assert _convert(folder, tmp_path / "old") == 0
+    _downgrade(tmp_path / "old")
+    capsys.readouterr()
+    argv = ["--reuse", str(tmp_path / "old"), "--dry_run"]
+    assert _convert(folder, tmp_path / "new", *argv) == 0
+    out = capsys.readouterr().out
+    images = near_fixtures.IMAGES
+    assert (
+        f"reused {images} unchanged ({images} of format 2, fingerprinted from their stored JPEG)"
+    ) in out
+    assert "with a new label" not in out
+
+
+@pytest.mark.e2e
 def test_dedupe_near_keeps_the_train_member_of_each_group(folder, tmp_path, capsys):
     assert _convert(folder, tmp_path / "out", "--dedupe", "near", "--quiet") == 0
     out = str(tmp_path / "out")

@@ -294,6 +294,7 @@ class Taken(NamedTuple):
     unchanged: bool  # OLD's bytes as they are (not rebuilt)
     near: bytes  # its near-duplicate fingerprint (near_search.pack)
     near_hashed: bool  # computed here, from the stored JPEG (a record of format 2)
+    relabelled: bool  # OLD gave it another label or class name
 
 
 def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str) -> Taken | None:
@@ -326,13 +327,12 @@ def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str
             return None  # a stored JPEG this run cannot read: converted from the source
         near = near_search.features(packed)
     packed = b"".join(near)
-    if (
-        not hashed
-        and _value(features, "image/class/label") == label
-        and _value(features, "image/class/text") == class_name.encode("utf-8")
-    ):
-        return Taken(framed, True, packed, False)
-    return Taken(_rebuilt(features, label, class_name, near), False, packed, hashed)
+    relabelled = _value(features, "image/class/label") != label or _value(
+        features, "image/class/text"
+    ) != class_name.encode("utf-8")
+    if not hashed and not relabelled:
+        return Taken(framed, True, packed, False, False)
+    return Taken(_rebuilt(features, label, class_name, near), False, packed, hashed, relabelled)
 
 
 def _value(features, key: str):
@@ -379,6 +379,8 @@ class Forecast:
     unchanged: int  # of checked, the same bytes: reused
     relabelled: int  # of unchanged, with another label: rewritten, not decoded
     check_cpu_s: float  # CPU seconds per image checked (source hashed, record read)
+    # Of unchanged, records of format 2: fingerprinted from their stored JPEG.
+    fingerprinted: int = 0
 
     @property
     def reused(self) -> float:
@@ -405,10 +407,16 @@ class Forecast:
         approx = "" if self.exact else "~"
         scale = self.in_old / self.checked if self.checked else 0.0
         relabelled = self.relabelled * scale
+        fingerprinted = self.fingerprinted * scale
         text = (
             f"reuse {old.path} ({old.records:,} records): "
             f"reused {approx}{self.reused:,.0f} unchanged"
             + (f" ({approx}{relabelled:,.0f} with a new label)" if self.relabelled else "")
+            + (
+                f" ({approx}{fingerprinted:,.0f} of format 2, fingerprinted from their stored JPEG)"
+                if self.fingerprinted
+                else ""
+            )
             + f"; converted {approx}{self.changed:,.0f} changed and {self.new:,} without a "
             f"record there (new, or rejected by it); dropped {self.dropped:,} no longer listed"
         )
@@ -417,15 +425,15 @@ class Forecast:
         return text
 
 
-def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> tuple[bool, bool]:
-    """(reused, with a new label) for one image, as a conversion process decides."""
+def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> Taken | None:
+    """OLD's record as the run would take it for one image (None: converted), as a
+    conversion process decides."""
     image_id, path, label, _ = ref
     try:
         sha256, _, _ = reading.hash_source(path)
     except Exception:  # unreadable: the run rejects it (converted, in the count)
-        return False, False
-    taken = take(old, image_id, sha256, label, classes[label])
-    return taken is not None, taken is not None and not taken.unchanged
+        return None
+    return take(old, image_id, sha256, label, classes[label])
 
 
 # Wall time the dry run spends hashing sources before it extrapolates.
@@ -451,7 +459,7 @@ def forecast(
             pairs.append((ref, old))
     random.Random(seed).shuffle(pairs)
     started, cpu_started = time.monotonic(), time.process_time()
-    checked = unchanged = relabelled = 0
+    checked = unchanged = relabelled = fingerprinted = 0
     threads = threads or os.cpu_count() or 1
     batch = 64 * threads
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
@@ -459,12 +467,21 @@ def forecast(
             if at and time.monotonic() - started > budget_s:
                 break
             part = pairs[at : at + batch]
-            for reused, new_label in pool.map(lambda pair: _check(*pair, classes), part):
+            for taken in pool.map(lambda pair: _check(*pair, classes), part):
                 checked += 1
-                unchanged += reused
-                relabelled += new_label
+                if taken is not None:
+                    unchanged += 1
+                    relabelled += taken.relabelled
+                    fingerprinted += taken.near_hashed
     cpu = (time.process_time() - cpu_started) / max(1, checked)
     dropped = len(index) - len(pairs)  # each listed ID matches one record at most
     return Forecast(
-        len(pairs), len(refs) - len(pairs), dropped, checked, unchanged, relabelled, cpu
+        len(pairs),
+        len(refs) - len(pairs),
+        dropped,
+        checked,
+        unchanged,
+        relabelled,
+        cpu,
+        fingerprinted,
     )
