@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.common.epochs import read_results
 from bench.train import pipelines as trainer_pipelines
 from bench.train import trainers
 from tests.image_factory import make_class_folders
@@ -47,8 +48,8 @@ def _worker(variant, records, python=sys.executable):
 
 
 def _result(done) -> dict:
-    line = next(x for x in done.stdout.splitlines() if x.startswith("BENCH_RESULT "))
-    return json.loads(line[len("BENCH_RESULT ") :])
+    (result,) = read_results(done.stdout).values()
+    return result
 
 
 @pytest.mark.e2e

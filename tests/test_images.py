@@ -3,9 +3,10 @@
 import io
 
 import pytest
-from PIL import Image, ImageChops, ImageStat
+from PIL import Image, ImageChops, ImageOps, ImageStat
 
 from beam_pipeline.core import images
+from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
 from tests.image_factory import jpeg_bytes, photo
 
 SPEC = images.ImageSpec()
@@ -109,6 +110,26 @@ class ImageChopsTranspose:
             8: Image.Transpose.ROTATE_90,
         }.get(orientation)
         return image.transpose(method) if method else image
+
+
+@pytest.mark.parametrize("orientation", range(1, 10))
+def test_upright_transpose_is_pillows_exif_transpose(orientation):
+    # The table the converter and the benchmark's floor both apply, against
+    # Pillow's own reading of the tag (9: not a valid value, left as stored).
+    image = Image.new("RGB", (3, 2))
+    image.putdata([(i * 40, 0, 0) for i in range(6)])
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    tagged = Image.open(io.BytesIO(_png(image, exif)))
+    method = UPRIGHT_TRANSPOSE.get(orientation)
+    ours = image.transpose(method) if method is not None else image
+    assert list(ours.getdata()) == list(ImageOps.exif_transpose(tagged).getdata())
+
+
+def _png(image: Image.Image, exif: Image.Exif) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", exif=exif)
+    return buffer.getvalue()
 
 
 @pytest.mark.parametrize(

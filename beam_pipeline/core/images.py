@@ -13,6 +13,7 @@ import io
 from PIL import Image, UnidentifiedImageError
 
 from beam_pipeline.core import colour, flags, jpeg, near_duplicates, near_search, settings
+from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
 
 RESIZE_MODES = flags.RESIZE_MODES
 # --resample: the downscaling filter, each Pillow's of its name. Bicubic is the
@@ -35,16 +36,6 @@ _MAGIC = (
     (b"MM\x00+", "TIFF"),
 )
 _WHITE = (255, 255, 255)
-# EXIF orientation -> the transpose that shows the image upright (as ImageOps.exif_transpose).
-_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
 
 # Image.open(formats=...) looks each format up in Pillow's registry and loads
 # *every* plugin (Image.init(): AVIF, PDF, EPS, ...) when one is missing, a
@@ -373,8 +364,8 @@ def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
             image = _to_rgb(_resize(image, spec))
         else:
             image = _resize(_to_rgb(image), spec)
-        if orientation in _TRANSPOSE:
-            image = image.transpose(_TRANSPOSE[orientation])
+        if orientation in UPRIGHT_TRANSPOSE:
+            image = image.transpose(UPRIGHT_TRANSPOSE[orientation])
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=spec.jpeg_quality)
         return EncodedImage(

@@ -114,6 +114,12 @@ def tree_sample(root_pid: int) -> tuple[int, dict[int, int], int]:
     return total, cpu, largest
 
 
+def tree_cpu_s(root_pid: int) -> float:
+    """CPU seconds used so far by a process and every live descendant."""
+    _, ticks, _ = tree_sample(root_pid)
+    return sum(ticks.values()) / _CLK_TCK
+
+
 class _RssSampler(threading.Thread):
     def __init__(self, pid: int, interval_s: float = 0.05):
         super().__init__(daemon=True)

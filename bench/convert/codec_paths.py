@@ -38,9 +38,10 @@ from collections.abc import Callable
 
 from PIL import Image
 
+from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
 from bench.common.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
-from bench.convert.imageops import ORIENTATIONS, shorter_side_size
 from bench.convert.imageops import convert_to_jpeg as _pillow_floor
+from bench.convert.imageops import shorter_side_size
 
 CODECS = (
     "pillow_bicubic",
@@ -141,8 +142,8 @@ def _decode_scaled(data: bytes):
 def _finish_simplejpeg(image: Image.Image, orientation: int) -> bytes:
     import numpy as np
 
-    if orientation in ORIENTATIONS:
-        image = image.transpose(ORIENTATIONS[orientation])
+    if orientation in UPRIGHT_TRANSPOSE:
+        image = image.transpose(UPRIGHT_TRANSPOSE[orientation])
     return _simplejpeg.encode_jpeg(
         np.ascontiguousarray(np.asarray(image)), quality=JPEG_QUALITY, colorsubsampling="420"
     )

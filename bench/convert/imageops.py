@@ -1,7 +1,9 @@
 """The codec floor's per-image work: Pillow decode -> resize -> JPEG encode.
 
 Written independently of ``beam_pipeline.core.images`` on purpose (the floor must
-not inherit the converter's mistakes), but with the same best-known
+not inherit the converter's mistakes; only the EXIF orientation table, a fact of
+the EXIF standard rather than a choice, is the product's
+``beam_pipeline.core.orientation``), but with the same best-known
 operations a careful engineer would use, so that "converter / floor"
 measures framework overhead and not a choice of algorithm:
 
@@ -30,19 +32,9 @@ import io
 
 from PIL import Image
 
+from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
 from bench.common.settings import JPEG_QUALITY, TARGET_SHORTER_SIDE
 
-# EXIF orientation -> the transpose that shows the image upright (the table of
-# ImageOps.exif_transpose, applied to the already-resized image).
-ORIENTATIONS = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
 _WHITE = (255, 255, 255)
 
 
@@ -87,8 +79,8 @@ def convert_to_jpeg(
         if target != image.size:
             small = image.resize(target, resample, reducing_gap=3.0)
         small = to_rgb(small)
-        if orientation in ORIENTATIONS:
-            small = small.transpose(ORIENTATIONS[orientation])
+        if orientation in UPRIGHT_TRANSPOSE:
+            small = small.transpose(UPRIGHT_TRANSPOSE[orientation])
         out = io.BytesIO()
         small.save(out, format="JPEG", quality=JPEG_QUALITY)
         return out.getvalue()

@@ -63,6 +63,10 @@ VARIANTS = (
     "floor_crop_decode",
     "floor_full_decode",
 )
+# The baselines that read only the original files; every other variant reads
+# the imagerecords output (and cannot run without it).
+FILE_VARIANTS = ("keras_dir", "tfdata_files")
+RECORD_VARIANTS = tuple(v for v in VARIANTS if v not in FILE_VARIANTS)
 LABELS = {
     "keras_dir": "keras image_dataset_from_directory (files)",
     "tfdata_files": "hand-written tf.data over files",
@@ -135,11 +139,41 @@ def _train_shards(records_dir: Path) -> list[str]:
     return sorted(str(p) for p in records_dir.glob("train-*.tfrecord"))
 
 
-def _num_examples(records_dir: Path, split: str) -> int:
+def num_examples(records_dir: Path, split: str = "train") -> int:
+    """The images of ``split`` in an imagerecords output, from its info file."""
     import json
 
     info = json.loads((records_dir / INFO_FILE).read_text())
     return int(info["splits"][split]["num_examples"])
+
+
+def random_window(encoded, seed=None):
+    """``[y, x, height, width]`` of a random window of a JPEG, in the reader's
+    distribution (area 8-100%, aspect 3/4-4/3), for ``decode_and_crop_jpeg``.
+
+    ``seed``: a stateless draw from this ``[2]`` seed; None: TensorFlow's
+    stateful op, as a user's pipeline without seeds writes it.
+    """
+    import tensorflow as tf
+
+    shape, whole = (
+        tf.io.extract_jpeg_shape(encoded),
+        tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+    )
+    distribution = dict(
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    if seed is None:
+        begin, extent, _ = tf.image.sample_distorted_bounding_box(shape, whole, **distribution)
+    else:
+        begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
+            shape, whole, seed=seed, **distribution
+        )
+    return tf.stack([begin[0], begin[1], extent[0], extent[1]])
 
 
 def tfrecord_per_example(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
@@ -158,9 +192,7 @@ def tfrecord_per_example(files_root: Path, records_dir: Path, batch: int, size: 
 
     ds = tf.data.TFRecordDataset(_train_shards(records_dir)).repeat()
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    return Pipeline(
-        ds.batch(batch).prefetch(tf.data.AUTOTUNE), _num_examples(records_dir, "train"), True
-    )
+    return Pipeline(ds.batch(batch).prefetch(tf.data.AUTOTUNE), num_examples(records_dir), True)
 
 
 def _imagerecords(records_dir: Path, batch: int, size: int, training: bool, **options) -> Pipeline:
@@ -170,7 +202,7 @@ def _imagerecords(records_dir: Path, batch: int, size: int, training: bool, **op
         str(records_dir), "train", batch_size=batch, image_size=size, training=training, **options
     )
     infinite = options.get("repeat", training)
-    return Pipeline(ds, _num_examples(records_dir, "train"), infinite)
+    return Pipeline(ds, num_examples(records_dir), infinite)
 
 
 def imagerecords_train(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:
@@ -226,23 +258,11 @@ def _decode_floor(records_dir: Path, batch: int, crop: bool) -> Pipeline:
         "image/encoded": tf.io.FixedLenFeature([], tf.string),
         "image/class/label": tf.io.FixedLenFeature([], tf.int64),
     }
-    whole = tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4])
 
     def decode(encoded, seed):
         if not crop:
             return tf.io.decode_jpeg(encoded, channels=3)
-        begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
-            tf.io.extract_jpeg_shape(encoded),
-            whole,
-            seed=seed,
-            min_object_covered=0.1,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0),
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
-        window = tf.stack([begin[0], begin[1], extent[0], extent[1]])
-        return tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+        return tf.io.decode_and_crop_jpeg(encoded, random_window(encoded, seed), channels=3)
 
     def decode_batch(serialized, index):
         features = tf.io.parse_example(serialized, spec)
@@ -277,7 +297,7 @@ def _decode_floor(records_dir: Path, batch: int, crop: bool) -> Pipeline:
     ds = tf.data.TFRecordDataset(_train_shards(records_dir), buffer_size=8 << 20).repeat()
     ds = tf.data.Dataset.zip((ds.batch(batch, drop_remainder=True), tf.data.Dataset.counter()))
     ds = ds.map(decode_batch, num_parallel_calls=auto, deterministic=False).prefetch(auto)
-    return Pipeline(ds, _num_examples(records_dir, "train"), True)
+    return Pipeline(ds, num_examples(records_dir), True)
 
 
 def floor_crop_decode(files_root: Path, records_dir: Path, batch: int, size: int) -> Pipeline:

@@ -8,25 +8,14 @@ to pay TensorFlow's start-up once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
+from bench.common.epochs import read_results
 from bench.common.procstats import run_measured
 from bench.common.settings import READ_IMAGE_SIZE, REPO_DIR
-from bench.read.pipelines import VARIANTS
+from bench.read.pipelines import RECORD_VARIANTS, VARIANTS
 from imagerecords.codec import INFO_FILE
-
-_NEEDS_READER = {
-    "imagerecords_train",
-    "imagerecords_train_stock",
-    "imagerecords_train_decoded",
-    "imagerecords_eval",
-    "imagerecords_eval_pass",
-    "imagerecords_train_uint8",
-    "imagerecords_eval_uint8",
-}
-_NEEDS_RECORDS = {"tfrecord_per_example", "floor_crop_decode", "floor_full_decode", *_NEEDS_READER}
 
 
 @dataclasses.dataclass
@@ -86,7 +75,7 @@ def ratio_lines(results: list[ReaderResult]) -> list[str]:
 
 
 def _unavailable(variant: str, files_root: Path, records_dir: Path | None) -> str:
-    if variant in _NEEDS_RECORDS and (
+    if variant in RECORD_VARIANTS and (
         records_dir is None or not (records_dir / INFO_FILE).exists()
     ):
         return "no imagerecords output to read"
@@ -128,22 +117,30 @@ def run_readers(
     Returns:
         One result per variant, in ``variants`` order.
     """
+    refused = {}
+    for variant in variants:
+        why = _unavailable(variant, files_root, records_dir)
+        if why:
+            refused[variant] = ReaderResult(variant, ok=False, note=why)
+    runnable = [v for v in variants if v not in refused]
+    worker_args = [
+        *("--files-root", str(files_root), "--records", str(records_dir or "")),
+        *("--batch", str(batch), "--image-size", str(READ_IMAGE_SIZE)),
+        *("--warmup", str(warmup), "--epochs", str(epochs)),
+    ]
+    groups = [runnable] if one_process and runnable else [[v] for v in runnable]
     best: dict[str, ReaderResult] = {}
     history: dict[str, list[float]] = {v: [] for v in variants}
     for round_index in range(rounds):
         tag = f"-r{round_index}" if rounds > 1 else ""
-        for variant, result in _run_round(
-            files_root,
-            records_dir,
-            batch=batch,
-            warmup=warmup,
-            epochs=epochs,
-            one_process=one_process,
-            log_dir=log_dir,
-            timeout_s=timeout_s,
-            variants=variants,
-            tag=tag,
-        ).items():
+        round_results = {**refused, **_run_round(groups, worker_args, log_dir, timeout_s, tag)}
+        for variant in variants:
+            result = round_results[variant]
+            print(
+                f"[bench] read {variant:<27} "
+                + (f"{result.images_per_s:8.1f} images/s" if result.ok else f"n/a: {result.note}"),
+                flush=True,
+            )
             history[variant].append(round(result.images_per_s, 1) if result.ok else float("nan"))
             old = best.get(variant)
             if old is None or (
@@ -159,63 +156,23 @@ def run_readers(
 
 
 def _run_round(
-    files_root: Path,
-    records_dir: Path | None,
-    *,
-    batch: int,
-    warmup: int,
-    epochs: int,
-    one_process: bool,
-    log_dir: Path,
-    timeout_s: float,
-    variants: tuple[str, ...],
-    tag: str,
+    groups: list[list[str]], worker_args: list[str], log_dir: Path, timeout_s: float, tag: str
 ) -> dict[str, ReaderResult]:
-    """One round: every variant once. Returns variant -> result.
-
-    Args:
-        files_root: the original image set (for the file-based baselines).
-        records_dir: imagerecords' output for that set (None if it failed).
-        batch: batch size.
-        warmup: untimed epochs first.
-        epochs: timed epochs.
-        one_process: run all variants in one child (quick) instead of one each.
-        log_dir: where the children's output is kept.
-        timeout_s: limit per child.
-        variants: which pipelines.
-        tag: suffix of the log file names (the round).
-    """
+    """One round of ``run_readers``: a worker child per group of variants, with
+    ``worker_args`` (limit ``timeout_s``, logs in ``log_dir``, their names ending in
+    ``tag``). Returns variant -> result."""
     results: dict[str, ReaderResult] = {}
-    runnable = []
-    for variant in variants:
-        why = _unavailable(variant, files_root, records_dir)
-        if why:
-            results[variant] = ReaderResult(variant, ok=False, note=why)
-        else:
-            runnable.append(variant)
-    groups = [runnable] if one_process else [[v] for v in runnable]
     for group in groups:
-        if not group:
-            continue
         cmd = [sys.executable, "-m", "bench.read.worker"]
         for variant in group:
             cmd += ["--variant", variant]
-        cmd += [
-            *("--files-root", str(files_root), "--records", str(records_dir or "")),
-            *("--batch", str(batch), "--image-size", str(READ_IMAGE_SIZE)),
-            *("--warmup", str(warmup), "--epochs", str(epochs)),
-        ]
         proc = run_measured(
-            cmd,
+            cmd + worker_args,
             cwd=REPO_DIR,
             timeout_s=timeout_s,
             log_path=log_dir / f"read-{'+'.join(group)}{tag}.log",
         )
-        found = {}
-        for line in proc.stdout.splitlines():
-            if line.startswith("BENCH_RESULT "):
-                raw = json.loads(line[len("BENCH_RESULT ") :])
-                found[raw["variant"]] = raw
+        found = read_results(proc.stdout)
         for variant in group:
             raw = found.get(variant)
             if raw is None:
@@ -234,11 +191,4 @@ def _run_round(
                 result.peak_tree_rss_mb = proc.peak_tree_rss_mb
                 result.cpu_s = proc.cpu_s
             results[variant] = result
-    for variant in variants:
-        r = results[variant]
-        print(
-            f"[bench] read {variant:<27} "
-            + (f"{r.images_per_s:8.1f} images/s" if r.ok else f"n/a: {r.note}"),
-            flush=True,
-        )
     return results

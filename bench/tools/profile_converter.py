@@ -36,6 +36,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
 from bench.common.data import ensure_image_set, list_images
 from bench.common.settings import CACHE_DIR, FULL, QUICK, RESULTS_DIR, TARGET_SHORTER_SIDE
 from bench.convert import imageops
@@ -113,8 +114,8 @@ def stage_costs(files: list[Path]) -> dict[str, float]:
         small = image.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
         t4 = time.perf_counter()
         small = imageops.to_rgb(small)
-        if orientation in imageops.ORIENTATIONS:
-            small = small.transpose(imageops.ORIENTATIONS[orientation])
+        if orientation in UPRIGHT_TRANSPOSE:
+            small = small.transpose(UPRIGHT_TRANSPOSE[orientation])
         t5 = time.perf_counter()
         buffer = io.BytesIO()
         small.save(buffer, format="JPEG", quality=90)

@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 from pathlib import Path
 
-from bench.read.pipelines import Pipeline
-from imagerecords.codec import INFO_FILE
+from bench.read.pipelines import Pipeline, num_examples, random_window
 
 # Worker processes of the rows that have them (the tests' default is 2 as well).
 WORKERS = 2
@@ -65,11 +63,6 @@ LABELS = {
 SHUFFLE_SEED = 0
 
 
-def _num_examples(records_dir: Path, split: str = "train") -> int:
-    info = json.loads((records_dir / INFO_FILE).read_text())
-    return int(info["splits"][split]["num_examples"])
-
-
 def reader_uint8(records_dir: Path, batch: int, size: int) -> Pipeline:
     import tensorflow as tf
 
@@ -78,7 +71,7 @@ def reader_uint8(records_dir: Path, batch: int, size: int) -> Pipeline:
     ds = reader.make_dataset(
         str(records_dir), "train", batch_size=batch, image_size=size, training=True, dtype=tf.uint8
     )
-    return Pipeline(ds, _num_examples(records_dir), True)
+    return Pipeline(ds, num_examples(records_dir), True)
 
 
 def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
@@ -92,21 +85,10 @@ def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
         decoders={"image": {"encoded": tfds.decode.SkipDecoding()}},
         read_config=tfds.ReadConfig(shuffle_seed=SHUFFLE_SEED),
     )
-    whole = tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4])
 
     def crop(example):
         encoded = example["image"]["encoded"]
-        begin, extent, _ = tf.image.sample_distorted_bounding_box(
-            tf.io.extract_jpeg_shape(encoded),
-            whole,
-            min_object_covered=0.1,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0),
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
-        window = tf.stack([begin[0], begin[1], extent[0], extent[1]])
-        image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+        image = tf.io.decode_and_crop_jpeg(encoded, random_window(encoded), channels=3)
         image = tf.image.random_flip_left_right(tf.image.resize(image, (size, size)))
         return tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8), example["image"]["class"][
             "label"
@@ -115,7 +97,7 @@ def tfds_as_dataset(records_dir: Path, batch: int, size: int) -> Pipeline:
     auto = tf.data.AUTOTUNE
     ds = ds.repeat().shuffle(1024, seed=SHUFFLE_SEED).map(crop, num_parallel_calls=auto)
     return Pipeline(
-        ds.batch(batch, drop_remainder=True).prefetch(auto), _num_examples(records_dir), True
+        ds.batch(batch, drop_remainder=True).prefetch(auto), num_examples(records_dir), True
     )
 
 
@@ -129,14 +111,35 @@ def _one_opencv_thread() -> None:
     cv2.setNumThreads(1)
 
 
+def _loader_options(batch: int, size: int, workers: int) -> dict:
+    """What the Grain and torch rows ask of their loader: the same training batches."""
+    return dict(
+        batch_size=batch, image_size=size, training=True, seed=SHUFFLE_SEED, num_workers=workers
+    )
+
+
+def _loader_rows(loader_pipeline):
+    """The two rows of one loader: ``WORKERS`` worker processes, and none (the work in
+    this process, on one OpenCV thread). ``loader_pipeline(records_dir, batch, size,
+    workers)`` builds it."""
+
+    def with_workers(records_dir: Path, batch: int, size: int) -> Pipeline:
+        return loader_pipeline(records_dir, batch, size, WORKERS)
+
+    def in_process(records_dir: Path, batch: int, size: int) -> Pipeline:
+        _one_opencv_thread()
+        return loader_pipeline(records_dir, batch, size, 0)
+
+    return with_workers, in_process
+
+
 def _grain(records_dir: Path, batch: int, size: int, workers: int) -> Pipeline:
     from imagerecords import grain as imagerecords_grain
 
     ds = imagerecords_grain.dataset(
-        str(records_dir), "train", batch_size=batch, image_size=size, training=True,
-        seed=SHUFFLE_SEED, num_workers=workers,
-    )  # fmt: skip
-    return Pipeline(_pairs(ds), _num_examples(records_dir), True)
+        str(records_dir), "train", **_loader_options(batch, size, workers)
+    )
+    return Pipeline(_pairs(ds), num_examples(records_dir), True)
 
 
 def _pairs(batches):
@@ -150,13 +153,7 @@ def _pairs(batches):
         getattr(iterator, "close", lambda: None)()
 
 
-def grain_workers(records_dir: Path, batch: int, size: int) -> Pipeline:
-    return _grain(records_dir, batch, size, WORKERS)
-
-
-def grain_threads(records_dir: Path, batch: int, size: int) -> Pipeline:
-    _one_opencv_thread()
-    return _grain(records_dir, batch, size, 0)
+grain_workers, grain_threads = _loader_rows(_grain)
 
 
 class _Epochs:
@@ -175,19 +172,12 @@ def _torch(records_dir: Path, batch: int, size: int, workers: int) -> Pipeline:
     from imagerecords import torch as imagerecords_torch
 
     loader = imagerecords_torch.loader(
-        str(records_dir), "train", batch_size=batch, image_size=size, training=True,
-        seed=SHUFFLE_SEED, num_workers=workers,
-    )  # fmt: skip
-    return Pipeline(_Epochs(loader), _num_examples(records_dir), True)
+        str(records_dir), "train", **_loader_options(batch, size, workers)
+    )
+    return Pipeline(_Epochs(loader), num_examples(records_dir), True)
 
 
-def torch_workers(records_dir: Path, batch: int, size: int) -> Pipeline:
-    return _torch(records_dir, batch, size, WORKERS)
-
-
-def torch_in_process(records_dir: Path, batch: int, size: int) -> Pipeline:
-    _one_opencv_thread()
-    return _torch(records_dir, batch, size, 0)
+torch_workers, torch_in_process = _loader_rows(_torch)
 
 
 class _CropLoop:
@@ -217,7 +207,7 @@ class _CropLoop:
 
 def crop_loop(records_dir: Path, batch: int, size: int) -> Pipeline:
     _one_opencv_thread()
-    return Pipeline(_CropLoop(records_dir, batch, size), _num_examples(records_dir), True)
+    return Pipeline(_CropLoop(records_dir, batch, size), num_examples(records_dir), True)
 
 
 BUILDERS = {

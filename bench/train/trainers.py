@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from bench.common import data, machine
+from bench.common.epochs import read_results
 from bench.common.procstats import run_measured
 from bench.common.settings import CACHE_DIR, FULL, QUICK, READ_IMAGE_SIZE, REPO_DIR, Sizes
 from bench.convert import converters
@@ -85,11 +86,10 @@ def run_one(variant: str, records: Path, sizes: Sizes, log_path: Path) -> dict:
     cmd += ["--image-size", str(READ_IMAGE_SIZE)]
     cmd += ["--warmup", str(sizes.read_warmup_epochs), "--epochs", str(sizes.read_epochs)]
     proc = run_measured(cmd, cwd=REPO_DIR, timeout_s=sizes.timeout_s, log_path=log_path)
-    for line in proc.stdout.splitlines():
-        if line.startswith("BENCH_RESULT "):
-            result = json.loads(line[len("BENCH_RESULT ") :])
-            result["peak_tree_rss_mb"] = round(proc.peak_tree_rss_mb)
-            return result
+    result = read_results(proc.stdout).get(variant)
+    if result is not None:
+        result["peak_tree_rss_mb"] = round(proc.peak_tree_rss_mb)
+        return result
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return {"variant": variant, "ok": False, "note": f"exit {proc.returncode}: {tail}"[:200]}
 

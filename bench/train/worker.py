@@ -12,75 +12,53 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 
-from bench.common.procstats import tree_sample
+from bench.common.epochs import (
+    add_epoch_arguments,
+    print_result,
+    pull_images,
+    time_epochs,
+    timed_result,
+)
+from bench.common.procstats import tree_cpu_s
 from bench.train.pipelines import BUILDERS, TORCH_VARIANTS, VARIANTS
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-
-def tree_cpu_s() -> float:
-    """CPU seconds used so far by this process and every live descendant."""
-    _, ticks, _ = tree_sample(os.getpid())
-    return sum(ticks.values()) / _CLK_TCK
-
-
-def time_epochs(pipeline, warmup: int, epochs: int) -> tuple[list[float], list[int], float]:
+def time_loader(pipeline, warmup: int, epochs: int) -> tuple[list[float], list[int], float]:
     """Per timed epoch: seconds and images; and the tree's CPU seconds over all timed epochs."""
-    seconds, counts, cpu = [], [], 0.0
     iterator = iter(pipeline.dataset)
     try:
-        for epoch in range(warmup + epochs):
-            start, cpu_start, images = time.perf_counter(), tree_cpu_s(), 0
-            while images < pipeline.epoch_images:
-                images += int(next(iterator)[0].shape[0])
-            if epoch >= warmup:
-                seconds.append(time.perf_counter() - start)
-                counts.append(images)
-                cpu += tree_cpu_s() - cpu_start
+        return time_epochs(
+            lambda: pull_images(iterator, pipeline.epoch_images),
+            warmup,
+            epochs,
+            lambda: tree_cpu_s(os.getpid()),
+        )
     finally:
         # Grain's worker processes and shared memory go now, not in interpreter
         # teardown (where Grain prints tracebacks of its clean-up).
         getattr(iterator, "close", lambda: None)()
-    return seconds, counts, cpu
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument("--records", type=Path, required=True)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=3)
+    add_epoch_arguments(parser)
     args = parser.parse_args(argv)
-    result = {"variant": args.variant, "ok": False}
     if args.variant in TORCH_VARIANTS and importlib.util.find_spec("torch") is None:
-        result.update(skipped=True, note=f"not run: torch is not installed in {sys.executable}")
-        print("BENCH_RESULT " + json.dumps(result), flush=True)
+        note = f"not run: torch is not installed in {sys.executable}"
+        print_result({"variant": args.variant, "ok": False, "skipped": True, "note": note})
         return
-    try:
-        start = time.perf_counter()
-        pipeline = BUILDERS[args.variant](args.records, args.batch, args.image_size)
-        result["build_s"] = time.perf_counter() - start
-        seconds, counts, cpu = time_epochs(pipeline, args.warmup, args.epochs)
-        result.update(
-            ok=True,
-            epoch_seconds=seconds,
-            epoch_images=counts,
-            images_per_s=sum(counts) / sum(seconds),
-            cpu_ms_per_image=1000 * cpu / sum(counts),
-        )
-    except Exception as error:  # report, don't crash
-        traceback.print_exc()
-        result["note"] = f"{type(error).__name__}: {error}"[:300]
-    print("BENCH_RESULT " + json.dumps(result), flush=True)
+    result = timed_result(
+        args.variant,
+        lambda: BUILDERS[args.variant](args.records, args.batch, args.image_size),
+        lambda pipeline: time_loader(pipeline, args.warmup, args.epochs),
+    )
+    print_result(result)
 
 
 if __name__ == "__main__":
