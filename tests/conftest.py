@@ -16,9 +16,15 @@ marker, so this module enforces it:
 """
 
 import importlib.util
+import platform
 import subprocess
 
 import pytest
+
+# TensorFlow's first import (through h5py) asks platform.processor(), which
+# on Linux runs `uname -p`: a test that happens to import TensorFlow first in
+# its worker would start a program. Asked once here, the answer is cached.
+platform.processor()
 
 # The PyTorch tests (marked `torch`) need torch and torchvision, which `make
 # test` does not install: there they are left out, and the run ends with one
