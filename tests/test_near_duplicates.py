@@ -293,12 +293,32 @@ def test_the_fingerprint_of_a_fixed_image_is_the_same_on_every_machine():
 
 @pytest.mark.parametrize(
     "size, expected",
-    [((341, 256), (43, 32)), ((256, 341), (32, 43)), ((64, 64), (32, 32)), ((40, 90), (40, 90))],
+    [
+        ((341, 256), (42, 32)),  # sampled: the last partial block of 5 columns left out
+        ((256, 341), (32, 42)),
+        ((255, 255), (37, 37)),  # a full reduce by 7 (its partial blocks averaged too)
+        ((64, 64), (32, 32)),
+        ((40, 90), (40, 90)),
+    ],
 )
 def test_the_base_is_the_image_reduced_by_a_whole_factor(size, expected):
     base = nd._base(Image.new("RGB", size, (10, 20, 30)))
     assert base.shape == (expected[1], expected[0], 3)
     assert np.all(base == (10, 20, 30))
+
+
+def test_a_large_image_s_base_averages_two_picked_pixels_a_side_of_each_block():
+    # Factor 8: of each 8x8 block only the pixels NEAREST picks for a 2x2
+    # grid (offsets 2 and 6) are read, then averaged; a full reduce would
+    # average all 64, which on random pixels lands far from these four.
+    pixels = np.random.default_rng(7).integers(0, 256, size=(256, 320, 3), dtype=np.uint8)
+    base = nd._base(Image.fromarray(pixels))
+    picked = pixels[2::4, 2::4].astype(np.float64)
+    expected = (
+        picked[0::2, 0::2] + picked[0::2, 1::2] + picked[1::2, 0::2] + picked[1::2, 1::2]
+    ) / 4
+    assert base.shape == (32, 40, 3)
+    assert np.abs(base - expected).max() <= 0.5 + 1e-9  # Pillow rounds the average
 
 
 @pytest.mark.parametrize(
