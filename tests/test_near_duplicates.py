@@ -361,3 +361,48 @@ def test_the_band_index_keeps_the_calibration_copies(tmp_path):
     row = got["rows"][nd.THRESHOLD]
     assert row["cross_split_recall"] >= 0.95 and row["recall"] >= 0.95
     assert row["false_pairs"] == 0
+
+
+def _random_prints(count: int, seed: int) -> list[Fingerprint]:
+    rng = random.Random(seed)
+    return [
+        Fingerprint(
+            tuple(rng.getrandbits(64) for _ in nd.WINDOWS), tuple(rng.randrange(256) for _ in "rgb")
+        )
+        for _ in range(count)
+    ]
+
+
+def _hash_array(prints: list[Fingerprint]) -> np.ndarray:
+    return np.array([fp.hashes for fp in prints], dtype=np.uint64)
+
+
+def test_band_keys_of_an_array_are_each_row_s_band_keys():
+    prints = _random_prints(40, 3)
+    # Rows that repeat a hash: one key under two slots, whole when either is slot 0.
+    prints[1] = Fingerprint((prints[1].hashes[1],) + prints[1].hashes[1:], prints[1].colour)
+    prints[2] = Fingerprint(prints[2].hashes[:5] + (prints[2].hashes[4],) * 14, prints[2].colour)
+    rows, keys, whole = nd.band_keys_rows(_hash_array(prints))
+    got = list(zip(rows.tolist(), keys.tolist(), whole.tolist(), strict=True))
+    expected = [(r, k, w) for r, fp in enumerate(prints) for k, w in nd.band_keys(fp)]
+    assert got == expected
+
+
+def test_distances_and_colours_of_arrays_are_each_pair_s():
+    prints = _random_prints(30, 5)
+    # Near copies: the whole hash of one is a window of another, a few bits off.
+    for n in range(0, 30, 3):
+        a, b = prints[n], prints[n + 1]
+        near = a.hashes[7] ^ (0b1011 << (n % 50))
+        colour = tuple(min(255, c + n % 14) for c in a.colour)
+        prints[n + 1] = Fingerprint((near,) + b.hashes[1:], colour)
+    pairs = list(itertools.combinations(range(30), 2))
+    i, j = (np.array(side) for side in zip(*pairs, strict=True))
+    hashes = _hash_array(prints)
+    colours = np.array([fp.colour for fp in prints], dtype=np.uint8)
+    got = nd.distances(hashes[i], hashes[j]).tolist()
+    assert got == [nd.distance(prints[a], prints[b]) for a, b in pairs]
+    assert min(got) <= 3  # the planted copies are there to compare
+    agree = nd.colours_agree_rows(colours[i], colours[j]).tolist()
+    assert agree == [nd.colours_agree(prints[a], prints[b]) for a, b in pairs]
+    assert any(agree) and not all(agree)

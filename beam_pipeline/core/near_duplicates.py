@@ -286,6 +286,55 @@ def verify(
     return d if d <= threshold and colours_agree(a, b, tolerance) else None
 
 
+def distances(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
+    """:func:`distance` of each row pair of two ``(pairs, slots)`` uint64 arrays."""
+    a_whole = np.bitwise_count(hashes_a[:, :1] ^ hashes_b).min(axis=1)
+    b_whole = np.bitwise_count(hashes_b[:, :1] ^ hashes_a).min(axis=1)
+    return np.minimum(a_whole, b_whole)
+
+
+def colours_agree_rows(
+    colour_a: np.ndarray, colour_b: np.ndarray, tolerance: int = COLOUR_TOLERANCE
+) -> np.ndarray:
+    """:func:`colours_agree` of each row pair of two ``(pairs, 3)`` integer arrays."""
+    return np.abs(colour_a.astype(np.int16) - colour_b).max(axis=1) <= tolerance
+
+
+def band_keys_rows(
+    hashes: np.ndarray, band_bits: int = BAND_BITS, band_count: int = BAND_COUNT
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`band_keys` of every row of an ``(images, slots)`` uint64 array:
+    ``(image row, key, whole)`` arrays, by row and then key, each row's keys distinct."""
+    images, slots = hashes.shape
+    mask = np.uint64((1 << band_bits) - 1)
+    keys = np.empty((images, band_count, slots), np.uint64)
+    for band, offset in enumerate(band_offsets(band_count)):
+        ring = hashes >> np.uint64(offset)
+        if offset:
+            ring |= hashes << np.uint64(HASH_BITS - offset)
+        keys[:, band] = (ring & mask) | np.uint64(band << band_bits)
+    # One sortable number per entry: row, key, then 0 for a whole hash's entry,
+    # so that of an image's entries under one key the first says whether any is whole.
+    whole = np.zeros((images, band_count, slots), np.uint64)
+    whole[:, :, 1:] = 1
+    row_bits = max(1, int(images - 1).bit_length())
+    key_bits = band_bits + max(1, int(band_count - 1).bit_length())
+    if row_bits + key_bits + 1 > 64:
+        raise ValueError(f"{images} images at once do not fit one sort key")
+    rows = np.arange(images, dtype=np.uint64)[:, None, None]
+    packed = np.sort(((rows << np.uint64(key_bits) | keys) << np.uint64(1) | whole).ravel())
+    entry = packed >> np.uint64(1)
+    first = np.ones(len(entry), bool)
+    first[1:] = entry[1:] != entry[:-1]
+    packed = packed[first]
+    key_mask = np.uint64((1 << key_bits) - 1)
+    return (
+        (packed >> np.uint64(key_bits + 1)).astype(np.int64),
+        (packed >> np.uint64(1)) & key_mask,
+        (packed & np.uint64(1)) == 0,
+    )
+
+
 def band_offsets(band_count: int = BAND_COUNT) -> tuple[int, ...]:
     """The first bit (from the lowest) of each band: evenly spaced around the 64."""
     return tuple(round(band * HASH_BITS / band_count) for band in range(band_count))
