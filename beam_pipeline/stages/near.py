@@ -73,7 +73,12 @@ def drop_all_near(
 # ------------------------------------------------------------- the local engine
 
 PARTITIONS = 64  # run files: one partition's keys are 1/64 of every image's
-_RUN = np.dtype([("key", "<u8"), ("image", "<u4"), ("whole", "u1")])
+# A run file's entry: one uint64 of (band key, image, 0 if the whole hash has
+# the key else 1), so that a plain sort orders a partition by key, then image.
+_IMAGE_BITS = 32
+_KEY_SHIFT = _IMAGE_BITS + 1
+_KEY_BITS = near_duplicates.BAND_BITS + max(1, (near_duplicates.BAND_COUNT - 1).bit_length())
+assert _KEY_BITS + _KEY_SHIFT <= 64, "band keys too wide for a run entry"
 _CHUNK = 8192  # images whose keyed entries are sorted into the partitions at once
 
 
@@ -129,7 +134,7 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
         _write_runs(hashes, runs)
         pairs, oversized = [], []
         for partition in range(PARTITIONS):
-            entries = np.fromfile(_run_path(runs, partition), dtype=_RUN)
+            entries = np.fromfile(_run_path(runs, partition), dtype=np.uint64)
             candidates, too_big = partition_candidates(entries, len(members))
             oversized += too_big
             pairs += _verified(candidates, len(members), hashes, colours, members)
@@ -160,10 +165,9 @@ def _write_runs(hashes: np.ndarray, runs: str) -> None:
         files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
         for start in range(0, len(hashes), _CHUNK):
             rows, keys, whole = near_duplicates.band_keys_rows(hashes[start : start + _CHUNK])
-            entries = np.empty(len(rows), dtype=_RUN)
-            entries["key"], entries["image"], entries["whole"] = keys, rows + start, whole
-            parts = entries["key"] % PARTITIONS
-            order = np.argsort(parts, kind="stable")
+            entries = run_entries(keys, rows + start, whole)
+            parts = (keys % PARTITIONS).astype(np.uint8)
+            order = np.argsort(parts, kind="stable")  # a radix sort of bytes
             entries, parts = entries[order], parts[order]
             bounds = np.searchsorted(parts, np.arange(PARTITIONS + 1))
             for partition in range(PARTITIONS):
@@ -172,19 +176,29 @@ def _write_runs(hashes: np.ndarray, runs: str) -> None:
                     files[partition].write(entries[low:high].tobytes())
 
 
+def run_entries(keys: np.ndarray, images: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """Run-file entries of band keys, image indexes and whole flags."""
+    if len(images) and int(images.max()) >> _IMAGE_BITS:
+        raise ValueError(f"more than 2**{_IMAGE_BITS} images in one near-duplicate search")
+    tag = (~whole).astype(np.uint64)
+    return keys.astype(np.uint64) << np.uint64(_KEY_SHIFT) | images.astype(np.uint64) << 1 | tag
+
+
 def partition_candidates(
     entries: np.ndarray, images: int
 ) -> tuple[np.ndarray, list[near_search.Oversized]]:
     """One partition's run entries -> its distinct candidate pairs as ``i * images + j``
     (``i < j``, sorted) and its oversized buckets.
 
-    ``near_duplicates.bucket_pairs``' rule on arrays: the entries sorted by key,
-    every entry meets each later one of its key's run (``step`` places on),
-    a pair needs one whole hash; a run past ``near_search.MAX_BUCKET`` is
-    reported instead, like ``near_search.bucket``.
+    ``near_duplicates.bucket_pairs``' rule on arrays: the entries sorted (by
+    key), each whole entry of a key's run meets every other entry of the run
+    (a pair of two whole entries once), never two windows; a run past
+    ``near_search.MAX_BUCKET`` is reported instead, like ``near_search.bucket``.
     """
-    entries = entries[np.argsort(entries["key"], kind="stable")]
-    keys = entries["key"]
+    entries = np.sort(entries)
+    keys = entries >> np.uint64(_KEY_SHIFT)
+    image = ((entries >> np.uint64(1)) & np.uint64((1 << _IMAGE_BITS) - 1)).astype(np.int64)
+    whole = (entries & np.uint64(1)) == 0
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     sizes = np.diff(np.r_[starts, len(keys)])
     big = sizes > near_search.MAX_BUCKET
@@ -192,27 +206,21 @@ def partition_candidates(
         near_search.Oversized(int(k), int(c))
         for k, c in zip(keys[starts[big]].tolist(), sizes[big].tolist(), strict=True)
     ]
-    paired = np.repeat((sizes >= 2) & ~big, sizes)
-    end = np.repeat(starts + sizes, sizes)[paired]
-    image = entries["image"][paired].astype(np.int64)
-    whole = entries["whole"][paired].astype(bool)
-    # Positions in the kept entries: each kept run is contiguous, so its end
-    # moves back by the entries dropped before it.
-    end -= np.cumsum(~paired)[paired]
-    found = []
-    active = np.flatnonzero(end - np.arange(len(end)) > 1)
-    step = 1
-    while len(active):
-        a, b = image[active], image[active + step]
-        ok = (whole[active] | whole[active + step]) & (a != b)
-        a, b = a[ok], b[ok]
-        found.append(np.minimum(a, b) * images + np.maximum(a, b))
-        step += 1
-        active = active[end[active] - active > step]
-    return (np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)), oversized
+    run = np.repeat(np.arange(len(starts)), sizes)
+    meets = np.flatnonzero(whole & ~big[run] & (sizes[run] >= 2))
+    # Each whole entry against every position of its run: a ragged arange.
+    first, count = starts[run[meets]], sizes[run[meets]]
+    into = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    at, other = np.repeat(meets, count), np.repeat(first, count) + into
+    keep = (other != at) & (~whole[other] | (other > at))
+    a, b = image[at[keep]], image[other[keep]]
+    keep = a != b
+    a, b = a[keep], b[keep]
+    pairs = np.sort(np.minimum(a, b) * images + np.maximum(a, b))
+    return pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs, oversized
 
 
-_VERIFY_CHUNK = 1 << 16  # candidates whose hashes are gathered at once
+_VERIFY_CHUNK = 1 << 14  # candidates whose hashes are gathered at once (in cache)
 
 
 def _verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
