@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import re
 
 import pytest
@@ -389,3 +390,55 @@ def test_inspect_shows_the_near_block_and_the_groups_block():
         "groups: val is lumpy: its fraction 0.2 is off 0.1",
     ]
     assert overview.near_lines(None) == overview.groups_lines(None) == []  # older datasets
+
+
+def _crowded_prints(count: int) -> dict[str, tuple[str, bytes]]:
+    """Fingerprints that share band keys often: a few base hashes with bits
+    flipped, some pairs within the threshold, most not, over three splits."""
+    rng = random.Random(11)
+    bases = [rng.getrandbits(64) for _ in range(6)]
+    prints = {}
+    for n in range(count):
+        hashes = []
+        for _ in near_duplicates.WINDOWS:
+            h = rng.choice(bases)
+            for _ in range(rng.choice((0, 1, 2, 3, 8, 20))):
+                h ^= 1 << rng.randrange(64)
+            hashes.append(h)
+        colour = tuple(80 + rng.randrange(20) for _ in "rgb")
+        split = ("train", "val", "test")[n % 3]
+        prints[f"{split}/{n:04d}"] = (
+            split,
+            near_search.pack(near_duplicates.Fingerprint(tuple(hashes), colour)),
+        )
+    return prints
+
+
+def test_the_local_search_s_arrays_give_every_bucket_s_pairs(tmp_path):
+    # The reference is near_search.bucket over each band key's entries (what
+    # the Beam graph runs per GroupByKey bucket); buckets here hold up to a few
+    # hundred images, many sharing more than one key.
+    batches = _batches(_crowded_prints(600))
+    buckets: dict[int, list[near_search.Entry]] = {}
+    for batch in batches:
+        for key, entry in near.keyed(batch):
+            buckets.setdefault(key, []).append(entry)
+    pairs, oversized = [], []
+    for key, entries in buckets.items():
+        if len(entries) > 1:
+            result = near_search.bucket(key, entries)
+            if isinstance(result, near_search.Oversized):
+                oversized.append(result)
+            else:
+                pairs += result
+    expected = near.found_of(pairs, oversized)
+    assert sum(len(g.pairs) for g in expected.groups) > 100  # many verified, many more not
+    assert near.find_local(batches, str(tmp_path)) == expected
+
+
+def test_the_local_search_refuses_fingerprints_of_two_widths(tmp_path):
+    prints = _crowded_prints(4)
+    split, packed = prints["val/0001"]
+    prints["val/0001"] = (split, packed[8:])
+    with pytest.raises(ValueError, match="val/0001: a fingerprint of 147 bytes among ones of 155"):
+        near.find_local(_batches(prints), str(tmp_path))

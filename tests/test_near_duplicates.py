@@ -293,12 +293,32 @@ def test_the_fingerprint_of_a_fixed_image_is_the_same_on_every_machine():
 
 @pytest.mark.parametrize(
     "size, expected",
-    [((341, 256), (43, 32)), ((256, 341), (32, 43)), ((64, 64), (32, 32)), ((40, 90), (40, 90))],
+    [
+        ((341, 256), (42, 32)),  # sampled: the last partial block of 5 columns left out
+        ((256, 341), (32, 42)),
+        ((255, 255), (37, 37)),  # a full reduce by 7 (its partial blocks averaged too)
+        ((64, 64), (32, 32)),
+        ((40, 90), (40, 90)),
+    ],
 )
 def test_the_base_is_the_image_reduced_by_a_whole_factor(size, expected):
     base = nd._base(Image.new("RGB", size, (10, 20, 30)))
     assert base.shape == (expected[1], expected[0], 3)
     assert np.all(base == (10, 20, 30))
+
+
+def test_a_large_image_s_base_averages_two_picked_pixels_a_side_of_each_block():
+    # Factor 8: of each 8x8 block only the pixels NEAREST picks for a 2x2
+    # grid (offsets 2 and 6) are read, then averaged; a full reduce would
+    # average all 64, which on random pixels lands far from these four.
+    pixels = np.random.default_rng(7).integers(0, 256, size=(256, 320, 3), dtype=np.uint8)
+    base = nd._base(Image.fromarray(pixels))
+    picked = pixels[2::4, 2::4].astype(np.float64)
+    expected = (
+        picked[0::2, 0::2] + picked[0::2, 1::2] + picked[1::2, 0::2] + picked[1::2, 1::2]
+    ) / 4
+    assert base.shape == (32, 40, 3)
+    assert np.abs(base - expected).max() <= 0.5 + 1e-9  # Pillow rounds the average
 
 
 @pytest.mark.parametrize(
@@ -341,3 +361,48 @@ def test_the_band_index_keeps_the_calibration_copies(tmp_path):
     row = got["rows"][nd.THRESHOLD]
     assert row["cross_split_recall"] >= 0.95 and row["recall"] >= 0.95
     assert row["false_pairs"] == 0
+
+
+def _random_prints(count: int, seed: int) -> list[Fingerprint]:
+    rng = random.Random(seed)
+    return [
+        Fingerprint(
+            tuple(rng.getrandbits(64) for _ in nd.WINDOWS), tuple(rng.randrange(256) for _ in "rgb")
+        )
+        for _ in range(count)
+    ]
+
+
+def _hash_array(prints: list[Fingerprint]) -> np.ndarray:
+    return np.array([fp.hashes for fp in prints], dtype=np.uint64)
+
+
+def test_band_keys_of_an_array_are_each_row_s_band_keys():
+    prints = _random_prints(40, 3)
+    # Rows that repeat a hash: one key under two slots, whole when either is slot 0.
+    prints[1] = Fingerprint((prints[1].hashes[1],) + prints[1].hashes[1:], prints[1].colour)
+    prints[2] = Fingerprint(prints[2].hashes[:5] + (prints[2].hashes[4],) * 14, prints[2].colour)
+    rows, keys, whole = nd.band_keys_rows(_hash_array(prints))
+    got = list(zip(rows.tolist(), keys.tolist(), whole.tolist(), strict=True))
+    expected = [(r, k, w) for r, fp in enumerate(prints) for k, w in nd.band_keys(fp)]
+    assert got == expected
+
+
+def test_distances_and_colours_of_arrays_are_each_pair_s():
+    prints = _random_prints(30, 5)
+    # Near copies: the whole hash of one is a window of another, a few bits off.
+    for n in range(0, 30, 3):
+        a, b = prints[n], prints[n + 1]
+        near = a.hashes[7] ^ (0b1011 << (n % 50))
+        colour = tuple(min(255, c + n % 14) for c in a.colour)
+        prints[n + 1] = Fingerprint((near,) + b.hashes[1:], colour)
+    pairs = list(itertools.combinations(range(30), 2))
+    i, j = (np.array(side) for side in zip(*pairs, strict=True))
+    hashes = _hash_array(prints)
+    colours = np.array([fp.colour for fp in prints], dtype=np.uint8)
+    got = nd.distances(hashes[i], hashes[j]).tolist()
+    assert got == [nd.distance(prints[a], prints[b]) for a, b in pairs]
+    assert min(got) <= 3  # the planted copies are there to compare
+    agree = nd.colours_agree_rows(colours[i], colours[j]).tolist()
+    assert agree == [nd.colours_agree(prints[a], prints[b]) for a, b in pairs]
+    assert any(agree) and not all(agree)

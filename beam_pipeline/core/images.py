@@ -256,9 +256,10 @@ def _decode(image: Image.Image, data: bytes, spec: ImageSpec, orientation: int, 
         return image, False
     request = None
     if passthrough:
-        # Only the verdict matters: the 1/8-scale decode still reads every
-        # entropy-coded bit, so it sees every warning, for a fraction of the IDCT.
-        request = (1, 1)
+        # The verdict, and the pixels the fingerprint is hashed from: a
+        # DCT-scaled decode still reads every entropy-coded bit, so it sees
+        # every warning, for a fraction of the IDCT.
+        request = PASS_THROUGH_CHECK
     elif spec.resize != "none":
         # DCT-domain downscale while decoding: the cheapest large-JPEG speed-up.
         # The scale keeps both sides >= the request, so the final resize still
@@ -310,15 +311,10 @@ def near_fingerprint(image: Image.Image) -> bytes:
     return near_search.pack(near_duplicates.fingerprint(image))
 
 
-def _near_of_draft(draft: Image.Image, image: Image.Image, data: bytes) -> bytes:
-    """The fingerprint of a stored JPEG from a DCT-scaled decode: ``draft`` when
-    it already has the fingerprint's base size a side, else a decode at the
-    smallest scale that has (the stored JPEG decodes to the same pixels on every
-    path that hashes it: a pass-through, a record of an old format)."""
-    base = near_duplicates.BASE_SIDE
-    if min(draft.size) < base and min(image.size) > min(draft.size):
-        draft = jpeg.decode(data, image, (base, base)).image
-    return near_fingerprint(draft)
+# The scale a pass-through JPEG is check-decoded at: the smallest that covers
+# the fingerprint's base, so the check's pixels are the ones hashed and a small
+# image is not decoded twice (the largest scale-down, 1/8, for most).
+PASS_THROUGH_CHECK = (near_duplicates.BASE_SIDE, near_duplicates.BASE_SIDE)
 
 
 def near_of_stored(data: bytes) -> bytes:
@@ -329,10 +325,10 @@ def near_of_stored(data: bytes) -> bytes:
     """
     image = _open(data)
     try:
-        draft = jpeg.decode(data, image, (1, 1)).image
+        draft = jpeg.decode(data, image, PASS_THROUGH_CHECK).image
     except (jpeg.CorruptData, ValueError) as error:
         raise Rejected(f"corrupt stored image: {error}") from None
-    return _near_of_draft(draft, image, data)
+    return near_fingerprint(draft)
 
 
 def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
@@ -349,10 +345,10 @@ def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
         )
         loaded, repaired = _decode(image, data, spec, orientation, passthrough)
         if passthrough and not repaired:
-            # Hashed from the 1/8-scale check's pixels: never decoded at full size.
-            near = _near_of_draft(loaded, image, data)
+            # Hashed from the check's pixels (PASS_THROUGH_CHECK): one decode, never at full size.
+            near = near_fingerprint(loaded)
             return EncodedImage(data, image.height, image.width, passed_through=True, near=near)
-        if passthrough:  # the pixels came from a 1/8-scale check: decode them properly
+        if passthrough:  # the pixels came from a scaled check: decode them properly
             loaded, _ = _decode(image, data, spec, orientation, False)
         if image.format == "TIFF":
             orientation = _orientation(loaded)  # Pillow's TIFF decoder turns it on load

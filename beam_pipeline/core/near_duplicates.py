@@ -195,14 +195,39 @@ def _phashes(grey: np.ndarray, windows) -> list[int]:
 _DEFAULT_LAYOUT = _Layout(WINDOWS)
 
 
+# From a reduce factor of SAMPLED_FROM on, the base is not a full reduce: a
+# NEAREST pick of SAMPLES x SAMPLES pixels of each factor x factor block,
+# then their box average. The pick reads a fraction of the rows and pixels a
+# full reduce reads (the fingerprint's largest cost), and the windows' 32-bin
+# box averages over the base smooth what the sparser samples alias. Below
+# SAMPLED_FROM (stored images under 256 pixels a side) the full reduce reads
+# few pixels anyway and stays exact. Both calibrated by bench/near/duplicates.py.
+SAMPLES = 2
+SAMPLED_FROM = 8
+
+
+def base_plan(width: int, height: int) -> tuple[int, int, int]:
+    """``(factor, base width, base height)``: the integer factor that takes the
+    shorter side to ``BASE_SIDE`` to ``2 * BASE_SIDE - 1`` pixels (1 when smaller)."""
+    factor = max(1, min(width, height) // BASE_SIDE)
+    return factor, width // factor, height // factor
+
+
 def _base(img: Image.Image) -> np.ndarray:
     """``(h, w, 3)`` float64 pixels of ``img`` reduced by an integer factor to a
     shorter side of ``BASE_SIDE`` to ``2 * BASE_SIDE - 1`` pixels (or its own, if smaller)."""
     rgb = img if img.mode == "RGB" else img.convert("RGB")
-    # One integer reduce and no resize: the windows' box averages are folded
-    # into the transforms for whatever size comes out, and the reduce's one
-    # pass over the pixels is most of the fingerprint's cost.
-    small = rgb.reduce(max(1, min(rgb.size) // BASE_SIDE))
+    # No resize to a fixed size: the windows' box averages are folded into the
+    # transforms for whatever size comes out.
+    factor, width, height = base_plan(*rgb.size)
+    if factor >= SAMPLED_FROM:
+        box = (0, 0, width * factor, height * factor)
+        picked = rgb.resize((width * SAMPLES, height * SAMPLES), Image.Resampling.NEAREST, box=box)
+        small = picked.reduce(SAMPLES)
+    elif factor > 1:
+        small = rgb.reduce(factor)
+    else:
+        small = rgb
     pixels = np.frombuffer(small.tobytes(), np.uint8).reshape(small.height, small.width, 3)
     return pixels.astype(np.float64)
 
@@ -259,6 +284,55 @@ def verify(
     """The pair's distance if they are near copies, else None."""
     d = distance(a, b)
     return d if d <= threshold and colours_agree(a, b, tolerance) else None
+
+
+def distances(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
+    """:func:`distance` of each row pair of two ``(pairs, slots)`` uint64 arrays."""
+    a_whole = np.bitwise_count(hashes_a[:, :1] ^ hashes_b).min(axis=1)
+    b_whole = np.bitwise_count(hashes_b[:, :1] ^ hashes_a).min(axis=1)
+    return np.minimum(a_whole, b_whole)
+
+
+def colours_agree_rows(
+    colour_a: np.ndarray, colour_b: np.ndarray, tolerance: int = COLOUR_TOLERANCE
+) -> np.ndarray:
+    """:func:`colours_agree` of each row pair of two ``(pairs, 3)`` integer arrays."""
+    return np.abs(colour_a.astype(np.int16) - colour_b).max(axis=1) <= tolerance
+
+
+def band_keys_rows(
+    hashes: np.ndarray, band_bits: int = BAND_BITS, band_count: int = BAND_COUNT
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`band_keys` of every row of an ``(images, slots)`` uint64 array:
+    ``(image row, key, whole)`` arrays, by row and then key, each row's keys distinct."""
+    images, slots = hashes.shape
+    mask = np.uint64((1 << band_bits) - 1)
+    keys = np.empty((images, band_count, slots), np.uint64)
+    for band, offset in enumerate(band_offsets(band_count)):
+        ring = hashes >> np.uint64(offset)
+        if offset:
+            ring |= hashes << np.uint64(HASH_BITS - offset)
+        keys[:, band] = (ring & mask) | np.uint64(band << band_bits)
+    # One sortable number per entry: row, key, then 0 for a whole hash's entry,
+    # so that of an image's entries under one key the first says whether any is whole.
+    whole = np.zeros((images, band_count, slots), np.uint64)
+    whole[:, :, 1:] = 1
+    row_bits = max(1, int(images - 1).bit_length())
+    key_bits = band_bits + max(1, int(band_count - 1).bit_length())
+    if row_bits + key_bits + 1 > 64:
+        raise ValueError(f"{images} images at once do not fit one sort key")
+    rows = np.arange(images, dtype=np.uint64)[:, None, None]
+    packed = np.sort(((rows << np.uint64(key_bits) | keys) << np.uint64(1) | whole).ravel())
+    entry = packed >> np.uint64(1)
+    first = np.ones(len(entry), bool)
+    first[1:] = entry[1:] != entry[:-1]
+    packed = packed[first]
+    key_mask = np.uint64((1 << key_bits) - 1)
+    return (
+        (packed >> np.uint64(key_bits + 1)).astype(np.int64),
+        (packed >> np.uint64(1)) & key_mask,
+        (packed & np.uint64(1)) == 0,
+    )
 
 
 def band_offsets(band_count: int = BAND_COUNT) -> tuple[int, ...]:

@@ -26,9 +26,10 @@ from imagerecords import codec
 
 NEAR_FILE = codec.NEAR_DUPLICATES_FILE
 # The scheme a dataset's fingerprints and pairs were made with: its name says
-# what it is, its version changes with any of the hash, the windows, the band
-# width or the threshold (a resume or --reuse with another refuses or redoes).
-SCHEME = "phash19-v1"
+# what it is, its version changes with any of the hash (the base it is taken
+# from included), the windows, the band width or the threshold (a resume or
+# --reuse with another refuses or redoes).
+SCHEME = "phash19-v2"
 # Its name among the image settings (the resume key, imagerecords.json's image block).
 SCHEME_SETTING = "near_scheme"
 # The values the scheme stands for, recorded beside its name in imagerecords.json.

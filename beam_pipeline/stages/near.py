@@ -73,8 +73,13 @@ def drop_all_near(
 # ------------------------------------------------------------- the local engine
 
 PARTITIONS = 64  # run files: one partition's keys are 1/64 of every image's
-_RUN = np.dtype([("key", "<u8"), ("image", "<u4"), ("whole", "u1")])
-_CHUNK = 2048  # images whose keyed entries are sorted into the partitions at once
+# A run file's entry: one uint64 of (band key, image, 0 if the whole hash has
+# the key else 1), so that a plain sort orders a partition by key, then image.
+_IMAGE_BITS = 32
+_KEY_SHIFT = _IMAGE_BITS + 1
+_KEY_BITS = near_duplicates.BAND_BITS + max(1, (near_duplicates.BAND_COUNT - 1).bit_length())
+assert _KEY_BITS + _KEY_SHIFT <= 64, "band keys too wide for a run entry"
+_CHUNK = 8192  # images whose keyed entries are sorted into the partitions at once
 
 
 def partition_of(key: int, partitions: int = PARTITIONS) -> int:
@@ -97,50 +102,72 @@ def found_of(pairs: Iterable[near_search.Pair], oversized) -> Found:
 def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     """The search in one process, its memory bounded by one partition of keys.
 
+    The same pairs and oversized buckets as :func:`bucket` over every band
+    key (the Beam graph's), on arrays: a pair's distance depends on its two
+    images only, so the candidates of a partition's buckets are deduplicated
+    first and each verified once.
+
     ``work_dir``: a local folder for the run files (a temporary folder is made
     in it and removed on every way out).
     """
     members: list[Member] = []
-    prints: list[bytes] = []
+    packed = bytearray()
+    width = 0
     for batch in batches:
         for e in batch.entries:
             if e.near:
+                width = width or len(e.near)
+                if len(e.near) != width:
+                    raise ValueError(
+                        f"{e.image_id}: a fingerprint of {len(e.near)} bytes among ones of "
+                        f"{width} (records of two near-duplicate schemes in one search)"
+                    )
                 members.append(Member(e.image_id, batch.split, e.label))
-                prints.append(e.near)
+                packed += e.near
+    if not members:
+        return found_of([], [])
+    hashes, colours = _fingerprint_arrays(packed, width)
+    del packed
     os.makedirs(work_dir, exist_ok=True)
     runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
     try:
-        _write_runs(prints, runs)
-        pairs, oversized = set(), []
+        _write_runs(hashes, runs)
+        pairs, oversized = [], []
         for partition in range(PARTITIONS):
-            for result in _partition_buckets(runs, partition, members, prints):
-                if isinstance(result, near_search.Oversized):
-                    oversized.append(result)
-                else:
-                    pairs.update(result)
+            entries = np.fromfile(_run_path(runs, partition), dtype=np.uint64)
+            candidates, too_big = partition_candidates(entries, len(members))
+            oversized += too_big
+            pairs += _verified(candidates, len(members), hashes, colours, members)
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     return found_of(pairs, oversized)
+
+
+def _fingerprint_arrays(packed: bytearray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, slots)`` uint64 hashes and ``(images, 3)`` colours of packed
+    fingerprints of ``width`` bytes each (``near_search.pack``)."""
+    raw = np.frombuffer(packed, np.uint8).reshape(-1, width)
+    colour_at = width - near_search.COLOUR_BYTES
+    hashes = np.empty((len(raw), colour_at // near_search.HASH_BYTES), np.uint64)
+    for low in range(0, len(raw), _CHUNK):  # a chunk at a time: no second copy of them all
+        hashes[low : low + _CHUNK] = raw[low : low + _CHUNK, :colour_at].copy().view(">u8")
+    return hashes, raw[:, colour_at:].copy()
 
 
 def _run_path(runs: str, partition: int) -> str:
     return os.path.join(runs, f"{partition:03d}.run")
 
 
-def _write_runs(prints: list[bytes], runs: str) -> None:
+def _write_runs(hashes: np.ndarray, runs: str) -> None:
     """Every image's keyed entries, appended to its key's partition a chunk of images
     at a time (what is held is one chunk's entries, not every image's)."""
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
-        for start in range(0, len(prints), _CHUNK):
-            rows = [
-                (key, image, whole)
-                for image in range(start, min(start + _CHUNK, len(prints)))
-                for key, whole in near_duplicates.band_keys(near_search.unpack(prints[image]))
-            ]
-            entries = np.array(rows, dtype=_RUN)
-            parts = entries["key"] % PARTITIONS
-            order = np.argsort(parts, kind="stable")
+        for start in range(0, len(hashes), _CHUNK):
+            rows, keys, whole = near_duplicates.band_keys_rows(hashes[start : start + _CHUNK])
+            entries = run_entries(keys, rows + start, whole)
+            parts = (keys % PARTITIONS).astype(np.uint8)
+            order = np.argsort(parts, kind="stable")  # a radix sort of bytes
             entries, parts = entries[order], parts[order]
             bounds = np.searchsorted(parts, np.arange(PARTITIONS + 1))
             for partition in range(PARTITIONS):
@@ -149,17 +176,68 @@ def _write_runs(prints: list[bytes], runs: str) -> None:
                     files[partition].write(entries[low:high].tobytes())
 
 
-def _partition_buckets(runs: str, partition: int, members, prints):
-    entries = np.fromfile(_run_path(runs, partition), dtype=_RUN)
-    entries = entries[np.argsort(entries["key"], kind="stable")]
-    keys = entries["key"]
-    bounds = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(entries)]
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if end - start < 2:
-            continue
-        part = entries[start:end]
-        bucket_entries = [
-            near_search.Entry(members[i], bool(w), prints[i])
-            for i, w in zip(part["image"].tolist(), part["whole"].tolist(), strict=True)
-        ]
-        yield near_search.bucket(int(part["key"][0]), bucket_entries)
+def run_entries(keys: np.ndarray, images: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """Run-file entries of band keys, image indexes and whole flags."""
+    if len(images) and int(images.max()) >> _IMAGE_BITS:
+        raise ValueError(f"more than 2**{_IMAGE_BITS} images in one near-duplicate search")
+    tag = (~whole).astype(np.uint64)
+    return keys.astype(np.uint64) << np.uint64(_KEY_SHIFT) | images.astype(np.uint64) << 1 | tag
+
+
+def partition_candidates(
+    entries: np.ndarray, images: int
+) -> tuple[np.ndarray, list[near_search.Oversized]]:
+    """One partition's run entries -> its distinct candidate pairs as ``i * images + j``
+    (``i < j``, sorted) and its oversized buckets.
+
+    ``near_duplicates.bucket_pairs``' rule on arrays: the entries sorted (by
+    key), each whole entry of a key's run meets every other entry of the run
+    (a pair of two whole entries once), never two windows; a run past
+    ``near_search.MAX_BUCKET`` is reported instead, like ``near_search.bucket``.
+    """
+    entries = np.sort(entries)
+    keys = entries >> np.uint64(_KEY_SHIFT)
+    image = ((entries >> np.uint64(1)) & np.uint64((1 << _IMAGE_BITS) - 1)).astype(np.int64)
+    whole = (entries & np.uint64(1)) == 0
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    sizes = np.diff(np.r_[starts, len(keys)])
+    big = sizes > near_search.MAX_BUCKET
+    oversized = [
+        near_search.Oversized(int(k), int(c))
+        for k, c in zip(keys[starts[big]].tolist(), sizes[big].tolist(), strict=True)
+    ]
+    run = np.repeat(np.arange(len(starts)), sizes)
+    meets = np.flatnonzero(whole & ~big[run] & (sizes[run] >= 2))
+    # Each whole entry against every position of its run: a ragged arange.
+    first, count = starts[run[meets]], sizes[run[meets]]
+    into = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    at, other = np.repeat(meets, count), np.repeat(first, count) + into
+    keep = (other != at) & (~whole[other] | (other > at))
+    a, b = image[at[keep]], image[other[keep]]
+    keep = a != b
+    a, b = a[keep], b[keep]
+    pairs = np.sort(np.minimum(a, b) * images + np.maximum(a, b))
+    return pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs, oversized
+
+
+_VERIFY_CHUNK = 1 << 14  # candidates whose hashes are gathered at once (in cache)
+
+
+def _verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
+    """The candidates that ``near_duplicates.verify`` accepts, as Pairs."""
+    pairs = []
+    for low in range(0, len(candidates), _VERIFY_CHUNK):
+        chunk = candidates[low : low + _VERIFY_CHUNK]
+        i, j = chunk // images, chunk % images
+        d = near_duplicates.distances(hashes[i], hashes[j])
+        ok = (d <= near_duplicates.THRESHOLD) & near_duplicates.colours_agree_rows(
+            colours[i], colours[j]
+        )
+        for a, b, dist in zip(i[ok].tolist(), j[ok].tolist(), d[ok].tolist(), strict=True):
+            ma, mb = members[a], members[b]
+            if ma.image_id == mb.image_id:
+                continue  # one image under two entries cannot happen; never pair it with itself
+            pairs.append(
+                near_search.Pair(ma, mb, dist) if ma < mb else near_search.Pair(mb, ma, dist)
+            )
+    return pairs

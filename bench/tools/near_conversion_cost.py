@@ -1,12 +1,16 @@
 """What near-duplicate detection adds to a conversion, with a same-run baseline.
 
     python -m bench.tools.near_conversion_cost            # 300 web images, 5 rounds
+    python -m bench.tools.near_conversion_cost --set small --images 2000
     python -m bench.tools.near_conversion_cost --search 200000
 
-Convert: ``images.convert`` of every image of the bench web set, in this
-process, rounds alternating between the conversion as it is and the same
-conversion with the fingerprint left out (``images.near_fingerprint`` replaced by a
-function that returns nothing): CPU seconds per image, best of the rounds.
+Convert: ``images.convert`` of every image of a bench set (``--set web``, the
+web set; ``small``, the scale part's 32x32 JPEGs), in this process, rounds
+alternating between the conversion as it is and the same conversion with the
+fingerprint left out (``images.near_fingerprint`` replaced by a function that
+returns nothing, and a pass-through JPEG's check decoded at 1/8 scale, all the
+check itself needs, rather than at ``images.PASS_THROUGH_CHECK``, the scale
+the fingerprint needs): CPU seconds per image, best of the rounds.
 
 Search (``--search N``): ``stages/near.find_local`` over N fingerprints in a
 child process (its wall time and peak RSS); the fingerprints are of random
@@ -42,24 +46,33 @@ def _cpu_per_image(datas: list[bytes], spec: images.ImageSpec) -> float:
     return (time.process_time() - start) / len(datas)
 
 
-def convert_cost(count: int, rounds: int) -> dict:
+def _set_files(name: str, count: int) -> list[Path]:
     from bench.common import data
 
-    web = data.ensure_image_set("web", count, CACHE, f"near-cost-{count}")
-    datas = [p.read_bytes() for p in data.list_images(web.path)]
+    if name == "small":
+        from bench.scale import growth
+
+        return sorted(growth.many_small_set(count, CACHE).rglob("*.jpg"))
+    return data.list_images(data.ensure_image_set("web", count, CACHE, f"near-cost-{count}").path)
+
+
+def convert_cost(count: int, rounds: int, image_set: str = "web") -> dict:
+    datas = [p.read_bytes() for p in _set_files(image_set, count)]
     spec = images.ImageSpec()
-    hashed = images.near_fingerprint
+    hashed, check = images.near_fingerprint, images.PASS_THROUGH_CHECK
     with_near, without = [], []
     _cpu_per_image(datas[:20], spec)  # warm caches (the DCT transforms, Pillow's plugins)
     for _ in range(rounds):
         with_near.append(_cpu_per_image(datas, spec))
         images.near_fingerprint = lambda image: b""
+        images.PASS_THROUGH_CHECK = (1, 1)
         try:
             without.append(_cpu_per_image(datas, spec))
         finally:
-            images.near_fingerprint = hashed
+            images.near_fingerprint, images.PASS_THROUGH_CHECK = hashed, check
     best, base = min(with_near), min(without)
     return {
+        "set": image_set,
         "images": len(datas),
         "rounds": rounds,
         "cpu_s_per_image_with_near": round(best, 6),
@@ -92,15 +105,17 @@ def _search_child(count: int) -> None:
     )
     batches = [RecordBatch("train", entries)]
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.monotonic()
+    start, cpu_start = time.monotonic(), time.process_time()
     with tempfile.TemporaryDirectory() as work:
         found = near.find_local(batches, work)
-    wall = time.monotonic() - start
+    wall, cpu = time.monotonic() - start, time.process_time() - cpu_start
     print(
         json.dumps(
             {
                 "images": count,
                 "search_wall_s": round(wall, 1),
+                "search_cpu_s": round(cpu, 1),
+                "cpu_ms_per_image": round(cpu / count * 1e3, 4),
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
                 "rss_before_search_mb": rss_before // 1024,
                 "pairs": sum(len(g.pairs) for g in found.groups),
@@ -114,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--set", choices=("web", "small"), default="web", dest="image_set")
     parser.add_argument("--search", type=int, default=0, help="fingerprints to search (0: none)")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -129,7 +145,7 @@ def main() -> None:
         )
         print(done.stdout.strip())
         return
-    print(json.dumps(convert_cost(args.images, args.rounds)))
+    print(json.dumps(convert_cost(args.images, args.rounds, args.image_set)))
 
 
 if __name__ == "__main__":
