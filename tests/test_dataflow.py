@@ -62,6 +62,7 @@ def template(gcs_emulator, tmp_path_factory):
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ)
     )
+    assert done.returncode == 0, done.stderr[-3000:]  # (else nothing is staged to look at)
     staged = gcs_emulator.download_dir(f"gs://{bucket}/staging", base / "staged")
     (job_dir,) = [p for p in staged.iterdir() if p.is_dir()]
     return {

@@ -85,9 +85,14 @@ def _near_prints() -> dict[str, tuple[str, bytes]]:
         for copy_where, kind in copies:
             copy = near_fixtures.COPIES[kind][0](photo)
             prints[f"{copy_where}/{kind}-{name}"] = (copy_where.split("/")[0], _pack(copy))
-    flat = _pack(Image.new("RGB", (64, 64), (90, 90, 90)))
+    # Flat images of many tints: one hash, each its own fingerprint (the colour).
+    hashes = _fp(Image.new("RGB", (64, 64), (90, 90, 90))).hashes
     for n in range(near_search.MAX_BUCKET + 1):
-        prints[f"flat/{n:05d}"] = ("train", flat)
+        tint = (40 + n % 70, 40 + n // 70, 90)
+        prints[f"flat/{n:05d}"] = (
+            "train",
+            near_search.pack(near_duplicates.Fingerprint(hashes, tint)),
+        )
     return prints
 
 
@@ -419,11 +424,17 @@ def test_the_local_search_s_arrays_give_every_bucket_s_pairs(tmp_path):
     # the Beam graph runs per GroupByKey bucket); buckets here hold up to a few
     # hundred images, many sharing more than one key.
     batches = _batches(_crowded_prints(600))
-    buckets: dict[int, list[near_search.Entry]] = {}
+    by_print: dict[bytes, list] = {}
     for batch in batches:
-        for key, entry in near.keyed(batch):
-            buckets.setdefault(key, []).append(entry)
+        for packed, member in near.fingerprints(batch):
+            by_print.setdefault(packed, []).append(member)
+    buckets: dict[int, list[near_search.Entry]] = {}
     pairs, oversized = [], []
+    for item in by_print.items():
+        first, joined = near.twins(item)
+        pairs += joined
+        for key, entry in near.keyed(first):
+            buckets.setdefault(key, []).append(entry)
     for key, entries in buckets.items():
         if len(entries) > 1:
             result = near_search.bucket(key, entries)
@@ -434,6 +445,59 @@ def test_the_local_search_s_arrays_give_every_bucket_s_pairs(tmp_path):
     expected = near.found_of(pairs, oversized)
     assert sum(len(g.pairs) for g in expected.groups) > 100  # many verified, many more not
     assert near.find_local(batches, str(tmp_path)) == expected
+
+
+def test_records_of_one_fingerprint_join_their_first_and_only_it_is_searched():
+    packed = near_search.pack(near_duplicates.Fingerprint(tuple(range(19)), (85, 85, 85)))
+    members = [Member(i, "train", 0) for i in ("c", "a", "b")]
+    first, joined = near.twins((packed, members))
+    assert first == (packed, Member("a", "train", 0))
+    assert joined == [near_search.Pair(first[1], m, 0) for m in (members[2], members[0])]
+
+
+def _twin_prints() -> dict[str, tuple[str, bytes]]:
+    """Copies of one picture past the bucket limit (one fingerprint, other bytes),
+    copies of another, and a near copy of the second."""
+    prints = {}
+    blank = near_search.pack(near_duplicates.Fingerprint((0,) * 19, (85, 85, 85)))
+    for n in range(near_search.MAX_BUCKET + 10):
+        prints[f"{('train', 'val')[n % 2]}/blank{n:05d}"] = (("train", "val")[n % 2], blank)
+    photo = near_fixtures._photo("astronaut.png")
+    for n in range(5):
+        prints[f"test/astronaut{n}"] = ("test", _pack(photo))
+    small = photo.resize((photo.width // 2, photo.height // 2))
+    prints["train/astronaut_small"] = ("train", _pack(small))
+    return prints
+
+
+def test_twins_make_one_group_a_pair_each_on_both_engines(tmp_path, monkeypatch):
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that
+
+    from beam_pipeline.engines.near_graph import FindNearDuplicates
+
+    monkeypatch.setattr(near_search, "MAX_BUCKET", 40)  # a small limit, a small test
+    batches = _batches(_twin_prints())
+    local = near.find_local(batches, str(tmp_path / "work"))
+    by_first = {g.members[0].image_id: g for g in local.groups}
+    blanks = by_first["train/blank00000"]
+    # Past the bucket limit, and still one group: each copy paired with the first once.
+    assert len(blanks.members) == near_search.MAX_BUCKET + 10
+    assert len(blanks.pairs) == len(blanks.members) - 1
+    assert {p.distance for p in blanks.pairs} == {0}
+    astronauts = by_first["test/astronaut0"]
+    ids = [m.image_id for m in astronauts.members]
+    assert ids == [f"test/astronaut{n}" for n in range(5)] + ["train/astronaut_small"]
+    assert len(astronauts.pairs) == 4 + 1  # four copies to the first, the first to the near copy
+    assert not local.oversized
+
+    def same(found):
+        assert list(found) == [local], found
+
+    with beam.Pipeline("DirectRunner") as pipeline:
+        made = pipeline | beam.Create(batches, reshuffle=False)
+        found = made | FindNearDuplicates(dedupe_near=False)
+        assert_that(found["found"], same)
 
 
 def test_the_local_search_refuses_fingerprints_of_two_widths(tmp_path):

@@ -4,11 +4,13 @@ FindNearDuplicates  RecordBatch -> the near-duplicate groups and oversized bucke
                     (one element, ``found``); with --dedupe near also the batches
                     without the near copies + a Rejection per copy
 
-The steps are stages/near.py's, as the local engine runs them: every record's
-band keys, a ``GroupByKey`` on the key (the buckets spread over the workers,
-~200 bytes an entry, never the image), each bucket's verified pairs, a
-``Distinct`` (a pair meets in several buckets), and the few pairs gathered
-into groups on one worker. DirectRunner, Dask and Dataflow run the same graph.
+The steps are stages/near.py's, as the local engine runs them: a
+``GroupByKey`` on each record's fingerprint (its copies joined to the first
+of them), the band keys of each distinct fingerprint's first record, a
+``GroupByKey`` on the key (the buckets spread over the workers, ~200 bytes
+an entry, never the image), each bucket's verified pairs, a ``Distinct`` (a
+pair meets in several buckets), and the few pairs gathered into groups on
+one worker. DirectRunner, Dask and Dataflow run the same graph.
 """
 
 from __future__ import annotations
@@ -22,7 +24,19 @@ from beam_pipeline.core.elements import RecordBatch
 from beam_pipeline.stages import near
 
 OVERSIZED = "oversized"
+TWINS = "twins"
 REJECTED = "rejected"
+
+
+class _TwinsFn(beam.DoFn):
+    """(fingerprint, [Member]) -> (fingerprint, its first Member); a PairRow per
+    other Member on ``twins``."""
+
+    def process(self, item):
+        first, joined = near.twins(item)
+        for pair in joined:
+            yield TaggedOutput(TWINS, near.to_row(pair))
+        yield first
 
 
 class _BucketFn(beam.DoFn):
@@ -77,14 +91,26 @@ class FindNearDuplicates(beam.PTransform):
         self._dedupe_near = dedupe_near
 
     def expand(self, batches):
-        buckets = (
+        firsts = (
             batches
-            # RecordBatch -> (band key, Entry), up to 76 per record
+            # RecordBatch -> (fingerprint, Member), one per record
+            | "Fingerprints" >> beam.FlatMap(near.fingerprints)
+            | "GroupByFingerprint" >> beam.GroupByKey()
+            # -> (fingerprint, its first Member); PairRow per copy on "twins"
+            | "FirstOfTwins" >> beam.ParDo(_TwinsFn()).with_outputs(TWINS, main="firsts")
+        )
+        buckets = (
+            firsts.firsts
+            # (fingerprint, Member) -> (band key, Entry), one per band
             | "BandKeys" >> beam.FlatMap(near.keyed)
             | "GroupByBandKey" >> beam.GroupByKey()
             | "VerifyBucket" >> beam.ParDo(_BucketFn()).with_outputs(OVERSIZED, main="pairs")
         )
-        pairs = buckets.pairs | "DistinctPairs" >> beam.Distinct()
+        pairs = (
+            (buckets.pairs, firsts[TWINS])
+            | "AllPairs" >> beam.Flatten()
+            | "DistinctPairs" >> beam.Distinct()
+        )
         # One element that takes the pairs and the oversized buckets as side
         # inputs: a list even when empty, without CombineGlobally's KeyWithVoid.
         found = (

@@ -2,13 +2,15 @@
 are paired, pairs become groups; with ``--dedupe near`` every member of a group
 but the keeper becomes a rejection.
 
-Both engines run the same steps: every record's band keys (:func:`keyed`),
-the records that share a key gathered into a bucket, each bucket's verified
-pairs (:func:`bucket`), the distinct pairs into groups (``near_search.report``).
-The Beam graph gathers with a ``GroupByKey`` (``near_graph.py``); the local
-engine with :func:`find_local`, which writes the keyed entries to run files
-partitioned by the key's low bits and gathers one partition at a time, so
-that what it holds is one partition's keys, not every image's 76.
+Both engines run the same steps: the records of one fingerprint gathered
+and joined to the first of them (:func:`twins`), the band keys of each
+distinct fingerprint's first record (:func:`keyed`), the records that share
+a key gathered into a bucket, each bucket's verified pairs (:func:`bucket`),
+all the distinct pairs into groups (``near_search.report``). The Beam graph
+gathers with a ``GroupByKey`` (``near_graph.py``); the local engine with
+:func:`find_local`, which writes the keyed entries to run files partitioned
+by the key's low bits and gathers one partition at a time, so that what it
+holds is one partition's keys, not every image's.
 
 Pure of Beam.
 """
@@ -33,11 +35,34 @@ from beam_pipeline.stages import dedupe
 PairRow = tuple[str, str, int, str, str, int, int]
 
 
-def keyed(batch: RecordBatch) -> Iterator[tuple[int, near_search.Entry]]:
-    """RecordBatch -> (band key, Entry) for every band key of every record."""
+def fingerprints(batch: RecordBatch) -> Iterator[tuple[bytes, Member]]:
+    """RecordBatch -> (packed fingerprint, Member) for every record that has one."""
     for e in batch.entries:
         if e.near:  # every converted record has one; hand-made test entries may not
-            yield from near_search.keyed(Member(e.image_id, batch.split, e.label), e.near)
+            yield e.near, Member(e.image_id, batch.split, e.label)
+
+
+def twins(
+    item: tuple[bytes, Iterable[Member]],
+) -> tuple[tuple[bytes, Member], list[near_search.Pair]]:
+    """(fingerprint, the records that have it) -> (fingerprint, the first of them by
+    ID) and a Pair at distance 0 joining each other one to that first.
+
+    Records of one fingerprint are near copies of each other and of whatever
+    the first is a near copy of, so only the first goes on to the band search:
+    a thousand copies of one blank or placeholder image make 999 pairs, not
+    the half a million an all-against-all bucket would (nor, past the bucket
+    limit, no group at all).
+    """
+    packed, members = item
+    first, *others = sorted(members)
+    return (packed, first), [near_search.Pair(first, m, 0) for m in others]
+
+
+def keyed(item: tuple[bytes, Member]) -> list[tuple[int, near_search.Entry]]:
+    """(fingerprint, its first record) -> (band key, Entry) for each of its band keys."""
+    packed, member = item
+    return near_search.keyed(member, packed)
 
 
 def bucket(item: tuple[int, Iterable[near_search.Entry]]):
@@ -128,11 +153,12 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
         return found_of([], [])
     hashes, colours = _fingerprint_arrays(packed, width)
     del packed
+    searched, pairs = _first_of_twins(hashes, colours, members)
     os.makedirs(work_dir, exist_ok=True)
     runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
     try:
-        _write_runs(hashes, runs)
-        pairs, oversized = [], []
+        _write_runs(hashes, runs, searched)
+        oversized = []
         for partition in range(PARTITIONS):
             entries = np.fromfile(_run_path(runs, partition), dtype=np.uint64)
             candidates, too_big = partition_candidates(entries, len(members))
@@ -154,17 +180,48 @@ def _fingerprint_arrays(packed: bytearray, width: int) -> tuple[np.ndarray, np.n
     return hashes, raw[:, colour_at:].copy()
 
 
+def _first_of_twins(hashes, colours, members) -> tuple[np.ndarray, list[near_search.Pair]]:
+    """:func:`twins` on arrays: which images go on to the band search (a bool per
+    image: those whose fingerprint no other has, and the first of each set that
+    share one) and the pairs joining the others to their first.
+
+    Identical fingerprints share their whole hash, so only runs of an equal
+    whole hash (sorted) are compared in full.
+    """
+    searched = np.ones(len(members), bool)
+    pairs: list[near_search.Pair] = []
+    order = np.argsort(hashes[:, 0], kind="stable")
+    whole = hashes[order, 0]
+    starts = np.flatnonzero(np.r_[True, whole[1:] != whole[:-1]])
+    sizes = np.diff(np.r_[starts, len(whole)])
+    for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist(), strict=True):
+        run = order[start : start + size]
+        rows = np.concatenate([hashes[run].view(np.uint8).reshape(size, -1), colours[run]], 1)
+        _, which = np.unique(rows, axis=0, return_inverse=True)
+        which = which.ravel()
+        for kind in np.flatnonzero(np.bincount(which) > 1).tolist():
+            same = run[which == kind].tolist()
+            (_, first), joined = twins((b"", [members[i] for i in same]))
+            searched[same] = False
+            searched[next(i for i in same if members[i] == first)] = True
+            pairs += joined
+    return searched, pairs
+
+
 def _run_path(runs: str, partition: int) -> str:
     return os.path.join(runs, f"{partition:03d}.run")
 
 
-def _write_runs(hashes: np.ndarray, runs: str) -> None:
-    """Every image's keyed entries, appended to its key's partition a chunk of images
-    at a time (what is held is one chunk's entries, not every image's)."""
+def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray) -> None:
+    """The keyed entries of every image ``searched`` says, appended to its key's
+    partition a chunk of images at a time (what is held is one chunk's entries,
+    not every image's)."""
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
         for start in range(0, len(hashes), _CHUNK):
             rows, keys, whole = near_duplicates.band_keys_rows(hashes[start : start + _CHUNK])
+            kept = searched[rows + start]
+            rows, keys, whole = rows[kept], keys[kept], whole[kept]
             entries = run_entries(keys, rows + start, whole)
             parts = (keys % PARTITIONS).astype(np.uint8)
             order = np.argsort(parts, kind="stable")  # a radix sort of bytes
