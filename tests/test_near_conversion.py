@@ -104,12 +104,23 @@ def _pack(image) -> bytes:
     return near_search.pack(_fp(image))
 
 
-def test_the_local_search_in_partitions_finds_what_the_beam_graph_finds(tmp_path):
+def _assert_the_beam_graph_finds(batches: list[RecordBatch], local: near.Found) -> None:
+    """The Beam graph (DirectRunner) over ``batches`` gives the local search's ``local``."""
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
     from beam_pipeline.engines.near_graph import FindNearDuplicates
 
+    def same(found):
+        assert list(found) == [local], found
+
+    with beam.Pipeline("DirectRunner") as pipeline:
+        made = pipeline | beam.Create(batches, reshuffle=False)
+        found = made | FindNearDuplicates(dedupe_near=False)
+        assert_that(found["found"], same)
+
+
+def test_the_local_search_in_partitions_finds_what_the_beam_graph_finds(tmp_path):
     batches = _batches(_near_prints())
     local = near.find_local(batches, str(tmp_path / "work"))
     assert os.listdir(tmp_path / "work") == []  # the run files are gone
@@ -120,14 +131,7 @@ def test_the_local_search_in_partitions_finds_what_the_beam_graph_finds(tmp_path
     assert len(local.oversized) == len(near_duplicates.band_keys(flat))
     # (a real photo may share one band with them: a bucket of one more)
     assert all(o.images > near_search.MAX_BUCKET for o in local.oversized)
-
-    def same(found):
-        assert list(found) == [local], found
-
-    with beam.Pipeline("DirectRunner") as pipeline:
-        made = pipeline | beam.Create(batches, reshuffle=False)
-        found = made | FindNearDuplicates(dedupe_near=False)
-        assert_that(found["found"], same)
+    _assert_the_beam_graph_finds(batches, local)
 
 
 # ------------------------------------------------------------ the conversion
@@ -471,11 +475,6 @@ def _twin_prints() -> dict[str, tuple[str, bytes]]:
 
 
 def test_twins_make_one_group_a_pair_each_on_both_engines(tmp_path, monkeypatch):
-    import apache_beam as beam
-    from apache_beam.testing.util import assert_that
-
-    from beam_pipeline.engines.near_graph import FindNearDuplicates
-
     monkeypatch.setattr(near_search, "MAX_BUCKET", 40)  # a small limit, a small test
     batches = _batches(_twin_prints())
     local = near.find_local(batches, str(tmp_path / "work"))
@@ -490,14 +489,7 @@ def test_twins_make_one_group_a_pair_each_on_both_engines(tmp_path, monkeypatch)
     assert ids == [f"test/astronaut{n}" for n in range(5)] + ["train/astronaut_small"]
     assert len(astronauts.pairs) == 4 + 1  # four copies to the first, the first to the near copy
     assert not local.oversized
-
-    def same(found):
-        assert list(found) == [local], found
-
-    with beam.Pipeline("DirectRunner") as pipeline:
-        made = pipeline | beam.Create(batches, reshuffle=False)
-        found = made | FindNearDuplicates(dedupe_near=False)
-        assert_that(found["found"], same)
+    _assert_the_beam_graph_finds(batches, local)
 
 
 def test_the_local_search_refuses_fingerprints_of_two_widths(tmp_path):
