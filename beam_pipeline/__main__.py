@@ -17,6 +17,13 @@ import sys
 import threading
 import traceback
 
+# The conversion's NumPy products (the near-duplicate fingerprint's) are
+# tiny: OpenBLAS's threads only spin, and every forked conversion process
+# inherits them, so two processes on two cores spent their time waiting on
+# each other (docs/performance.md). OpenBLAS reads this when NumPy loads, so
+# it is set before any import that loads NumPy; a value the user gave stays.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 try:
     from beam_pipeline.beam_internals import beam_private
     from beam_pipeline.cli import job

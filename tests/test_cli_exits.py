@@ -616,3 +616,33 @@ def test_bad_beam_flags_fail(args, message):
 def test_lenient_mode_warns_and_skips_the_unknown_flag_with_its_value(caplog):
     beam_options.check(["--launcher_flag", "v", "--num_workers", "2"], lenient=True)
     assert "unknown option --launcher_flag" in caplog.text
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("given, expected", [(None, "1"), ("3", "3")])
+def test_numpy_loads_with_openblas_at_one_thread_unless_told(given, expected):
+    """OpenBLAS reads the variable when NumPy loads: what the command line sets
+    must be in place by then, so that the forked conversion processes do not
+    spin BLAS threads over the fingerprint's tiny products. A value the user
+    set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    # An import hook notes the variable at the moment NumPy is first imported.
+    code = (
+        "import importlib.abc, os, runpy, sys\n"
+        "seen = []\n"
+        "class Watch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'numpy' and not seen:\n"
+        "            seen.append(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+        "            print('NUMPY_LOADED_WITH', seen, flush=True)\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "sys.argv = ['beam_pipeline', '--input', sys.argv[1], '--output', sys.argv[2]]\n"
+        "runpy.run_module('beam_pipeline', run_name='__main__')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "/nonexistent/in", "/nonexistent/out"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert f"NUMPY_LOADED_WITH [{expected!r}]" in done.stdout.splitlines(), done.stderr

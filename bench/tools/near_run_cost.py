@@ -31,12 +31,14 @@ from bench.common.settings import CACHE_DIR, REPO_DIR, RESULTS_DIR
 from bench.scale.growth import many_small_set
 
 # The child: the converter's own entry point, with the fingerprint on or off.
+# The entry point is imported first, as `python -m beam_pipeline` loads it
+# (it sets what must be set before NumPy loads).
 _CHILD = (
     "import sys\n"
+    "from beam_pipeline.__main__ import main\n"
     "from beam_pipeline.core import images\n"
     "if sys.argv.pop(1) == 'off':\n"
     "    images.near_fingerprint = lambda image: b''\n"
-    "from beam_pipeline.__main__ import main\n"
     "sys.exit(main())\n"
 )
 MODES = ("on", "off")
