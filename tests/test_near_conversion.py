@@ -10,6 +10,7 @@ import os
 import random
 import re
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -66,6 +67,9 @@ def test_an_oversized_bucket_is_reported_not_paired():
     ]
     assert near_search.bucket(7, entries) == near_search.Oversized(7, near_search.MAX_BUCKET + 1)
     assert len(near_search.bucket(7, entries[:3])) == 3  # a small one: every pair at distance 0
+    # No whole hash has the key: nothing to pair, at any size, and nothing reported.
+    windows = [e._replace(whole=False) for e in entries]
+    assert near_search.bucket(7, windows) == [] and near_search.bucket(7, windows[:3]) == []
 
 
 def _batches(prints: dict[str, tuple[str, bytes]]) -> list[RecordBatch]:
@@ -126,9 +130,10 @@ def test_the_local_search_in_partitions_finds_what_the_beam_graph_finds(tmp_path
     assert os.listdir(tmp_path / "work") == []  # the run files are gone
     groups = [[m.image_id for m in g.members] for g in local.groups]
     assert len(groups) == 4 and all(not g[0].startswith("flat/") for g in groups)
-    # The flat images share every band key: each bucket of theirs reported, none paired.
+    # The flat images share every band key: each bucket of their whole hash
+    # reported, none paired (their windows' keys alone pair nothing).
     flat = near_search.unpack(_pack(Image.new("RGB", (64, 64), (90, 90, 90))))
-    assert len(local.oversized) == len(near_duplicates.band_keys(flat))
+    assert len(local.oversized) == sum(whole for _, whole in near_duplicates.band_keys(flat))
     # (a real photo may share one band with them: a bucket of one more)
     assert all(o.images > near_search.MAX_BUCKET for o in local.oversized)
     _assert_the_beam_graph_finds(batches, local)
@@ -313,9 +318,24 @@ def test_reuse_takes_the_fingerprints_from_old_or_from_its_stored_jpegs(folder, 
     counted = _counted(capsys.readouterr().out)
     assert counted[counters.REUSED] == counted[counters.NEAR_HASHED] == near_fixtures.IMAGES
     assert counters.CONVERTED not in counted
-    assert near_fixtures.near_groups(tmp_path / "from_v2") == near_fixtures.GROUPS
     records = _records(tmp_path / "from_v2")
-    assert all(len(r["image/near/phash"]) == 152 for r in records)
+    stored = {
+        r["image/filename"].decode(): images.near_of_stored(r["image/encoded"]) for r in records
+    }
+    assert [r["image/near/phash"] + r["image/near/colour"] for r in records] == [
+        stored[r["image/filename"].decode()] for r in records
+    ]
+    # The groups are the search's over those fingerprints. They are the stored
+    # JPEG's, not the pixels a conversion hashes before the encode, so a copy
+    # can be a few bits further off: here the astronaut's crop, at distance 4
+    # with a differing bit in every band, is not found.
+    searched = near.find_local(
+        _batches({i: (i.split("/")[0], packed) for i, packed in stored.items()}),
+        str(tmp_path / "work"),
+    )
+    groups = near_fixtures.near_groups(tmp_path / "from_v2")
+    assert groups == [[m.image_id for m in g.members] for g in searched.groups]
+    assert len([g for g in groups if g in near_fixtures.GROUPS]) >= len(near_fixtures.GROUPS) - 1
 
 
 @pytest.mark.e2e
@@ -489,6 +509,25 @@ def test_twins_make_one_group_a_pair_each_on_both_engines(tmp_path, monkeypatch)
     assert ids == [f"test/astronaut{n}" for n in range(5)] + ["train/astronaut_small"]
     assert len(astronauts.pairs) == 4 + 1  # four copies to the first, the first to the near copy
     assert not local.oversized
+    _assert_the_beam_graph_finds(batches, local)
+
+
+def test_keys_only_windows_share_pair_nothing_and_are_not_reported_on_both_engines(
+    tmp_path, monkeypatch
+):
+    # Images whose windows share one hash past the bucket limit, each whole hash
+    # its own: the local engine never writes those window entries, and the Beam
+    # graph's bucket of them pairs and reports nothing either.
+    monkeypatch.setattr(near_search, "MAX_BUCKET", 40)
+    rng = np.random.default_rng(5)
+    prints = {}
+    for n in range(60):
+        whole = int(rng.integers(1, 2**63)) | 1 << 63
+        fp = near_duplicates.Fingerprint((whole,) + (0x5A5A_5A5A_5A5A_5A5A,) * 18, (85, 85, 85))
+        prints[f"train/{n:03d}"] = ("train", near_search.pack(fp))
+    batches = _batches(prints)
+    local = near.find_local(batches, str(tmp_path / "work"))
+    assert local == near.Found([], [])
     _assert_the_beam_graph_finds(batches, local)
 
 

@@ -149,13 +149,13 @@ FP = Fingerprint((0x0123_4567_89AB_CDEF, 0xFFFF_0000_FFFF_0000), (85, 85, 85))
 
 
 def test_band_keys_are_the_bands_of_every_hash_whole_marked():
-    bits = 21  # the values below are this width's bands
-    keys = nd.band_keys(FP, bits)
+    bits = 21  # the values below are five bands of this width
+    keys = nd.band_keys(FP, bits, band_count=5)
     assert keys == sorted(keys)
-    assert nd.band_keys(FP, bits) == keys  # deterministic
+    assert nd.band_keys(FP, bits, band_count=5) == keys  # deterministic
     assert (0 << bits | 0x0BCDEF, True) in keys and (4 << bits | 0x1DE024, True) in keys
     assert (0 << bits | 0x1F0000, False) in keys and (2 << bits | 0x3F, False) in keys
-    assert len(keys) == nd.BAND_COUNT * 2
+    assert len(keys) == 5 * 2
 
 
 def test_band_keys_of_disjoint_bands_are_the_hashes_cut_in_pieces():
@@ -168,8 +168,8 @@ def test_band_keys_of_disjoint_bands_are_the_hashes_cut_in_pieces():
 
 def test_a_key_both_hashes_have_is_whole():
     fp = Fingerprint((0x1111, 0x1111), (85, 85, 85))
-    bits = nd.BAND_BITS
-    assert nd.band_keys(fp) == [
+    bits = 20  # five bands of 20 bits: offsets 0, 13, 26, 38, 51
+    assert nd.band_keys(fp, bits, band_count=5) == [
         (0x1111, True),
         (1 << bits, True),
         (2 << bits, True),
@@ -243,21 +243,32 @@ def test_the_near_part_writes_its_table(tmp_path):
 
 def test_the_folded_products_are_the_phash_of_each_windows_box_thumbnail():
     side = 64
-    base = np.random.default_rng(2).integers(0, 255_000, size=(side, side)).astype(np.float64)
+    pixels = np.random.default_rng(2).integers(0, 256, size=(side, side, 3)).astype(np.float64)
+    grey = pixels @ nd._GREY_WEIGHTS
     window = (0.08, 0.0, 1.0, 0.92)  # lopsided: rows and columns swapped would differ
     left, top, right, bottom = window
-    thumb = nd._area_matrix(top, bottom, side, 32) @ base @ nd._area_matrix(left, right, side, 32).T
-    assert nd._phashes(base, [window]) == [nd.phash_of(thumb)]
-    assert nd._phashes(base, [window]) != [nd.phash_of(thumb.T)]
+    thumb = nd._area_matrix(top, bottom, side, 32) @ grey @ nd._area_matrix(left, right, side, 32).T
+    bits, sums = nd._hash_bits(pixels, nd._layout((window,)))
+    assert bits.view(">u8").ravel().tolist() == [nd.phash_of(thumb)]
+    assert bits.view(">u8").ravel().tolist() != [nd.phash_of(thumb.T)]
+    assert sums.tolist() == pixels.reshape(-1, 3).sum(axis=0).tolist()
 
 
-def _exact_low_frequencies(grey: np.ndarray) -> np.ndarray:
+def _exact_products(pixels: np.ndarray) -> np.ndarray:
     # numpy's int64 products do not go through BLAS: exact, in a fixed order.
     layout = nd._DEFAULT_LAYOUT
-    rows = layout.transform(0, grey.shape[0]).astype(np.int64)
-    cols = layout.transform(1, grey.shape[1]).astype(np.int64)
-    every = rows @ grey.astype(np.int64) @ cols.T
-    return every.ravel().take(layout.take)
+    h, w, _ = pixels.shape
+    rows = layout.row_transform(h).astype(np.int64)
+    per_row = pixels.reshape(h, 3 * w).astype(np.int64) @ layout.pixel_transform(w).astype(np.int64)
+    return np.concatenate([(rows @ per_row[:, :-3]).ravel(), per_row[:, -3:].sum(axis=0)])
+
+
+def _products(pixels: np.ndarray) -> np.ndarray:
+    layout = nd._DEFAULT_LAYOUT
+    h, w, _ = pixels.shape
+    per_row = pixels.reshape(h, 3 * w) @ layout.pixel_transform(w)
+    low = layout.row_transform(h) @ per_row[:, :-3]
+    return np.concatenate([low.ravel(), per_row[:, -3:].sum(axis=0)])
 
 
 @pytest.mark.parametrize(
@@ -269,15 +280,18 @@ def test_the_products_are_exact_integers_whatever_the_order(shape, fill):
     # integers held in float64 never round, so the order of the sums cannot
     # matter. White is the largest value every pixel can have.
     rng = np.random.default_rng(3)
-    top = 255 * sum(nd._GREY_WEIGHTS)
-    grey = rng.integers(0, top + 1, size=shape) if fill == "random" else np.full(shape, top)
-    grey = grey.astype(np.float64)
-    exact = _exact_low_frequencies(grey)
-    got = nd._low_frequencies(grey, nd._DEFAULT_LAYOUT)
-    assert np.array_equal(got, exact)
-    fortran = nd._low_frequencies(np.asfortranarray(grey), nd._DEFAULT_LAYOUT)
-    assert np.array_equal(fortran, exact)
+    pixels = (
+        rng.integers(0, 256, size=(*shape, 3)) if fill == "random" else np.full((*shape, 3), 255)
+    )
+    pixels = pixels.astype(np.float64)
+    exact = _exact_products(pixels)
+    assert np.array_equal(_products(pixels), exact)
+    assert np.array_equal(_products(np.asfortranarray(pixels)), exact)
     assert np.abs(exact).max() < 2**53
+    # What the fingerprint takes from them: the same hash bits and channel sums.
+    bits, sums = nd._hash_bits(pixels, nd._DEFAULT_LAYOUT)
+    assert np.array_equal(sums, exact[-3:])
+    assert bits.shape == (len(nd.WINDOWS), 8)
 
 
 def test_the_fingerprint_of_a_fixed_image_is_the_same_on_every_machine():
@@ -388,6 +402,36 @@ def test_band_keys_of_an_array_are_each_row_s_band_keys():
     assert got == expected
 
 
+def test_known_keys_leave_out_only_window_entries_under_keys_no_whole_hash_has():
+    prints = _random_prints(60, 4)
+    # Near copies: another row's whole hash is this row's window, so some window
+    # keys are known and their entries must stay.
+    for n in range(0, 60, 4):
+        prints[n + 1] = Fingerprint(
+            prints[n + 1].hashes[:3] + (prints[n].hashes[0],) + prints[n + 1].hashes[4:],
+            prints[n + 1].colour,
+        )
+    hashes = _hash_array(prints)
+    known = np.zeros(1 << nd.key_bits(), bool)
+    known[nd.band_key_grid(hashes[:, :1]).ravel()] = True
+    every = list(zip(*(a.tolist() for a in nd.band_keys_rows(hashes)), strict=True))
+    kept = list(zip(*(a.tolist() for a in nd.band_keys_rows(hashes, known=known)), strict=True))
+    assert kept == [(r, k, w) for r, k, w in every if w or known[k]]
+    assert any(not w for _, _, w in kept)  # the planted windows are there
+    assert len(kept) < len(every) / 4  # most random window keys are no whole hash's
+    # The pairs are the same: a bucket pairs only with a whole entry in it.
+    assert set(_array_candidates(*nd.band_keys_rows(hashes, known=known))) == set(
+        _array_candidates(*nd.band_keys_rows(hashes))
+    )
+
+
+def _array_candidates(rows, keys, whole):
+    buckets: dict[int, list[tuple[int, bool]]] = {}
+    for r, k, w in zip(rows.tolist(), keys.tolist(), whole.tolist(), strict=True):
+        buckets.setdefault(k, []).append((r, w))
+    return [pair for members in buckets.values() for pair in nd.bucket_pairs(members)]
+
+
 def test_distances_and_colours_of_arrays_are_each_pair_s():
     prints = _random_prints(30, 5)
     # Near copies: the whole hash of one is a window of another, a few bits off.
@@ -406,3 +450,13 @@ def test_distances_and_colours_of_arrays_are_each_pair_s():
     agree = nd.colours_agree_rows(colours[i], colours[j]).tolist()
     assert agree == [nd.colours_agree(prints[a], prints[b]) for a, b in pairs]
     assert any(agree) and not all(agree)
+
+
+@pytest.mark.parametrize("size", [(32, 32), (341, 256), (40, 300), (3, 2)])
+def test_the_converter_s_packed_fingerprint_is_the_packed_tuple(size):
+    from beam_pipeline.core import near_search
+
+    rng = np.random.default_rng(size[0])
+    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    assert near_search.pack_image(img) == near_search.pack(nd.fingerprint(img))
+    assert near_search.unpack(near_search.pack_image(img)) == nd.fingerprint(img)

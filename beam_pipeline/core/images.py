@@ -308,7 +308,7 @@ def _pass_through_profile_ok(image: Image.Image) -> bool:
 def near_fingerprint(image: Image.Image) -> bytes:
     """The near-duplicate fingerprint of ``image`` as stored, packed as the record's
     ``image/near/*`` features carry it."""
-    return near_search.pack(near_duplicates.fingerprint(image))
+    return near_search.pack_image(image)
 
 
 # The scale a pass-through JPEG is check-decoded at: the smallest that covers

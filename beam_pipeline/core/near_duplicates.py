@@ -46,9 +46,12 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
 # halves the random candidates, which grow as the square of the images; each
 # band more wins back copies whose few differing bits fell in every other
 # band. Chosen with bench/near/duplicates.py against the cross-split recall
-# and the search's cost at 1.28 M images (docs/performance.md).
-BAND_BITS = 20
-BAND_COUNT = 5
+# at the size a conversion stores and the search's cost at 1.28 M images
+# (docs/performance.md): wide bands keep the random candidates few, and a
+# band key that no whole-image hash has needs no window entry either
+# (``band_keys_rows``' ``known``), so the sixth band costs little.
+BAND_BITS = 23
+BAND_COUNT = 6
 # Calibrated by bench/near/duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6
 # Largest difference of mean chromaticity (0-255 scale, per channel) of a pair.
@@ -160,13 +163,31 @@ class _Layout:
         k = np.arange(8)
         rows_at = (row_of[:, None] * 8 + k)[:, :, None] * (len(self.cols) * 8)
         self.take = (rows_at + (col_of[:, None] * 8 + k)[:, None, :]).reshape(len(windows), 64)
-        self._by_length: dict[tuple[int, int], np.ndarray] = {}
+        self._rows: dict[int, np.ndarray] = {}
+        self._pixels: dict[int, np.ndarray] = {}
 
-    def transform(self, axis: int, n: int) -> np.ndarray:
-        found = self._by_length.get((axis, n))
+    def row_transform(self, n: int) -> np.ndarray:
+        """``(8 * row spans, n)``: the transform of a column of ``n`` grey values."""
+        found = self._rows.get(n)
         if found is None:
-            found = _side_transform(n, self.cols if axis else self.rows)
-            self._by_length[(axis, n)] = found
+            found = self._rows[n] = _side_transform(n, self.rows)
+        return found
+
+    def pixel_transform(self, n: int) -> np.ndarray:
+        """``(3 * n, 8 * column spans + 3)``: a row of ``n`` RGB pixels (raveled) to
+        its grey values' column transform, then the row's sum of each channel.
+
+        The grey weights are folded in (grey is linear), so one product takes
+        the pixels to both what the hashes need and what the colour needs.
+        """
+        found = self._pixels.get(n)
+        if found is None:
+            cols = _side_transform(n, self.cols).T  # (n, 8 * spans)
+            spans = cols.shape[1]
+            found = np.zeros((n, 3, spans + 3))
+            found[:, :, :spans] = cols[:, None, :] * _GREY_WEIGHTS[None, :, None]
+            found[:, np.arange(3), spans + np.arange(3)] = 1
+            found = self._pixels[n] = found.reshape(3 * n, spans + 3)
         return found
 
 
@@ -175,21 +196,17 @@ def _layout(windows: tuple[tuple[float, float, float, float], ...]) -> _Layout:
     return _Layout(windows)
 
 
-def _low_frequencies(grey: np.ndarray, layout: _Layout) -> np.ndarray:
-    """``(windows, 64)``: each window's 8x8 lowest DCT frequencies, exact integers."""
-    rows, cols = layout.transform(0, grey.shape[0]), layout.transform(1, grey.shape[1]).T
-    # The cheaper order of the two products (the same exact integers either way).
-    every = rows @ (grey @ cols) if grey.shape[1] > grey.shape[0] else (rows @ grey) @ cols
-    return every.ravel().take(layout.take)
-
-
-def _phashes(grey: np.ndarray, windows) -> list[int]:
-    """The pHash of each window of a grey base (integer values below 2**18)."""
-    layout = _DEFAULT_LAYOUT if windows is WINDOWS else _layout(tuple(windows))
-    low = _low_frequencies(grey, layout)
+def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndarray]:
+    """``(windows, 8)`` uint8, each window's pHash big-endian, and the ``(3,)``
+    channel sums, of ``(h, w, 3)`` pixels: exact integer products (see above)."""
+    h, w, _ = pixels.shape
+    # Every partial sum is one the grey-first order makes too, regrouped:
+    # integers below 2**53 either way, so the same exact values.
+    per_row = pixels.reshape(h, 3 * w) @ layout.pixel_transform(w)
+    low = (layout.row_transform(h) @ per_row[:, :-3]).ravel().take(layout.take)
     # The median of the 63 coefficients after DC is the 32nd smallest.
     median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
-    return np.packbits(low > median, axis=1).view(">u8").ravel().tolist()
+    return np.packbits(low > median, axis=1), per_row[:, -3:].sum(axis=0)
 
 
 _DEFAULT_LAYOUT = _Layout(WINDOWS)
@@ -239,10 +256,11 @@ def fingerprint(
 ) -> Fingerprint:
     """The hashes and colour of a decoded image (any mode)."""
     pixels = _base(img)
-    grey = pixels @ _GREY_WEIGHTS
     if kind == "phash":
-        hashes = _phashes(grey, windows)
+        bits, sums = _hash_bits(pixels, _layout_of(windows))
+        return Fingerprint(tuple(bits.view(">u8").ravel().tolist()), _chromaticity(sums))
     else:  # the other kinds, for the benchmark's comparison: one thumbnail per window
+        grey = pixels @ _GREY_WEIGHTS
         spec = HASH_KINDS[kind]
         base = Image.fromarray((grey / 1000).round().astype(np.uint8))
         hashes = []
@@ -251,9 +269,25 @@ def fingerprint(
             thumb = base.resize(spec.thumb_size, Image.Resampling.BOX, box=box)
             hashes.append(spec.of(np.asarray(thumb, dtype=np.float32)))
     # A product with ones: numpy's strided sum over the pixel axis costs 5x more.
-    r, g, b = (np.ones(grey.size) @ pixels.reshape(-1, 3)).tolist()
+    return Fingerprint(tuple(hashes), _chromaticity(np.ones(grey.size) @ pixels.reshape(-1, 3)))
+
+
+def packed(img: Image.Image) -> tuple[bytes, tuple[int, int, int]]:
+    """:func:`fingerprint`'s pHash of the default windows as big-endian bytes (8 a
+    hash), and its colour: what a record stores, without the tuple of ints."""
+    bits, sums = _hash_bits(_base(img), _DEFAULT_LAYOUT)
+    return bits.tobytes(), _chromaticity(sums)
+
+
+def _layout_of(windows) -> _Layout:
+    return _DEFAULT_LAYOUT if windows is WINDOWS else _layout(tuple(windows))
+
+
+def _chromaticity(sums: np.ndarray) -> tuple[int, int, int]:
+    """Mean chromaticity from the channel sums: each channel's share, 0-255."""
+    r, g, b = sums.tolist()
     scale = 255 / max(r + g + b, 1.0)
-    return Fingerprint(tuple(hashes), (round(r * scale), round(g * scale), round(b * scale)))
+    return round(r * scale), round(g * scale), round(b * scale)
 
 
 def hamming(a: int, b: int) -> int:
@@ -300,11 +334,16 @@ def colours_agree_rows(
     return np.abs(colour_a.astype(np.int16) - colour_b).max(axis=1) <= tolerance
 
 
-def band_keys_rows(
+def key_bits(band_bits: int = BAND_BITS, band_count: int = BAND_COUNT) -> int:
+    """Bits of a band key: the band's index above its ``band_bits`` bits."""
+    return band_bits + max(1, int(band_count - 1).bit_length())
+
+
+def band_key_grid(
     hashes: np.ndarray, band_bits: int = BAND_BITS, band_count: int = BAND_COUNT
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`band_keys` of every row of an ``(images, slots)`` uint64 array:
-    ``(image row, key, whole)`` arrays, by row and then key, each row's keys distinct."""
+) -> np.ndarray:
+    """``(images, bands, slots)`` uint64: the band key of every hash of an
+    ``(images, slots)`` uint64 array in every band (``band_keys``' keys, not deduplicated)."""
     images, slots = hashes.shape
     mask = np.uint64((1 << band_bits) - 1)
     keys = np.empty((images, band_count, slots), np.uint64)
@@ -313,23 +352,48 @@ def band_keys_rows(
         if offset:
             ring |= hashes << np.uint64(HASH_BITS - offset)
         keys[:, band] = (ring & mask) | np.uint64(band << band_bits)
+    return keys
+
+
+def band_keys_rows(
+    hashes: np.ndarray,
+    band_bits: int = BAND_BITS,
+    band_count: int = BAND_COUNT,
+    known: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`band_keys` of every row of an ``(images, slots)`` uint64 array:
+    ``(image row, key, whole)`` arrays, by row and then key, each row's keys distinct.
+
+    ``known``: a bool per band key, true where some image's whole hash has
+    the key. A window's entry under any other key is left out: a bucket
+    pairs only with a whole entry in it (``bucket_pairs``), so it changes no
+    pair, and with wide bands most window keys are such.
+    """
+    images = len(hashes)
+    keys = band_key_grid(hashes, band_bits, band_count)
+    row_bits = max(1, int(images - 1).bit_length())
+    width = key_bits(band_bits, band_count)
+    if row_bits + width + 1 > 64:
+        raise ValueError(f"{images} images at once do not fit one sort key")
+    if known is None:
+        rows, _, slots = np.indices(keys.shape, dtype=np.uint64).reshape(3, -1)
+        keys = keys.ravel()
+    else:
+        kept = known[keys]
+        kept[:, :, 0] = True
+        rows, _, slots = (np.asarray(a, np.uint64) for a in np.nonzero(kept))
+        keys = keys[kept]
     # One sortable number per entry: row, key, then 0 for a whole hash's entry,
     # so that of an image's entries under one key the first says whether any is whole.
-    whole = np.zeros((images, band_count, slots), np.uint64)
-    whole[:, :, 1:] = 1
-    row_bits = max(1, int(images - 1).bit_length())
-    key_bits = band_bits + max(1, int(band_count - 1).bit_length())
-    if row_bits + key_bits + 1 > 64:
-        raise ValueError(f"{images} images at once do not fit one sort key")
-    rows = np.arange(images, dtype=np.uint64)[:, None, None]
-    packed = np.sort(((rows << np.uint64(key_bits) | keys) << np.uint64(1) | whole).ravel())
+    window = (slots != 0).astype(np.uint64)
+    packed = np.sort((rows << np.uint64(width) | keys) << np.uint64(1) | window)
     entry = packed >> np.uint64(1)
     first = np.ones(len(entry), bool)
     first[1:] = entry[1:] != entry[:-1]
     packed = packed[first]
-    key_mask = np.uint64((1 << key_bits) - 1)
+    key_mask = np.uint64((1 << width) - 1)
     return (
-        (packed >> np.uint64(key_bits + 1)).astype(np.int64),
+        (packed >> np.uint64(width + 1)).astype(np.int64),
         (packed >> np.uint64(1)) & key_mask,
         (packed & np.uint64(1)) == 0,
     )

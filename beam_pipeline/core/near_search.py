@@ -29,7 +29,7 @@ NEAR_FILE = codec.NEAR_DUPLICATES_FILE
 # what it is, its version changes with any of the hash (the base it is taken
 # from included), the windows, the band width or the threshold (a resume or
 # --reuse with another refuses or redoes).
-SCHEME = "phash19-v2"
+SCHEME = "phash19-v3"
 # Its name among the image settings (the resume key, imagerecords.json's image block).
 SCHEME_SETTING = "near_scheme"
 # The values the scheme stands for, recorded beside its name in imagerecords.json.
@@ -37,6 +37,7 @@ SCHEME_VALUES = {
     "hash": near_duplicates.DEFAULT_KIND,
     "windows": len(near_duplicates.WINDOWS),
     "band_bits": near_duplicates.BAND_BITS,
+    "band_count": near_duplicates.BAND_COUNT,
     "threshold": near_duplicates.THRESHOLD,
     "colour_tolerance": near_duplicates.COLOUR_TOLERANCE,
 }
@@ -52,6 +53,13 @@ HASH_BYTES = near_duplicates.HASH_BITS // 8
 def pack(fp: near_duplicates.Fingerprint) -> bytes:
     """The fingerprint as the record keeps it: the hashes big-endian, then the colour."""
     return b"".join(h.to_bytes(HASH_BYTES, "big") for h in fp.hashes) + bytes(fp.colour)
+
+
+def pack_image(img) -> bytes:
+    """:func:`pack` of ``near_duplicates.fingerprint(img)``, made straight from the
+    hash bits (the converter's path: no tuple of ints in between)."""
+    hashes, colour = near_duplicates.packed(img)
+    return hashes + bytes(colour)
 
 
 def features(packed: bytes) -> tuple[bytes, bytes]:
@@ -101,8 +109,12 @@ def bucket(key: int, entries: Sequence[Entry]) -> list[Pair] | Oversized:
     """One band key's verified pairs, or :class:`Oversized` past :data:`MAX_BUCKET`.
 
     The entries are sorted first, so the pairs do not depend on the order
-    the engine gathered them in.
+    the engine gathered them in. A bucket with no whole-image entry pairs
+    nothing (``near_duplicates.bucket_pairs``), whatever its size, so it is
+    neither paired nor reported: the local engine never writes its entries.
     """
+    if not any(e.whole for e in entries):
+        return []
     if len(entries) > MAX_BUCKET:
         return Oversized(key, len(entries))
     ordered = sorted(entries)

@@ -102,7 +102,7 @@ PARTITIONS = 64  # run files: one partition's keys are 1/64 of every image's
 # the key else 1), so that a plain sort orders a partition by key, then image.
 _IMAGE_BITS = 32
 _KEY_SHIFT = _IMAGE_BITS + 1
-_KEY_BITS = near_duplicates.BAND_BITS + max(1, (near_duplicates.BAND_COUNT - 1).bit_length())
+_KEY_BITS = near_duplicates.key_bits()
 assert _KEY_BITS + _KEY_SHIFT <= 64, "band keys too wide for a run entry"
 _CHUNK = 8192  # images whose keyed entries are sorted into the partitions at once
 
@@ -212,14 +212,27 @@ def _run_path(runs: str, partition: int) -> str:
     return os.path.join(runs, f"{partition:03d}.run")
 
 
+def whole_keys(hashes: np.ndarray, searched: np.ndarray) -> np.ndarray:
+    """A bool per band key: true where the whole hash of an image ``searched``
+    says has it (``near_duplicates.band_keys_rows``' ``known``)."""
+    known = np.zeros(1 << _KEY_BITS, bool)
+    for start in range(0, len(hashes), _CHUNK):
+        chunk = hashes[start : start + _CHUNK, :1][searched[start : start + _CHUNK]]
+        known[near_duplicates.band_key_grid(chunk).ravel()] = True
+    return known
+
+
 def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray) -> None:
     """The keyed entries of every image ``searched`` says, appended to its key's
     partition a chunk of images at a time (what is held is one chunk's entries,
-    not every image's)."""
+    not every image's), less the window entries under keys no whole hash has."""
+    known = whole_keys(hashes, searched)
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
         for start in range(0, len(hashes), _CHUNK):
-            rows, keys, whole = near_duplicates.band_keys_rows(hashes[start : start + _CHUNK])
+            rows, keys, whole = near_duplicates.band_keys_rows(
+                hashes[start : start + _CHUNK], known=known
+            )
             kept = searched[rows + start]
             rows, keys, whole = rows[kept], keys[kept], whole[kept]
             entries = run_entries(keys, rows + start, whole)
