@@ -27,8 +27,8 @@ from imagerecords import codec
 NEAR_FILE = codec.NEAR_DUPLICATES_FILE
 # The scheme a dataset's fingerprints and pairs were made with: its name says
 # what it is, its version changes with any of the hash (the base it is taken
-# from included), the windows, the band width or the threshold (a resume or
-# --reuse with another refuses or redoes).
+# from included), the windows, the bands (width and count), which buckets
+# pair or the threshold (a resume or --reuse with another refuses or redoes).
 SCHEME = "phash19-v3"
 # Its name among the image settings (the resume key, imagerecords.json's image block).
 SCHEME_SETTING = "near_scheme"
