@@ -412,17 +412,29 @@ def test_known_keys_leave_out_only_window_entries_under_keys_no_whole_hash_has()
             prints[n + 1].colour,
         )
     hashes = _hash_array(prints)
-    known = np.zeros(1 << nd.key_bits(), bool)
-    known[nd.band_key_grid(hashes[:, :1]).ravel()] = True
+    whole_keys = set(nd.band_key_grid(hashes[:, :1]).ravel().tolist())
+    known = nd.KnownKeys.of([nd.band_key_grid(hashes[:, :1])])
     every = list(zip(*(a.tolist() for a in nd.band_keys_rows(hashes)), strict=True))
     kept = list(zip(*(a.tolist() for a in nd.band_keys_rows(hashes, known=known)), strict=True))
-    assert kept == [(r, k, w) for r, k, w in every if w or known[k]]
+    assert kept == [(r, k, w) for r, k, w in every if w or k in whole_keys]
     assert any(not w for _, _, w in kept)  # the planted windows are there
     assert len(kept) < len(every) / 4  # most random window keys are no whole hash's
     # The pairs are the same: a bucket pairs only with a whole entry in it.
     assert set(_array_candidates(*nd.band_keys_rows(hashes, known=known))) == set(
         _array_candidates(*nd.band_keys_rows(hashes))
     )
+
+
+def test_known_keys_hold_exactly_the_keys_given():
+    rng = np.random.default_rng(7)
+    top = 1 << nd.key_bits()
+    # Both ends of the key space, neighbours of each other, and random keys.
+    given = np.array([0, 1, 7, 8, 9, top - 1, top - 8] + rng.integers(0, top, 500).tolist())
+    known = nd.KnownKeys.of([given[:300].astype(np.uint64), given[300:].astype(np.uint64)])
+    asked = np.concatenate([given, given + 1, given - 1, rng.integers(0, top, 2000)])
+    asked = asked[(asked >= 0) & (asked < top)].astype(np.uint64).reshape(-1, 1)
+    assert known.has(asked).tolist() == [[k in set(given.tolist())] for k in asked.ravel().tolist()]
+    assert known.bits.nbytes == top // 8
 
 
 def _array_candidates(rows, keys, whole):

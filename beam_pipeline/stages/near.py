@@ -17,6 +17,7 @@ Pure of Beam.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import shutil
@@ -28,7 +29,7 @@ import numpy as np
 
 from beam_pipeline.core import near_duplicates, near_search
 from beam_pipeline.core.duplicates import Member
-from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind
+from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind, ShardEntry
 from beam_pipeline.stages import dedupe
 
 # A pair as it crosses a Beam shuffle: plain values (a deterministic key for Distinct).
@@ -135,20 +136,22 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     ``work_dir``: a local folder for the run files (a temporary folder is made
     in it and removed on every way out).
     """
-    members: list[Member] = []
+    members = _Members()
     packed = bytearray()
     width = 0
     for batch in batches:
-        for e in batch.entries:
-            if e.near:
-                width = width or len(e.near)
-                if len(e.near) != width:
-                    raise ValueError(
-                        f"{e.image_id}: a fingerprint of {len(e.near)} bytes among ones of "
-                        f"{width} (records of two near-duplicate schemes in one search)"
-                    )
-                members.append(Member(e.image_id, batch.split, e.label))
-                packed += e.near
+        hashed = [e for e in batch.entries if e.near]
+        if not hashed:
+            continue
+        width = width or len(hashed[0].near)
+        odd = next((e for e in hashed if len(e.near) != width), None)
+        if odd is not None:
+            raise ValueError(
+                f"{odd.image_id}: a fingerprint of {len(odd.near)} bytes among ones of "
+                f"{width} (records of two near-duplicate schemes in one search)"
+            )
+        members.add(batch.split, hashed)
+        packed += b"".join(e.near for e in hashed)
     if not members:
         return found_of([], [])
     hashes, colours = _fingerprint_arrays(packed, width)
@@ -167,6 +170,31 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     return found_of(pairs, oversized)
+
+
+class _Members:
+    """The searched records as a sequence of ``Member`` values, each made only when
+    asked for: a search at 1.28 M images pairs a few thousand of them, and
+    making a ``Member`` per record cost a quarter of the search's CPU."""
+
+    def __init__(self):
+        self._starts: list[int] = []  # the index of each part's first record
+        self._parts: list[tuple[str, list[ShardEntry]]] = []
+        self._count = 0
+
+    def add(self, split: str, entries: list[ShardEntry]) -> None:
+        self._starts.append(self._count)
+        self._parts.append((split, entries))
+        self._count += len(entries)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> Member:
+        part = bisect.bisect_right(self._starts, index) - 1
+        split, entries = self._parts[part]
+        entry = entries[index - self._starts[part]]
+        return Member(entry.image_id, split, entry.label)
 
 
 def _fingerprint_arrays(packed: bytearray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -212,14 +240,15 @@ def _run_path(runs: str, partition: int) -> str:
     return os.path.join(runs, f"{partition:03d}.run")
 
 
-def whole_keys(hashes: np.ndarray, searched: np.ndarray) -> np.ndarray:
-    """A bool per band key: true where the whole hash of an image ``searched``
-    says has it (``near_duplicates.band_keys_rows``' ``known``)."""
-    known = np.zeros(1 << _KEY_BITS, bool)
-    for start in range(0, len(hashes), _CHUNK):
-        chunk = hashes[start : start + _CHUNK, :1][searched[start : start + _CHUNK]]
-        known[near_duplicates.band_key_grid(chunk).ravel()] = True
-    return known
+def whole_keys(hashes: np.ndarray, searched: np.ndarray) -> near_duplicates.KnownKeys:
+    """The band keys that the whole hash of an image ``searched`` says has
+    (``near_duplicates.band_keys_rows``' ``known``)."""
+    return near_duplicates.KnownKeys.of(
+        near_duplicates.band_key_grid(
+            hashes[start : start + _CHUNK, :1][searched[start : start + _CHUNK]]
+        )
+        for start in range(0, len(hashes), _CHUNK)
+    )
 
 
 def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray) -> None:
@@ -296,13 +325,20 @@ _VERIFY_CHUNK = 1 << 14  # candidates whose hashes are gathered at once (in cach
 def _verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
     """The candidates that ``near_duplicates.verify`` accepts, as Pairs."""
     pairs = []
+    # The candidates' rows are gathered into the same two buffers each chunk.
+    rows_a = np.empty((_VERIFY_CHUNK, hashes.shape[1]), hashes.dtype)
+    rows_b = np.empty_like(rows_a)
     for low in range(0, len(candidates), _VERIFY_CHUNK):
         chunk = candidates[low : low + _VERIFY_CHUNK]
-        i, j = chunk // images, chunk % images
-        d = near_duplicates.distances(hashes[i], hashes[j])
-        ok = (d <= near_duplicates.THRESHOLD) & near_duplicates.colours_agree_rows(
-            colours[i], colours[j]
-        )
+        i, j = np.divmod(chunk, images)
+        a_rows, b_rows = rows_a[: len(chunk)], rows_b[: len(chunk)]
+        np.take(hashes, i, axis=0, out=a_rows)
+        np.take(hashes, j, axis=0, out=b_rows)
+        d = near_duplicates.distances(a_rows, b_rows)
+        # The colours of the few within the distance only: most candidates are not.
+        close = np.flatnonzero(d <= near_duplicates.THRESHOLD)
+        i, j, d = i[close], j[close], d[close]
+        ok = near_duplicates.colours_agree_rows(colours[i], colours[j])
         for a, b, dist in zip(i[ok].tolist(), j[ok].tolist(), d[ok].tolist(), strict=True):
             ma, mb = members[a], members[b]
             if ma.image_id == mb.image_id:
