@@ -108,6 +108,8 @@ BAD_FLAGS = [
     (["--local_processes", "0"], "--local_processes must be at least 1"),
     (["--quiet=maybe"], "expected true or false"),
     (["--splits", "all=0.9,test=0.1"], "'all' is reserved by TFDS"),
+    (["--dedupe", "nearr"], "--dedupe must be one of"),
+    (["--dedupe=fuzzy"], "--dedupe must be one of"),
     (["--image_siz", "128"], "unknown option --image_siz (did you mean --image_size?)"),
     (["--dryrun"], "unknown option --dryrun (did you mean --dry_run?)"),
     (["--num_worker=3"], "unknown option --num_worker (did you mean --num_workers?)"),

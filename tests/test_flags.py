@@ -143,6 +143,27 @@ def test_the_help_shows_each_declared_default():
             assert f"default {flag.default_text}" in shown, flag.name
 
 
+def test_every_checked_flag_refuses_a_bad_value_on_the_command_line(tmp_path):
+    """Each flag with a check, given a value that check refuses, stops the
+    parse: also the flags whose field holds what the value became (--dedupe,
+    --splits), which no config can check back."""
+    probed = []
+    for flag in flags.FLAGS:
+        if flag.check is None:
+            continue
+        for text in ("no such value", "-99999", "-1e9"):
+            value = _value(flag, text)
+            if value is not _BAD and flag.problem(value):
+                break
+        else:
+            continue  # no probe is a bad value of the right type for this flag
+        probed.append(flag.name)
+        argv = ["--input", str(tmp_path), "--output", str(tmp_path / "o"), f"--{flag.name}={text}"]
+        with pytest.raises(UsageError, match=re.escape(flag.option)):
+            arguments.parse_args(argv)
+    assert {"dedupe", "splits", "resize", "image_size"} <= set(probed), probed
+
+
 # A bad value of each checked flag that fills a config field.
 BAD = [
     ("image_size", "0"),
