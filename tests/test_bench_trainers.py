@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,10 @@ def test_make_bench_only_trainers_writes_trainers_md_and_json(tmp_path):
     measured = [r for r in raw["rows"] if r["variant"] not in skipped]
     assert all(r["ok"] and r["images_per_s"] > 0 and r["cpu_ms_per_image"] > 0 for r in measured)
     assert all(len(r["rounds"]) == raw["rounds"] == 1 for r in raw["rows"])
+    # The timed batches outnumber, twice over, what a worker row's loader holds made
+    # ahead: else the warm-up made the timed epochs and their CPU reads near 0.
+    timed_batches = raw["epochs"] * math.ceil(raw["train_images"] / raw["batch"])
+    assert timed_batches >= 2 * trainer_pipelines.batches_ahead()
     text = (results / "trainers.md").read_text()
     for label in trainer_pipelines.LABELS.values():
         assert f"| {label} | " in text

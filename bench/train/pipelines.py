@@ -40,6 +40,11 @@ from bench.read.pipelines import Pipeline, num_examples, random_window
 
 # Worker processes of the rows that have them (the tests' default is 2 as well).
 WORKERS = 2
+# Batches a worker row's loader can hold made ahead of the loop, per worker: Grain's
+# per_worker_buffer_size (1) and its read thread's prefetch (1), and the DataLoader's
+# prefetch_factor (2), each with the batch the worker is making. A timed window of
+# about this many batches is served from what the warm-up left made, not measured.
+AHEAD_BATCHES_PER_WORKER = 3
 VARIANTS = (
     "reader_uint8",
     "tfds_as_dataset",
@@ -61,6 +66,11 @@ LABELS = {
     "crop_loop": "no loader: train_crop in a loop on one thread (the floor)",
 }
 SHUFFLE_SEED = 0
+
+
+def batches_ahead() -> int:
+    """The most batches any row's loader holds made before the loop asks for them."""
+    return WORKERS * AHEAD_BATCHES_PER_WORKER
 
 
 def reader_uint8(records_dir: Path, batch: int, size: int) -> Pipeline:
