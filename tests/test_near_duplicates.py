@@ -433,7 +433,8 @@ def test_known_keys_hold_exactly_the_keys_given():
     known = nd.KnownKeys.of([given[:300].astype(np.uint64), given[300:].astype(np.uint64)])
     asked = np.concatenate([given, given + 1, given - 1, rng.integers(0, top, 2000)])
     asked = asked[(asked >= 0) & (asked < top)].astype(np.uint64).reshape(-1, 1)
-    assert known.has(asked).tolist() == [[k in set(given.tolist())] for k in asked.ravel().tolist()]
+    given_set = set(given.tolist())
+    assert known.has(asked).tolist() == [[k in given_set] for k in asked.ravel().tolist()]
     assert known.bits.nbytes == top // 8
 
 

@@ -248,14 +248,7 @@ def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> J
         for flag in flags.FLAGS:
             if flag.field is None:
                 continue
-            given_value = given[flag.name]
-            if flag.to_field is not None and flag.from_field is None:
-                # The field holds what the value became and cannot be read back
-                # (check_fields skips it), so the value is checked as given, here.
-                problem = flag.problem(given_value)
-                if problem:
-                    raise ValueError(problem)
-            value = flag.field_value(given_value)
+            value = flag.field_value(given[flag.name])
             block, _, name = flag.field.rpartition(".")
             (image if block == "image" else values)[name] = value
         spec = images.ImageSpec(**image)

@@ -193,8 +193,23 @@ class Flag:
             return found
         return f"{self.option} {found}"
 
+    @property
+    def checked_as_given(self) -> bool:
+        """Its field holds what the value became and cannot be read back (a
+        ``to_field`` without a ``from_field``: --dedupe, --splits), so the value is
+        checked on its way in (:meth:`field_value`), not on the config."""
+        return self.to_field is not None and self.from_field is None
+
     def field_value(self, value):
-        return self.to_field(value) if self.to_field and value is not None else value
+        """The field's value of the flag's; raises ValueError where the flag's check,
+        which no config can run on this field, refuses it."""
+        if self.to_field is None or value is None:
+            return value
+        if self.checked_as_given:
+            problem = self.problem(value)
+            if problem:
+                raise ValueError(problem)
+        return self.to_field(value)
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -485,9 +500,9 @@ def check_fields(config, skip: frozenset[str] = frozenset()) -> None:
             continue
         flag = BY_NAME[name]
         value = getattr(config, config_field.name)
-        if flag.to_field is not None:
-            if flag.from_field is None:
-                continue  # the field is checked as what it became (JobConfig.splits)
+        if flag.checked_as_given:
+            continue  # checked by field_value, on its way in
+        if flag.from_field is not None:
             value = flag.from_field(value)
         problem = flag.problem(value)
         if problem:
