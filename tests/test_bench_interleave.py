@@ -140,3 +140,25 @@ def test_kill_tree_ends_a_grandchild_in_its_own_session(tmp_path):
     while _alive(grandchild_pid):  # SIGKILL is delivered; wait for it to land
         assert time.monotonic() < deadline, "the grandchild outlived kill_tree"
         time.sleep(0.05)
+
+
+def test_the_trainers_suite_runs_the_trainers_bench_and_reads_its_file(tmp_path):
+    suite = interleave.SUITES["trainers"]
+    (command,) = interleave.bench_commands(tmp_path / "r", tmp_path / "c", suite.parts)
+    assert command[3:7] == ["--only", "trainers", "--read-rounds", "1"]
+    assert suite.result_file == "trainers.json"
+
+
+def test_trainer_headlines_are_each_loader_over_the_floor_and_a_failed_row_is_nan():
+    rows = [
+        {"variant": "crop_loop", "ok": True, "cpu_ms_per_image": 0.5, "images_per_s": 2000.0},
+        {"variant": "reader_uint8", "ok": True, "cpu_ms_per_image": 0.4, "images_per_s": 4000.0},
+        {"variant": "grain_workers", "ok": False},
+    ]
+    ratios = interleave.trainer_headlines({"rows": rows})
+    assert set(ratios) == set(interleave.TRAINER_HEADLINES)
+    assert ratios["reader_uint8_cpu_over_floor"] == pytest.approx(0.8)
+    assert ratios["reader_uint8_speed_over_floor"] == pytest.approx(2.0)
+    assert math.isnan(ratios["grain_workers_cpu_over_floor"])
+    floorless = interleave.trainer_headlines({"rows": rows[1:]})
+    assert math.isnan(floorless["reader_uint8_cpu_over_floor"])

@@ -1,4 +1,4 @@
-"""Two commits' converter and reader ratios, measured in alternating rounds.
+"""Two commits' converter and reader (or trainers') ratios, measured in alternating rounds.
 
 ``python -m bench.tools.interleave OLD [NEW] --rounds 3`` (NEW: this
 checkout's HEAD) checks each commit out in its own git worktree under
@@ -21,15 +21,21 @@ by this checkout, and shared by both (``bench/common/data.py``'s recipe has
 not changed since the commits this was written for: a commit with another
 recipe would generate its own into its cache).
 
+``--suite trainers`` times ``python -m bench --only trainers`` instead: each
+loader's CPU per image and images/s over the one-thread floor's (``crop_loop``)
+in the same round.
+
 Examples::
 
     python -m bench.tools.interleave a030232 --rounds 3
     python -m bench.tools.interleave a030232 HEAD --rounds 3 --out bench/results
+    python -m bench.tools.interleave 55b5400 --suite trainers --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -44,6 +50,7 @@ from bench import report
 from bench.common import data
 from bench.common.procstats import tree_sample
 from bench.common.settings import CACHE_DIR, FULL, REPO_DIR, RESULTS_DIR
+from bench.train.pipelines import VARIANTS
 
 WORK_DIR = CACHE_DIR / "interleave"
 # The ratios compared, as report.ratios names them, with their labels.
@@ -60,6 +67,14 @@ PARTS = (
     ("--only", "converter", "--converters", "floor,imagerecords", "--repeats", "1"),
     ("--only", "reader", "--read-rounds", "1"),
 )
+# The trainers suite: one round of every loader, each over the floor of the same round.
+TRAINER_PARTS = (("--only", "trainers", "--read-rounds", "1"),)
+TRAINER_FLOOR = "crop_loop"
+TRAINER_LOADERS = tuple(v for v in VARIANTS if v != TRAINER_FLOOR)
+TRAINER_HEADLINES = {
+    **{f"{v}_cpu_over_floor": f"{v}: CPU per image / floor's (x)" for v in TRAINER_LOADERS},
+    **{f"{v}_speed_over_floor": f"{v}: images/s / floor's (images/s)" for v in TRAINER_LOADERS},
+}
 
 
 def round_order(revs: tuple[str, str], rounds: int) -> list[tuple[int, str]]:
@@ -71,16 +86,47 @@ def round_order(revs: tuple[str, str], rounds: int) -> list[tuple[int, str]]:
     return order
 
 
-def bench_commands(results_dir: Path, cache_dir: Path) -> list[list[str]]:
+def bench_commands(results_dir: Path, cache_dir: Path, parts=PARTS) -> list[list[str]]:
     """The ``python -m bench`` command lines of one round, run in the commit's worktree."""
     common = ["--results-dir", str(results_dir), "--cache-dir", str(cache_dir)]
-    return [[sys.executable, "-m", "bench", *part, *common] for part in PARTS]
+    return [[sys.executable, "-m", "bench", *part, *common] for part in parts]
 
 
 def headlines(results: dict) -> dict[str, float]:
     """The compared ratios of one round's ``results.json`` (NaN where a half failed)."""
     ratios = report.ratios(results)
     return {key: ratios[key] for key in HEADLINES}
+
+
+def trainer_headlines(result: dict) -> dict[str, float]:
+    """Each loader over the floor in one round's ``trainers.json`` (NaN where one failed)."""
+    rows = {r["variant"]: r for r in result.get("rows", []) if r.get("ok")}
+    floor = rows.get(TRAINER_FLOOR)
+    out = {}
+    for variant in TRAINER_LOADERS:
+        row = rows.get(variant)
+        both = row is not None and floor is not None
+        cpu = row["cpu_ms_per_image"] / floor["cpu_ms_per_image"] if both else float("nan")
+        speed = row["images_per_s"] / floor["images_per_s"] if both else float("nan")
+        out[f"{variant}_cpu_over_floor"] = cpu
+        out[f"{variant}_speed_over_floor"] = speed
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """What one round runs, the file it reads back, and the ratios it compares."""
+
+    parts: tuple
+    result_file: str
+    headlines: object  # results -> {key: ratio}
+    labels: dict
+
+
+SUITES = {
+    "converter-reader": Suite(PARTS, "results.json", headlines, HEADLINES),
+    "trainers": Suite(TRAINER_PARTS, "trainers.json", trainer_headlines, TRAINER_HEADLINES),
+}
 
 
 def spread(values: list[float]) -> dict:
@@ -96,11 +142,13 @@ def spread(values: list[float]) -> dict:
     }
 
 
-def summarize(rounds: list[dict], revs: tuple[str, str]) -> dict[str, dict[str, dict]]:
+def summarize(
+    rounds: list[dict], revs: tuple[str, str], labels: dict = HEADLINES
+) -> dict[str, dict[str, dict]]:
     """ratio -> commit -> its spread over that commit's rounds."""
     return {
         key: {rev: spread([r["ratios"][key] for r in rounds if r["rev"] == rev]) for rev in revs}
-        for key in HEADLINES
+        for key in labels
     }
 
 
@@ -108,22 +156,22 @@ def _x(value: float) -> str:
     return "n/a" if value != value else f"{value:.2f}x"
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, labels: dict = HEADLINES) -> str:
     """The comparison as Markdown: every round, then each ratio's median and range."""
     old, new = result["revs"]
     lines = [
-        f"| round | commit | {' | '.join(HEADLINES[k].rsplit(' (', 1)[0] for k in HEADLINES)} "
+        f"| round | commit | {' | '.join(labels[k].rsplit(' (', 1)[0] for k in labels)} "
         "| load (1 min) before / after |",
-        "|---|---|" + "---:|" * len(HEADLINES) + "---|",
+        "|---|---|" + "---:|" * len(labels) + "---|",
     ]
     for r in result["rounds"]:
-        cells = " | ".join(_x(r["ratios"][k]) for k in HEADLINES)
+        cells = " | ".join(_x(r["ratios"][k]) for k in labels)
         lines.append(
             f"| {r['round'] + 1} | {r['rev']} | {cells} "
             f"| {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f} |"
         )
     lines += ["", f"| ratio | {old}: median (range) | {new}: median (range) |", "|---|---|---|"]
-    for key, label in HEADLINES.items():
+    for key, label in labels.items():
         cells = [
             f"{_x(s['median'])} ({_x(s['low'])}-{_x(s['high'])}, {s['rounds']} rounds)"
             for s in (result["summary"][key][old], result["summary"][key][new])
@@ -158,6 +206,10 @@ def add_worktree(commit: str) -> Path:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     _git("worktree", "add", "--detach", str(path), commit)
+    # The trainers' torch rows run in the torch venv, which a fresh worktree lacks.
+    torch_venv = REPO_DIR / ".venv-torch"
+    if torch_venv.is_dir():
+        (path / ".venv-torch").symlink_to(torch_venv)
     return path
 
 
@@ -186,13 +238,15 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def run_round(worktree: Path, results_dir: Path, cache_dir: Path) -> dict:
-    """One round of a commit's benchmarks in its worktree: its ``results.json``."""
+def run_round(
+    worktree: Path, results_dir: Path, cache_dir: Path, suite: Suite = SUITES["converter-reader"]
+) -> dict:
+    """One round of a commit's benchmarks in its worktree: the result file it wrote."""
     # `--only` keeps the other halves of a results.json it finds: an earlier
     # run's numbers must never pass for this round's.
     shutil.rmtree(results_dir, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(worktree)}
-    for command in bench_commands(results_dir, cache_dir):
+    for command in bench_commands(results_dir, cache_dir, suite.parts):
         print(f"[interleave] {worktree.name}: {' '.join(command[1:])}", flush=True)
         with subprocess.Popen(command, cwd=worktree, env=env) as proc:
             try:
@@ -203,7 +257,7 @@ def run_round(worktree: Path, results_dir: Path, cache_dir: Path) -> dict:
                 raise
         if code != 0:
             raise SystemExit(f"error: {worktree.name}'s bench exited {code} (see its output above)")
-    return json.loads((results_dir / "results.json").read_text())
+    return json.loads((results_dir / suite.result_file).read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("new", nargs="?", default="HEAD", help="the commit after (default HEAD)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each (default 3)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "raw" / "interleave")
+    parser.add_argument(
+        "--suite", choices=sorted(SUITES), default="converter-reader", help="what a round runs"
+    )
     args = parser.parse_args(argv)
+    suite = SUITES[args.suite]
     if args.rounds < 1:
         raise SystemExit(f"error: --rounds {args.rounds}: give at least 1")
     revs = (resolve(args.old), resolve(args.new))
@@ -231,14 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         for index, rev in round_order(revs, args.rounds):
             results_dir = WORK_DIR / "results" / rev / f"round-{index + 1}"
             before = [round(x, 2) for x in os.getloadavg()]
-            results = run_round(worktrees[rev], results_dir, shared_cache(rev))
+            results = run_round(worktrees[rev], results_dir, shared_cache(rev), suite)
             rounds.append(
                 {
                     "round": index,
                     "rev": rev,
                     "loadavg_before": before,
                     "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                    "ratios": headlines(results),
+                    "ratios": suite.headlines(results),
                 }
             )
             print(f"[interleave] round {index + 1} {rev}: {rounds[-1]['ratios']}", flush=True)
@@ -250,13 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": started,
         "finished_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "nproc": os.cpu_count(),
+        "suite": args.suite,
         "rounds": rounds,
-        "summary": summarize(rounds, revs),
+        "summary": summarize(rounds, revs, suite.labels),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"interleave-{revs[0]}-{revs[1]}"
+    suffix = "" if args.suite == "converter-reader" else f"-{args.suite}"
+    stem = args.out / f"interleave-{revs[0]}-{revs[1]}{suffix}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    text = markdown(result)
+    text = markdown(result, suite.labels)
     stem.with_suffix(".md").write_text(text)
     print(text)
     return 0
