@@ -88,7 +88,9 @@ def run_sample(readme: str, folder: Path | None = None) -> str:
         folder = Path(folder or scratch)
         if not (folder / "photos").is_dir():
             _build_photos(folder)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:2]])}
+        # This checkout's code, as the README's reader runs it from the venv.
+        paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         done = subprocess.run(
             [sys.executable, *argv[1:]], cwd=folder, env=env, capture_output=True, text=True
         )
