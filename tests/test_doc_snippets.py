@@ -484,3 +484,39 @@ def test_ruff_format_leaves_every_markdown_file_as_it_is():
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------- pages, not logs
+
+# The two pages a newcomer reads first: short, and current (the history of
+# runs lives in dated files under bench/results/, where commits are named).
+PAGE_LINES = {"README.md": 300, "docs/performance.md": 300}
+# A commit hash: 7-40 hex digits with at least one letter and one digit.
+_COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("at commit 2d93c7e, load 0.7", ["2d93c7e"]),
+        ("1,280,000 images; 1280000 too", []),
+        ("phash19-v3, sha256, deadbeef, decade", []),
+        ("git show 85ec5bc:docs/performance.md", ["85ec5bc"]),
+    ],
+)
+def test_a_commit_hash_is_told_from_other_words(text, found):
+    assert _COMMIT.findall(text) == found
+
+
+@pytest.mark.parametrize("path", sorted(PAGE_LINES))
+def test_a_first_page_is_short_and_names_no_commit(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as stream:
+        text = stream.read()
+    assert len(text.splitlines()) <= PAGE_LINES[path], f"{path}: move reference to a docs page"
+    assert _COMMIT.findall(text) == [], f"{path}: commits belong in bench/results/ history"
+
+
+def test_the_readme_starts_with_its_two_commands():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as stream:
+        head = "".join(stream.readlines()[:40])
+    assert "make demo" in head and "make test" in head
