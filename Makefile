@@ -12,7 +12,7 @@ LATEST_VENV := .venv-latest
 BEAM ?= 2.60.0
 BEAM_VENV := .venv-beam-$(BEAM)
 
-.PHONY: demo test test-any-machine test-latest beam-range test-torch lint format bench flags clean
+.PHONY: demo test test-any-machine test-latest beam-range test-torch lint format bench flags samples clean
 
 $(STAMP): setup.py $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,8 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"
 
 # Before a change that touches timing, processes or TensorFlow is done, on a
-# fresh clone: oneDNN on and off, and twice under load (the README's
-# development section; scripts/test_any_machine.sh --help).
+# fresh clone: oneDNN on and off, and twice under load (docs/development.md,
+# "Tests that run anywhere"; scripts/test_any_machine.sh --help).
 test-any-machine: $(STAMP)
 	scripts/test_any_machine.sh
 
@@ -63,11 +63,15 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# deploy/metadata.json's parameters, the README's flag table and the settings
-# its dry-run sample shows, from
+# deploy/metadata.json's parameters and docs/flags.md's table, from
 # beam_pipeline/core/flags.py (tests/test_flags.py fails when they differ).
 flags: $(STAMP)
 	$(PY) scripts/write_flags.py
+
+# The README's dry-run sample, from a run of its command on the demo photos
+# (tests/test_doc_snippets.py fails when it differs but for the machine's figures).
+samples: $(STAMP)
+	$(PY) scripts/write_samples.py
 
 bench: $(STAMP)
 	$(PY) -m bench

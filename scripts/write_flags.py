@@ -2,9 +2,7 @@
 
 * ``deploy/metadata.json``'s ``parameters`` (the Flex Template's), the rest of
   the file kept;
-* the README's flag table, between its two markers;
-* the settings in the README's dry-run sample (``converted in memory (...)``):
-  the image settings its command asks for, as the dry run prints them.
+* docs/flags.md's flag table, between its two markers.
 
 ``--check`` writes nothing and exits 1 when a file differs from what it would
 write (tests/test_flags.py makes the same comparison).
@@ -14,64 +12,97 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's table, not an installed copy's
 
-from beam_pipeline.core import flags, images, settings  # noqa: E402
+from beam_pipeline.core import flags  # noqa: E402
 
 METADATA = ROOT / "deploy" / "metadata.json"
-README = ROOT / "README.md"
+FLAGS_PAGE = ROOT / "docs" / "flags.md"
+TABLE_BEGIN = "<!-- flags: made by `make flags` from beam_pipeline/core/flags.py -->"
+TABLE_END = "<!-- /flags -->"
+
+
+# ------------------------------------------------ the Flex Template's parameters
+
+
+def template_parameters() -> list[dict]:
+    """``deploy/metadata.json``'s parameters: one per flag the template offers."""
+    found = []
+    for flag in flags.FLAGS:
+        if flag.template is None:
+            continue
+        regex = (
+            flag.template.regex
+            or (flag.check and flag.check.regex)
+            or flags._KIND_REGEX.get(flag.kind)
+        )
+        entry = {
+            "name": flag.name,
+            "label": flag.template.label,
+            "helpText": flag.template.help or flag.help_text,
+            "isOptional": not flag.required,
+        }
+        if regex:
+            entry["regexes"] = [regex]
+        found.append(entry)
+    return found
 
 
 def metadata_text(current: str) -> str:
     """metadata.json with its parameters the table's, one parameter a line."""
     document = json.loads(current)
-    document["parameters"] = flags.template_parameters()
+    document["parameters"] = template_parameters()
     head = {key: value for key, value in document.items() if key != "parameters"}
     lines = [f"  {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
     rows = [f"    {json.dumps(p, ensure_ascii=False)}" for p in document["parameters"]]
     return "{\n" + "\n".join(lines) + '\n  "parameters": [\n' + ",\n".join(rows) + "\n  ]\n}\n"
 
 
-# The dry-run command's block, then its output block, then the sample's settings.
-_DRY_RUN_SAMPLE = re.compile(
-    r"(```bash\n(?P<command>[^`]*--dry_run)\n```\n```\n[^`]*?converted in memory \()"
-    r"(?P<settings>[^)\n]*)(\))"
-)
+# ------------------------------------------------------------ the flag table
 
 
-def asked_image(command: str) -> images.ImageSpec:
-    """The ImageSpec a command line asks for: its image flags, the others' defaults."""
-    given = dict(re.findall(r"--(\w+)[ =]([^\s-]\S*)", command))
-    image = {}
+def _markdown(text: str) -> str:
+    """Help text as a table cell shows it: no HTML tags, emphasis or column breaks."""
+    for plain, escaped in (("<", "&lt;"), (">", "&gt;"), ("*", "\\*"), ("|", "\\|")):
+        text = text.replace(plain, escaped)
+    return text
+
+
+def _help_without_default(flag: flags.Flag) -> str:
+    """The help, less its default (the table's own column)."""
+    text = flag.help.replace(" (default {default})", "")
+    for said in ("default {default}; ", "default {default}: ", "default {default}"):
+        text = text.replace(said, "")
+    return text
+
+
+def _default_cell(flag: flags.Flag) -> str:
+    if flag.required:
+        return "required"
+    if isinstance(flag.default, bool):
+        return "on" if flag.default else "off"
+    return flag.default_text
+
+
+def flag_table() -> str:
+    """The flag table, one row per flag, between its markers."""
+    rows = [TABLE_BEGIN, "", "| flag | default | meaning |", "|---|---|---|"]
     for flag in flags.FLAGS:
-        if flag.field and flag.field.startswith("image."):
-            text = given.get(flag.name)
-            if flag.kind == "bool":  # a switch: given or not
-                value = f"--{flag.name}" in command.split() or flag.default
-            elif text is None:
-                value = flag.default
-            else:
-                value = {"int": int, "float": float}.get(flag.kind, str)(text)
-            image[flag.field.removeprefix("image.")] = flag.field_value(value)
-    return images.ImageSpec(**image)
+        name = f"`{flag.option}`" + (f" {flag.metavar}" if flag.metavar else "")
+        cells = (name, _markdown(_default_cell(flag)), _markdown(_help_without_default(flag)))
+        rows.append("| " + " | ".join(cells) + " |")
+    rows += ["", TABLE_END]
+    return "\n".join(rows)
 
 
-def _sample_settings(match: re.Match) -> str:
-    shown = settings.describe(settings.image_settings(asked_image(match.group("command"))))
-    return match.group(1) + shown + match.group(4)
-
-
-def readme_text(current: str) -> str:
-    """The README with the text between the markers the table's, and the dry-run
-    sample's settings those its command asks for."""
-    begin, end = current.index(flags.README_BEGIN), current.index(flags.README_END)
-    current = current[:begin] + flags.readme_table() + current[end + len(flags.README_END) :]
-    return _DRY_RUN_SAMPLE.sub(_sample_settings, current, count=1)
+def flags_page_text(current: str) -> str:
+    """docs/flags.md with the text between the markers the table's."""
+    begin, end = current.index(TABLE_BEGIN), current.index(TABLE_END)
+    return current[:begin] + flag_table() + current[end + len(TABLE_END) :]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 on a difference")
     args = parser.parse_args(argv)
     stale = []
-    for path, render in ((METADATA, metadata_text), (README, readme_text)):
+    for path, render in ((METADATA, metadata_text), (FLAGS_PAGE, flags_page_text)):
         current = path.read_text()
         wanted = render(current)
         if wanted != current:

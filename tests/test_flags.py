@@ -1,8 +1,9 @@
 """The flag table (beam_pipeline/core/flags.py) is the one declaration of every flag.
 
 The parser, the configs' defaults and checks, the Flex Template's parameters
-and the README's flag table come from it; these tests fail when one of
-them is written out by hand again, or disagrees with the table.
+and docs/flags.md's table come from it (the last two rendered by
+scripts/write_flags.py); these tests fail when one of them is written out by
+hand again, or disagrees with the table.
 """
 
 import dataclasses
@@ -15,7 +16,7 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import arguments, dryrun
-from beam_pipeline.core import digit_ranges, flags, images, keys, settings
+from beam_pipeline.core import digit_ranges, flags, images, keys
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.stages.job_config import JobConfig
 from tests.image_factory import make_class_folders
@@ -32,34 +33,34 @@ def _writer():
     return module
 
 
-@pytest.mark.parametrize("path", ["deploy/metadata.json", "README.md"])
+WRITER = _writer()
+PAGES = {"deploy/metadata.json": WRITER.metadata_text, "docs/flags.md": WRITER.flags_page_text}
+
+
+@pytest.mark.parametrize("path", sorted(PAGES))
 def test_the_generated_files_are_what_make_flags_writes(path):
-    writer = _writer()
-    render = writer.metadata_text if path.endswith(".json") else writer.readme_text
     current = (ROOT / path).read_text()
-    assert render(current) == current, f"{path} differs from core/flags.py: run make flags"
+    assert PAGES[path](current) == current, f"{path} differs from core/flags.py: run make flags"
 
 
-def test_the_readme_dry_run_sample_shows_the_settings_its_command_asks_for():
-    """The sample's settings come from the declarations: a stale list is rewritten."""
-    writer = _writer()
-    readme = (ROOT / "README.md").read_text()
-    line = re.search(r"converted in memory \((.*)\)", readme).group(1)
-    asked = images.ImageSpec(size=160)
-    assert line == settings.describe(settings.image_settings(asked))
-    stale = readme.replace(line, "resize shorter, image_size 160", 1)
-    assert writer.readme_text(stale) == readme
-    command = "python -m beam_pipeline --input a --upscale --jpeg_quality 80 --resample lanczos"
-    assert writer.asked_image(command) == images.ImageSpec(
-        upscale=True, jpeg_quality=80, resample="lanczos"
-    )
+def test_make_flags_rewrites_a_stale_table():
+    page = (ROOT / "docs" / "flags.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| `--seed`"))
+    stale = page.replace(row, row.replace("42", "7"))
+    assert stale != page and WRITER.flags_page_text(stale) == page
 
 
-def test_the_readme_table_has_one_row_per_flag():
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index(flags.README_BEGIN) : readme.index(flags.README_END)]
+def test_the_flag_table_has_one_row_per_flag():
+    page = (ROOT / "docs" / "flags.md").read_text()
+    table = page[page.index(WRITER.TABLE_BEGIN) : page.index(WRITER.TABLE_END)]
     named = re.findall(r"^\| `--(\w+)`", table, re.M)
     assert named == [flag.name for flag in flags.FLAGS]
+
+
+def test_the_core_renders_no_document():
+    """The table's renderings live in scripts/write_flags.py, not in the product."""
+    rendered = [name for name in ("template_parameters", "readme_table") if hasattr(flags, name)]
+    assert rendered == []
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ _TRIES += [*flags.BOOLEAN_WORDS, "maybe"]
     "flag", [f for f in flags.FLAGS if f.template and not f.template.regex], ids=lambda f: f.name
 )
 def test_a_template_regex_refuses_no_value_the_flag_accepts(flag):
-    parameter = next(p for p in flags.template_parameters() if p["name"] == flag.name)
+    parameter = next(p for p in WRITER.template_parameters() if p["name"] == flag.name)
     (regex,) = parameter["regexes"]
     tries = [*_TRIES, flag.default_text]
     if flag.check:

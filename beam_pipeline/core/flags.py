@@ -10,9 +10,9 @@ is derived from this table, never written out again:
 * the defaults of the config fields (:func:`field`) and their value checks
   (:func:`check_fields`, run by the configs themselves, so code building a
   config gets the command line's errors);
-* ``deploy/metadata.json``'s parameters, regexes included (:func:`template_parameters`),
-  and the README's flag table (:func:`readme_table`), both written by
-  ``make flags`` and compared by ``tests/test_flags.py``.
+* ``deploy/metadata.json``'s parameters, regexes included, and docs/flags.md's
+  table, both written by ``make flags`` (``scripts/write_flags.py``) and
+  compared by ``tests/test_flags.py``.
 
 Whether a setting decides a record's bytes stays where the configs declare
 it (``settings.py``). Pure: no Beam, no Pillow.
@@ -516,62 +516,3 @@ def check_values(values: dict) -> None:
             problem = flag.problem(values[flag.name])
             if problem:
                 raise ValueError(problem)
-
-
-# ----------------------------------------------------------- derived documents
-
-
-def template_parameters() -> list[dict]:
-    """``deploy/metadata.json``'s parameters: one per flag the template offers."""
-    found = []
-    for flag in FLAGS:
-        if flag.template is None:
-            continue
-        regex = (
-            flag.template.regex or (flag.check and flag.check.regex) or _KIND_REGEX.get(flag.kind)
-        )
-        entry = {
-            "name": flag.name,
-            "label": flag.template.label,
-            "helpText": flag.template.help or flag.help_text,
-            "isOptional": not flag.required,
-        }
-        if regex:
-            entry["regexes"] = [regex]
-        found.append(entry)
-    return found
-
-
-README_BEGIN = "<!-- flags: made by `make flags` from beam_pipeline/core/flags.py -->"
-README_END = "<!-- /flags -->"
-
-
-def _markdown(text: str) -> str:
-    """Help text as a table cell shows it: no HTML tags, emphasis or column breaks."""
-    for plain, escaped in (("<", "&lt;"), (">", "&gt;"), ("*", "\\*"), ("|", "\\|")):
-        text = text.replace(plain, escaped)
-    return text
-
-
-def _help_without_default(flag: Flag) -> str:
-    """The help, less its default (the table's own column)."""
-    text = flag.help.replace(" (default {default})", "")
-    for said in ("default {default}; ", "default {default}: ", "default {default}"):
-        text = text.replace(said, "")
-    return text
-
-
-def readme_table() -> str:
-    """The README's flag table, one row per flag, between its markers."""
-    rows = [README_BEGIN, "", "| flag | default | meaning |", "|---|---|---|"]
-    for flag in FLAGS:
-        name = f"`{flag.option}`" + (f" {flag.metavar}" if flag.metavar else "")
-        if flag.required:
-            shown = "required"
-        elif isinstance(flag.default, bool):
-            shown = "on" if flag.default else "off"
-        else:
-            shown = flag.default_text
-        rows.append(f"| {name} | {_markdown(shown)} | {_markdown(_help_without_default(flag))} |")
-    rows += ["", README_END]
-    return "\n".join(rows)
