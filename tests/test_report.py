@@ -23,7 +23,7 @@ from PIL import Image
 from beam_pipeline.__main__ import main as convert
 from beam_pipeline.core import elements, keys
 from reader import inspect as inspect_tool
-from reader import load_info, report
+from reader import load_info, report, report_lists
 from tests import near_fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,11 +34,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_the_order_key_is_the_converters():
     for seed, image_id in ((42, "cat/a.jpg"), (0, "é/ü 1.png"), (7, ""), (2**40, "a" * 300)):
-        assert report.order_key(seed, image_id) == keys.order_key(seed, image_id)
+        assert report_lists.order_key(seed, image_id) == keys.order_key(seed, image_id)
 
 
 def test_the_drop_reasons_are_the_converters():
-    assert report.DROP_REASONS == (
+    assert report_lists.DROP_REASONS == (
         elements.RejectKind.DUPLICATE.prefix,
         elements.RejectKind.NEAR_DUPLICATE.prefix,
     )
@@ -56,8 +56,8 @@ def test_the_drop_reasons_are_the_converters():
     ],
 )
 def test_reason_kind_and_kept(reason, kind, kept):
-    assert report.reason_kind(reason) == kind
-    assert report.kept_of(reason) == kept
+    assert report_lists.reason_kind(reason) == kind
+    assert report_lists.kept_of(reason) == kept
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_reason_kind_and_kept(reason, kind, kept):
     ],
 )
 def test_bare_file_name(name, ok):
-    assert report.bare_file_name(name) == (name if ok else None)
+    assert report_lists.bare_file_name(name) == (name if ok else None)
 
 
 @pytest.mark.parametrize(
@@ -301,7 +301,8 @@ def test_the_demos_report_renders_every_picture_and_fetches_nothing(demo, tmp_pa
     assert all(name in page.sections["classes"] for name in info.classes)
     reason = _rejects(demo)["cat/broken.jpg"]
     assert (
-        f"{report.reason_kind(reason)}1cat/broken.jpg (train): {reason}" in page.sections["rejects"]
+        f"{report_lists.reason_kind(reason)}1cat/broken.jpg (train): {reason}"
+        in page.sections["rejects"]
     )
     sheets = [i for i in page.images if i.get("alt") == "contact sheet"]
     assert len(sheets) == 1
@@ -344,6 +345,11 @@ def test_the_grouped_report_shows_which_member_was_kept(grouped, tmp_path):
                 assert figure["class"] == "dropped" and figure["img"] is None
                 assert f"dropped: {reason}" in figure["text"].replace("\n", "")
         assert sum(f["class"] == "kept" for f in group) == 1
+    for group in across:
+        dropped = [rejects[f["id"]] for f in group if f["id"] in rejects]
+        [kept] = {report_lists.kept_of(r) for r in dropped}
+        said = f"--dedupe kept {kept}, dropped {len(dropped)}"
+        assert said in page.sections["near-across-splits"]
     # A thumbnail is its own photo, not another's.
     photos = {i: Image.open(grouped / "images" / i).convert("L").resize((8, 8)) for i in rejects}
     for image in page.images:
@@ -440,10 +446,10 @@ def test_the_finder_finds_each_record_by_id_reading_few(demo):
             records[feature["image/filename"].bytes_list.value[0].decode()] = feature[
                 "image/encoded"
             ].bytes_list.value[0]
-    finder = report.RecordFinder(info, "train")
+    finder = report_lists.RecordFinder(info, "train")
     found = finder.find([*records, "cat/none.jpg"])
     assert found == records
-    one = report.RecordFinder(info, "train")
+    one = report_lists.RecordFinder(info, "train")
     some = sorted(records)[:2]
     assert one.find(some) == {i: records[i] for i in some}
     assert len(one.probed) <= 2 * (len(records).bit_length() + 1) < len(records)
