@@ -9,7 +9,6 @@ Every value from the dataset is taken as text and trusted for nothing.
 from __future__ import annotations
 
 import base64
-import bisect
 import collections
 import dataclasses
 import hashlib
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
+from imagerecords import codec
 from reader import info as info_lib
 from reader import pictures, shard_file
 from reader.shard_file import ShardReadError
@@ -267,60 +267,106 @@ def read_rejects(info: info_lib.DatasetInfo, shown_ids: set[str]) -> Rejects:
     return out
 
 
+def frame_offsets(path: str) -> list[int]:
+    """Where each record of a shard starts, and its size last: one walk over the
+    headers (``shard_file.walk_records``'s checks: no length is trusted past the
+    file's end), no record read."""
+    size = tf.io.gfile.stat(path).length
+    offsets = [0]
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while offsets[-1] < size:
+            header = f.read(codec.FRAME_HEAD)
+            problem = shard_file.framing_problem(header, size - offsets[-1], size)
+            if problem:
+                where = f"record {len(offsets) - 1} (byte {offsets[-1]:,})"
+                raise ShardReadError(f"{where}: {problem}")
+            length = codec.stated_length(header)
+            f.seek(length + codec.FRAME_FOOT, whence=1)
+            offsets.append(offsets[-1] + length + codec.FRAME_OVERHEAD)
+    return offsets
+
+
 class RecordFinder:
-    """Finds records of a split by ID: a split's records, shard after shard, are in
-    increasing order key (docs/format.md section 3), so a binary search over the
-    records' positions reads about log2(records) of them per ID, sharing the
-    first probes between IDs. A record whose ID differs is not the one asked for."""
+    """Finds records of a split by ID. A split's records, shard after shard, are
+    in increasing order key (docs/format.md section 3), so two binary searches
+    find one: over the shards by their first record's key (read without walking
+    the shard), then inside the shard by its records' keys, each record read at
+    its offset once one walk over the shard's headers has found them. About
+    log2(records) records are read per ID, the first ones shared between IDs;
+    a record whose ID differs from the one asked for is not it."""
 
     def __init__(self, info: info_lib.DatasetInfo, split: str):
         self.seed = info.seed
         self.shards = info.split(split).shards
-        self.starts, total = [], 0
-        for shard in self.shards:
-            self.starts.append(total)
-            total += shard.num_examples if is_int(shard.num_examples) else 0
-        self.total = total
-        self.probed: dict[int, tuple[int, str, bytes]] = {}
+        self.firsts: dict[int, int] = {}
+        self.reads = 0  # records read, first ones included
 
     def usable(self) -> bool:
         counts = [s.num_examples for s in self.shards]
-        return is_int(self.seed) and all(is_int(n) and n >= 0 for n in counts)
+        return is_int(self.seed) and all(is_int(n) and n > 0 for n in counts)
 
-    def _record(self, index: int) -> tuple[int, str, bytes]:
-        if index not in self.probed:
-            shard = bisect.bisect_right(self.starts, index) - 1
-            local, example = index - self.starts[shard], None
-            try:
-                for at, data in shard_file.walk_records(self.shards[shard].path, {local}):
-                    example = shard_file.parse_example(data, f"record {at}")
-                if example is None:
-                    raise ShardReadError(f"it has no record {local:,}")
-            except ShardReadError as error:
-                raise ShardReadError(f"{self.shards[shard].file}: {error}") from None
-            name = shard_file.feature(example, "image/filename")
-            jpeg = shard_file.feature(example, "image/encoded")
-            image_id = name.decode("utf-8", "replace") if isinstance(name, bytes) else ""
-            key = order_key(self.seed, image_id)
-            self.probed[index] = (key, image_id, jpeg if isinstance(jpeg, bytes) else b"")
-        return self.probed[index]
+    def _parsed(self, data: bytes, where: str) -> tuple[int, str, bytes]:
+        self.reads += 1
+        example = shard_file.parse_example(data, where)
+        name = shard_file.feature(example, "image/filename")
+        jpeg = shard_file.feature(example, "image/encoded")
+        image_id = name.decode("utf-8", "replace") if isinstance(name, bytes) else ""
+        return order_key(self.seed, image_id), image_id, jpeg if isinstance(jpeg, bytes) else b""
 
-    def find(self, ids: Sequence[str]) -> dict[str, bytes]:
-        """The stored JPEG of each ID found."""
-        found: dict[str, bytes] = {}
-        if not self.usable():
-            return found
-        targets = sorted((order_key(self.seed, i), i) for i in set(ids))
-        stack = [(0, self.total, targets)]
+    def _first_key(self, shard: int) -> int:
+        if shard not in self.firsts:
+            for at, data in shard_file.walk_records(self.shards[shard].path, {0}):
+                self.firsts[shard] = self._parsed(data, f"record {at}")[0]
+        return self.firsts[shard]
+
+    def _which_shards(self, targets) -> dict[int, list[tuple[int, str]]]:
+        """Each target under the last shard whose first key is at most its own."""
+        out: dict[int, list[tuple[int, str]]] = {}
+        stack = [(0, len(self.shards), targets)]
         while stack:
             lo, hi, wanted = stack.pop()
-            if not wanted or lo >= hi:
+            if not wanted:
+                continue
+            if hi - lo == 1:
+                out[lo] = wanted
                 continue
             mid = (lo + hi) // 2
-            key, image_id, jpeg = self._record(mid)
-            found.update({i: jpeg for k, i in wanted if k == key and i == image_id})
-            stack.append((lo, mid, [t for t in wanted if t[0] < key]))
-            stack.append((mid + 1, hi, [t for t in wanted if t[0] > key]))
+            first = self._first_key(mid)
+            stack.append((lo, mid, [t for t in wanted if t[0] < first]))
+            stack.append((mid, hi, [t for t in wanted if t[0] >= first]))
+        return out
+
+    def _in_shard(self, shard: int, targets) -> dict[str, bytes]:
+        offsets = frame_offsets(self.shards[shard].path)
+        found: dict[str, bytes] = {}
+        with tf.io.gfile.GFile(self.shards[shard].path, "rb") as f:
+            stack = [(0, len(offsets) - 1, targets)]
+            while stack:
+                lo, hi, wanted = stack.pop()
+                if not wanted or lo >= hi:
+                    continue
+                mid = (lo + hi) // 2
+                f.seek(offsets[mid] + codec.FRAME_HEAD)
+                data = f.read(offsets[mid + 1] - offsets[mid] - codec.FRAME_OVERHEAD)
+                key, image_id, jpeg = self._parsed(data, f"record {mid}")
+                found.update({i: jpeg for k, i in wanted if k == key and i == image_id})
+                stack.append((lo, mid, [t for t in wanted if t[0] < key]))
+                stack.append((mid + 1, hi, [t for t in wanted if t[0] > key]))
+        return found
+
+    def find(self, ids: Sequence[str]) -> dict[str, bytes]:
+        """The stored JPEG of each ID found (raises ShardReadError naming the shard)."""
+        found: dict[str, bytes] = {}
+        if not self.usable() or not ids:
+            return found
+        targets = sorted((order_key(self.seed, i), i) for i in set(ids))
+        at = None
+        try:
+            for at, wanted in sorted(self._which_shards(targets).items()):
+                found.update(self._in_shard(at, wanted))
+        except ShardReadError as error:
+            where = self.shards[at].file if at is not None else "a shard's first record"
+            raise ShardReadError(f"{where}: {error}") from None
         return found
 
 

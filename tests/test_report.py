@@ -260,6 +260,7 @@ def demo(tmp_path_factory):
     shutil.copy(work / "photos" / "cat" / "cat_001.jpg", work / "photos" / "coffee" / "cat.jpg")
     out = work / "records"
     argv = ["--input", str(work / "photos"), "--output", str(out), "--image_size", "96"]
+    argv += ["--min_shards", "3"]  # the finder searches across shards
     assert convert([*argv, "--quiet", "--max_reject_fraction", "0.5"]) == 0
     return out
 
@@ -434,22 +435,23 @@ def test_hostile_lists_are_shown_as_text_and_open_nothing_outside(grouped, tmp_p
 
 @pytest.mark.e2e
 def test_the_finder_finds_each_record_by_id_reading_few(demo):
-    info = load_info(str(demo))
-    train = info.split("train")
     import tensorflow as tf
 
-    records = {}
-    for shard in train.shards:
-        for data in tf.data.TFRecordDataset(shard.path).as_numpy_iterator():
-            example = tf.train.Example.FromString(data)
-            feature = example.features.feature
-            records[feature["image/filename"].bytes_list.value[0].decode()] = feature[
-                "image/encoded"
-            ].bytes_list.value[0]
-    finder = report_lists.RecordFinder(info, "train")
-    found = finder.find([*records, "cat/none.jpg"])
-    assert found == records
-    one = report_lists.RecordFinder(info, "train")
+    info = load_info(str(demo))
+    assert all(len(split.shards) >= 2 for split in info.splits.values())
+    by_split = {}
+    for name, split in info.splits.items():
+        records = by_split[name] = {}
+        for data in tf.data.TFRecordDataset(split.files).as_numpy_iterator():
+            feature = tf.train.Example.FromString(data).features.feature
+            image_id = feature["image/filename"].bytes_list.value[0].decode()
+            records[image_id] = feature["image/encoded"].bytes_list.value[0]
+        # Every record, from any shard, and nothing for an ID that is not there.
+        assert report_lists.RecordFinder(info, name).find([*records, "cat/none.jpg"]) == records
+    records, split = by_split["train"], info.split("train")
     some = sorted(records)[:2]
+    one = report_lists.RecordFinder(info, "train")
     assert one.find(some) == {i: records[i] for i in some}
-    assert len(one.probed) <= 2 * (len(records).bit_length() + 1) < len(records)
+    # Two binary searches, not a walk through the split.
+    assert one.reads <= 2 * (len(split.shards).bit_length() + len(records).bit_length())
+    assert one.reads < len(records) == split.num_examples
