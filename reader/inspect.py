@@ -139,6 +139,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         value = getattr(args, option)
         if value is not None and not value.lower().endswith(ending):
             raise InspectUsageError(f"--{option} must name a {ending} file, got {value}")
+    if args.report is not None and "://" not in args.report:  # written last: checked first
+        folder = os.path.dirname(os.path.abspath(args.report))
+        if not os.path.isdir(folder):
+            raise InspectUsageError(f"--report: the folder {folder} does not exist")
     return args
 
 

@@ -186,6 +186,10 @@ def _group_html(number: int, group: Group, rejects: Rejects, pics: Pictures) -> 
     )
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def _section_html(item: Shown, rejects: Rejects, pics: Pictures) -> str:
     section = item.section
     pages = math.ceil(len(item.groups) / GROUPS_PER_PAGE)
@@ -204,7 +208,7 @@ def _section_html(item: Shown, rejects: Rejects, pics: Pictures) -> str:
     parts += [_group_html(n, g, rejects, pics) for n, g in enumerate(item.groups, 1)]
     if item.total > len(item.groups):
         parts.append(
-            f'<p class="more">{item.total - len(item.groups):,} more groups not shown '
+            f'<p class="more">{_count(item.total - len(item.groups), "more group")} not shown '
             f"(the page shows the first {len(item.groups):,})</p>"
         )
     parts.append("</section>")

@@ -98,9 +98,13 @@ def test_text_escapes_cuts_and_replaces(value, shown):
     assert report.text(value, limit=5 if value == "x" * 10 else 100) == shown
 
 
-def test_a_report_must_be_an_html_file():
+def test_a_report_must_be_an_html_file_in_a_folder_that_exists(tmp_path, capsys):
     with pytest.raises(inspect_tool.InspectUsageError, match="--report must name a .html file"):
         inspect_tool.parse_args(["somewhere", "--report", "page.png"])
+    missing = tmp_path / "no such folder" / "page.html"
+    assert inspect_tool.main([str(tmp_path), "--report", str(missing)]) == inspect_tool.EXIT_USAGE
+    said = capsys.readouterr().err
+    assert said == f"error: --report: the folder {missing.parent} does not exist\n"
 
 
 # --- in the browser -----------------------------------------------------------------
@@ -377,8 +381,7 @@ def test_a_section_shows_its_cap_in_pages_and_says_how_many_it_leaves_out(
     groups = page.groups["near-across-splits"]
     assert [g["page"] for g in groups] == ["1", "2"]
     assert (
-        "1 more groups not shown (the page shows the first 2)"
-        in page.sections["near-across-splits"]
+        "1 more group not shown (the page shows the first 2)" in page.sections["near-across-splits"]
     )
     assert written.groups == sum(len(g) for g in page.groups.values())
     # Only the first page shows in the browser; the script paged it.
