@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--contact_sheet", metavar="FILE.png", help="Draw random records of each split")
     add("--histogram", metavar="FILE.png", help="Draw the class counts per split")
+    add(
+        "--report",
+        metavar="FILE.html",
+        help="Write one self-contained page: the duplicate groups with thumbnails, the "
+        "classes per split, the rejects and the contact sheet (docs/reader.md)",
+    )
     add("--split", action="append", help="Only this split (repeatable; default: all)")
     add("--samples", type=int, default=16, help="Images per split on the contact sheet (16)")
     add("--seed", type=int, default=0, help="Seed of the contact sheet's draw (0)")
@@ -129,10 +135,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise InspectUsageError(f"--samples must be at least 1, got {args.samples}")
     if args.workers < 1:
         raise InspectUsageError(f"--workers must be at least 1, got {args.workers}")
-    for option in ("contact_sheet", "histogram"):
+    for option, ending in (("contact_sheet", ".png"), ("histogram", ".png"), ("report", ".html")):
         value = getattr(args, option)
-        if value is not None and not value.lower().endswith(".png"):
-            raise InspectUsageError(f"--{option} must name a .png file, got {value}")
+        if value is not None and not value.lower().endswith(ending):
+            raise InspectUsageError(f"--{option} must name a {ending} file, got {value}")
+    if args.report is not None and "://" not in args.report:  # written last: checked first
+        folder = os.path.dirname(os.path.abspath(args.report))
+        if not os.path.isdir(folder):
+            raise InspectUsageError(f"--report: the folder {folder} does not exist")
     return args
 
 
@@ -148,13 +158,14 @@ def _run(args: argparse.Namespace) -> int:
     splits = args.split or list(info.splits)
     for name in splits:
         info.split(name)  # UnknownSplitError names the splits there are
-    if args.contact_sheet or args.histogram:
+    if args.contact_sheet or args.histogram or args.report:
         try:
             pictures.pillow()  # fail before any work when Pillow is missing
         except pictures.PillowMissingError as error:
             raise InspectUsageError(str(error)) from None
     mixes = None if args.no_shuffle_check else overview.shuffle_evidence(info, workers=args.workers)
-    print(overview.summary(info, mixes), flush=True)
+    summary = overview.summary(info, mixes)
+    print(summary, flush=True)
     # Verify first: a damaged shard is then reported as FAIL lines before a
     # picture that needs one of its records stops at it.
     status = _verify_and_report(info, args.workers) if args.verify else EXIT_OK
@@ -169,6 +180,14 @@ def _run(args: argparse.Namespace) -> int:
         if args.histogram:
             pictures.histogram(info, args.histogram, splits)
             print(f"histogram: {', '.join(splits)} -> {args.histogram}")
+        if args.report:
+            from reader import report
+
+            page = report.write_report(info, args.report, splits, args.samples, args.seed, summary)
+            print(
+                f"report: {page.groups} groups, {page.thumbnails} thumbnails, "
+                f"{page.bytes / 1e6:.1f} MB -> {args.report}"
+            )
     except ShardReadError as error:
         print(f"error: cannot draw the pictures: {error}", file=sys.stderr)
         return EXIT_PROBLEMS

@@ -107,6 +107,20 @@ def contact_sheet(
     Returns:
         The tiles, in drawing order, with the box each image was pasted in.
     """
+    sheet, tiles = draw_contact_sheet(info, splits, samples, seed, columns, tile)
+    _save_png(sheet, out_file)
+    return tiles
+
+
+def draw_contact_sheet(
+    info: info_lib.DatasetInfo,
+    splits: Sequence[str],
+    samples: int,
+    seed: int,
+    columns: int = 8,
+    tile: int = TILE,
+):
+    """:func:`contact_sheet`'s picture, not saved: ``(PIL image, tiles)``."""
     Image, ImageDraw, _ = pillow()
     rng = random.Random(seed)
     drawn = {split: draw_samples(info, split, samples, rng) for split in splits}
@@ -141,8 +155,7 @@ def contact_sheet(
             box = (left, upper, left + image.width, upper + image.height)
             tiles.append(Tile(split, filename, class_name, box))
         top += max(1, math.ceil(len(records) / columns)) * cell_h
-    _save_png(sheet, out_file)
-    return tiles
+    return sheet, tiles
 
 
 HISTOGRAM_WIDTH = 900
