@@ -1,21 +1,8 @@
 """Read imagerecords datasets without TensorFlow or Beam: a random-access source.
 
-``RecordSource(dataset, split)`` has a length and returns record ``i`` parsed
-into a dict (image bytes, label, file name, ...). It is what Grain's
-``MapDataset.source`` / ``DataLoader`` and PyTorch's map-style ``Dataset``
-protocol ask for; docs/trainers.md shows both.
-
-Importing this package loads neither TensorFlow nor Apache Beam: it needs
-``protobuf``, ``google-crc32c`` and, for ``gs://``, ``google-cloud-storage``.
-
-``PUBLIC_MODULES`` are the modules whose names without a leading underscore
-a client may import and expect to keep: this package's names below, the
-format's codec (``imagerecords.codec``: the TFRecord framing, the Example
-schema, the published file names), the training and evaluation crops
-(``imagerecords.transforms``), the two loaders (``imagerecords.grain``,
-``imagerecords.torch``; docs/trainers.md) and what they share, for a loader
-of one's own: each host's records per epoch and each crop's random numbers
-(``imagerecords.streams``).
+``RecordSource(dataset, split)`` is what Grain and PyTorch map-style datasets ask for
+(docs/trainers.md). Needs ``protobuf``, ``google-crc32c`` and, for ``gs://``,
+``google-cloud-storage``; ``PUBLIC_MODULES`` names the modules a client may import from.
 """
 
 from imagerecords.info import DatasetNotFoundError, UnknownSplitError, find_info

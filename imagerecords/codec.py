@@ -1,19 +1,7 @@
 """The format's codec: TFRecord framing, the Example schema and the published file names.
 
-Everything that writes or reads a shard's bytes goes through this module: the
-converter frames its records and spill entries here, ``--reuse`` scans an old
-dataset's shards, ``reader.inspect`` follows and checks every frame, and
-:class:`imagerecords.RecordSource` locates and checks records. It sits in the
-bottom package, which imports nothing of ``beam_pipeline`` or ``reader``.
-
-The Example messages are built with the ``protobuf`` library from a descriptor
-equivalent to ``tensorflow/core/example/{example,feature}.proto`` that lives in
-a private descriptor pool, so it never clashes with TensorFlow's own copy when
-both are imported in one process (the reader, the tests). The CRCs use
-``google_crc32c`` (the maintained C implementation Google's clients use),
-imported on the first CRC: the reader imports this module for the file names
-and the framing constants, and a training job that only reads through
-``tf.data`` never computes a CRC in Python.
+Everything that writes or reads a shard's bytes goes through it (docs/architecture.md,
+"The codec"). Imports nothing of ``beam_pipeline`` or ``reader``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The Grain pipeline over a split: what a JAX training or evaluation loop iterates.
 
-``dataset(path, split, batch_size=..., image_size=..., training=...)`` returns
-a ``grain.IterDataset`` of dicts of NumPy batches::
-
-    {"image": uint8 [batch, size, size, 3], "label": int64 [batch]}
-    # evaluation adds "mask": bool [batch], False for padding
-
-Which records each host reads, in which order, and the crops' random numbers
-are ``imagerecords.streams``'s (a new permutation of the whole split each
-epoch; in evaluation every record once across the hosts, every host the same
-number of batches). Each element of the Grain pipeline is a whole batch
-(``GrainBatches``): its records read in one call and each image decoded straight
-into the batch's array, which in a worker process lies in shared memory that
-Grain hands to the main process as it is: one of the worker's ``RING_SLOTS``
-reused segments (``_Ring``) whose batch the main process has dropped, else a
-new one. The batches are made in
-``num_workers`` processes (Grain's ``mp_prefetch``, which starts them with
-``spawn``), each with ``read_options``' threads. The iterator's ``get_state()`` is a small
-dict; ``set_state`` on a new iterator of the same pipeline continues with the
-next batch.
+``dataset(path, split, ...)`` returns a ``grain.IterDataset`` of NumPy batches, each made
+whole in a worker in shared memory; the order and crops are ``streams.py``'s
+(docs/trainers.md, "Grain").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Where each record of a shard starts: from its ``.idx`` file, or by scanning its framing.
 
-A shard's records are contiguous TFRecords (docs/format.md section 5), so one
-array of ``num_examples + 1`` offsets locates them all: record ``i`` is the
-bytes ``[offsets[i], offsets[i + 1])``, 8 bytes of memory per record.
-
-With ``--index_files`` the converter wrote ``<shard>.idx`` ("offset length"
-per record, NVIDIA DALI's format); that file is read (one small read per
-shard). Without it the offsets are found by hopping from header to header:
-each TFRecord starts with its length (8 bytes) and that length's CRC (4), so
-no record is decoded or even read in full. Locally that is one 12-byte read
-per record; on ``gs://`` one ranged request cannot skip bytes, so the scan
-reads each shard once, in large windows (a pass over the data: write the
-index files when a dataset lives on GCS).
+One array of ``num_examples + 1`` offsets, 8 bytes a record; without an ``.idx`` file
+the scan hops from header to header (docs/trainers.md, "The source").
 """
 
 from __future__ import annotations

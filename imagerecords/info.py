@@ -1,11 +1,7 @@
 """Finds a dataset's own metadata and its splits' shards, without TensorFlow.
 
-The converter writes its metadata (docs/format.md section 7) last, so finding
-it is what says the dataset is complete. Format 1 names the file
-``dataset_info.json``; from format 2 on it is ``imagerecords.json``, because
-TFDS's own ``dataset_info.json`` sits next to it. :func:`find_info` looks for
-the new name first, then the old one, and skips a ``dataset_info.json`` that
-is TFDS's (it has no ``format_version``).
+:func:`find_info` looks for ``imagerecords.json``, then format 1's
+``dataset_info.json``, skipping TFDS's own (docs/format.md section 7).
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """A random-access source over a split's TFRecord shards: Grain's and PyTorch's protocol.
 
-``len(source)`` is the split's record count; ``source[i]`` is record ``i`` of
-the split (shard by shard, in shard order: ``i`` in order is the converter's
-seeded permutation), parsed into a dict::
-
-    {"image": b"\\xff\\xd8...",   # the stored JPEG, undecoded
-     "label": 3, "class_name": "dog", "filename": "dog/0001.jpg",
-     "height": 256, "width": 341, "channels": 3, "format": "jpeg",
-     "sha256": "9f2c..."}        # of the source file
-
-Every read checks both CRC32Cs of the TFRecord frame. ``source.__getitems__``
-(what PyTorch's DataLoader calls with a batch of indices, and Grain's batched
-read ``_getitems``) reads each run of adjacent records with one request, and
-on ``gs://`` runs the requests of a batch concurrently.
-
-Decoding and augmentation are the caller's transforms (docs/trainers.md has a
-Grain and a PyTorch example); this module only locates, checks and parses.
+``source[i]`` is record ``i`` of the split, both CRC32Cs checked, parsed into a dict;
+decoding is the caller's (docs/trainers.md, "The source").
 """
 
 from __future__ import annotations

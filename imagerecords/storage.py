@@ -1,14 +1,7 @@
 """Byte ranges of local files and ``gs://`` objects, one process at a time.
 
-Local files are read with ``os.pread`` on one descriptor per file (thread-safe:
-no shared file position). ``gs://`` objects are read with ranged GETs through
-google-cloud-storage: one HTTP request per call of :meth:`Files.read`, no
-metadata request first (the blob is addressed by name; its size comes from the
-dataset's metadata, not from GCS).
-
-A :class:`Files` object is picklable and fork-safe: descriptors and the storage
-client belong to the process that opened them and are opened again, lazily, in
-a child process or after unpickling (Grain and PyTorch DataLoader workers).
+``os.pread`` locally, one ranged GET per read on GCS; a :class:`Files` is picklable and
+opens its descriptors and client again in a child process.
 """
 
 from __future__ import annotations

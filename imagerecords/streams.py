@@ -1,23 +1,7 @@
 """One host's stream of examples, shared by the Grain and the PyTorch loader.
 
-A loader asks for position ``k`` of its host's stream; this module says which
-record of the split that is, and makes the example:
-
-* **training** (:class:`TrainOrder`): epoch ``e`` is one permutation of the
-  whole split, drawn from ``(seed, e)``; host ``i`` of ``n`` takes every
-  ``n``-th position of it from ``i``, cut to ``len(split) // n`` so that every
-  host has as many examples per epoch (the few records cut differ from epoch
-  to epoch). Position ``k`` of the stream is example ``k % per_epoch`` of
-  epoch ``k // per_epoch``, so a stream runs on through the epochs.
-* **evaluation** (:class:`EvalOrder`): host ``i`` reads the ``i``-th of ``n``
-  contiguous ranges of the split (sizes differ by at most one), in shard
-  order, then padding up to the same number of batches as every other host:
-  every record exactly once across the hosts, and hosts that step together
-  end together. A padding example has a zero image and ``mask`` False.
-
-The random crop of record ``r`` in epoch ``e`` draws from ``(seed, e, r)``
-alone, so a seed gives the same examples whatever the number of hosts,
-workers or loader (Grain or PyTorch).
+Which record position ``k`` of a host's stream is (:class:`TrainOrder`,
+:class:`EvalOrder`), and the example made from it (docs/trainers.md, "Grain").
 """
 
 from __future__ import annotations

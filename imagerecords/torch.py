@@ -1,23 +1,8 @@
 """A PyTorch DataLoader over a split: what a PyTorch training or evaluation loop iterates.
 
-``loader(path, split, batch_size=..., image_size=..., training=...)`` returns
-a :class:`Loader`, a ``torch.utils.data.DataLoader`` of dicts::
-
-    {"image": uint8 [batch, 3, size, size], "label": int64 [batch]}
-    # evaluation adds "mask": bool [batch], False for padding
-
-(the images in ``torch.channels_last`` memory order, the layout convolutions
-run fastest in). Which records each rank reads, in which order, and the crops'
-random numbers are ``imagerecords.streams``'s, the same as the Grain
-pipeline's for the same seed: a new permutation of the whole split each epoch
-(``set_epoch``), every rank the same number of batches; in evaluation every
-record once across the ranks, with a mask for the padding (where
-``DistributedSampler`` would repeat records).
-
-With ``device="cuda"`` the workers only read the records and draw the crop
-windows; the loader decodes each batch with torchvision's batched nvJPEG
-decoder on that device and crops, resizes and flips it there (``device="cpu"``
-runs the same code on the CPU).
+``loader(path, split, ...)`` returns a :class:`Loader` of uint8 batches in
+``channels_last`` order; the order and crops are ``streams.py``'s, and
+``device="cuda"`` decodes on the GPU (docs/trainers.md, "PyTorch").
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
 """The tf.data reader's training and evaluation crops, for records of ``RecordSource``.
 
-``train_crop(record, rng, size)`` and ``eval_crop(record, size)`` turn a record
-(the dict ``RecordSource`` returns, or its serialized Example with
-``parse=False``) into ``{"image": uint8 [size, size, 3], "label": int}``, the
-way ``reader.make_dataset`` does, without TensorFlow:
-
-* the training window is drawn with the rules of TensorFlow's
-  ``sample_distorted_bounding_box`` as the reader calls it (``random_window``):
-  an aspect ratio uniform in 3/4..4/3, a height uniform over the whole pixels
-  that give 8-100% of the area at that ratio, ten attempts, a window covering
-  less than 10% of the image rejected, and the whole image when no attempt
-  fits; the same distribution, from numpy's generator instead of TF's;
-* the evaluation window is the reader's centre crop (``center_window``);
-* the window is resized as ``tf.image.resize(..., "bilinear")`` does: half-pixel
-  centres, no antialiasing, rounded to uint8; training mirrors it half the time.
-
-Only what the window needs is decoded: when the window is at least 2, 4 or 8
-times the output size, libjpeg-turbo decodes the image at 1/2, 1/4 or 1/8
-scale (its inverse DCT at that size, far less work), and the window is
-resampled from there. The resize is OpenCV's SIMD bilinear (docs/trainers.md
-has the numbers that chose it, and the pixels' measured distance from the
-reader's).
-
-No draw and no record the converter can write (any aspect ratio, sides of one
-pixel, the largest ``--image_size``) makes these raise; a JPEG that is not one
-(a record this project did not write) raises simplejpeg's ``ValueError``.
+``train_crop`` and ``eval_crop`` give what ``reader.make_dataset`` gives, without
+TensorFlow (docs/trainers.md, "Decoding and augmenting"). Nothing the converter can
+write makes them raise.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """imagerecords' reader: a fast ``tf.data`` input from imagerecords shards.
 
-Imports only TensorFlow, the standard library and the format's codec
-(``imagerecords.codec``: protobuf, which TensorFlow brings), so a training job
-(GPU, TPU) needs neither Beam nor Pillow. See ``docs/reader.md``.
+Imports only TensorFlow, the standard library and ``imagerecords.codec``, so a
+training job needs neither Beam nor Pillow (docs/reader.md)::
 
-    import reader
-    info = reader.load_info("gs://bucket/dataset")
     ds = reader.make_dataset("gs://bucket/dataset", "train", batch_size=256,
                              image_size=224, training=True)
-    model.fit(ds, steps_per_epoch=info.steps_per_epoch("train", 256), epochs=90)
 
-The names below are the public front door. Everything else stays importable
-from its module: ``reader.info`` (``SplitInfo``, ``ShardInfo``,
-``StoredImage``), ``reader.dataset`` (``InputReader``,
-``decoded_cache_bytes``), ``reader.parser`` (``Parser``), ``reader.decode`` (``IMAGENET_MEAN``,
-``IMAGENET_STD``), ``reader.native`` (``NativeOpsError``) and
-``reader.inspect`` (``python -m reader.inspect``). Those modules, with
-``reader.config``, are ``PUBLIC_MODULES``: a client may import their names
-without a leading underscore and expect to keep them; the other modules are
-the package's inside.
+The names below are the front door; ``PUBLIC_MODULES`` the modules a client may
+import from.
 """
 
 import importlib

@@ -1,31 +1,9 @@
 """``make_dataset`` and ``distributed_dataset``: imagerecords shards -> batches for training.
 
-The pipeline is a chain of small private steps on a frozen :class:`ReaderConfig`,
-in the manner of TF Model Garden's ``official/core/input_reader.py``::
-
-    training:   shard list -(seeded shuffle each epoch)-> shard by InputContext
-                -> interleave(shard_records, AUTOTUNE, deterministic=False)
-                -> [cache] -> shuffle -> repeat -> batch -> parse_example (whole batch)
-                -> decode + random crop while decoding (per image)
-                -> flip + resize into the batch (native op, whole batch; stock ops per
-                image where it cannot be built) -> normalise / cast / one-hot
-                (whole batch) -> prefetch(AUTOTUNE)
-    evaluation: shards in order -> shard by InputContext -> shard_records one by one
-                -> [cache] -> batch -> parse_example -> decode + centre crop / resize
-                -> [pad the last batch + weights] -> normalise -> prefetch
-    cache="decoded": ... -> shard_records / interleave -> parse + decode whole (uint8)
-                -> cache in memory -> [shuffle -> repeat] -> per image: crop (a slice
-                of the cached pixels) + resize + flip -> batch -> [pad] -> normalise
-
-A :class:`~reader.sharding.SplitShards` decides which shards (or records) each
-input pipeline reads and how many batches it yields; it reads each shard with
-:func:`~reader.counting.shard_records`, which counts its records against
-imagerecords.json as it goes: a shard with a record too many or too few, or
-one that is corrupt or cut short, fails the read with an error naming it.
-The decoding steps (parse, decode, crop, flip, resize) are a
-:class:`~reader.parser.Parser`'s, built from the config's :class:`AugmentConfig`.
-This module caches, shuffles, batches and finishes. No Python runs per
-element: every step is a TensorFlow op inside ``tf.data``.
+A chain of small private steps on a frozen :class:`ReaderConfig`, after TF Model
+Garden's ``input_reader.py``: this module caches, shuffles, batches and finishes; the
+decoding is a :class:`~reader.parser.Parser`'s (the chain: docs/architecture.md,
+"The reader's pipeline").
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The reader's TensorFlow primitives: parse, crop windows, resize, flip draw, normalise.
 
-``reader.parser.Parser`` composes them into the per-image and per-batch steps.
-All functions here are pure TensorFlow graph code (they run inside ``tf.data``
-functions): no Python runs per element. Randomness is *stateless* and driven
-by explicit seeds, so a seeded pipeline gives the same augmentation run after
-run no matter how ``tf.data`` schedules its parallel calls (stateful random ops
-in a parallel ``map`` hand out numbers in scheduling order, which is not
-reproducible).
+Graph code only, with stateless seeded randomness, so a seeded pipeline gives the same
+augmentation however ``tf.data`` schedules its parallel calls.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``imagerecords.json`` -> a small, frozen, typed object (docs/format.md section 7).
 
-The converter writes ``imagerecords.json`` *last*, so its presence is what says
-"this conversion finished and its books balanced". The reader therefore never
-guesses a dataset from a shard glob: no ``imagerecords.json``, no dataset.
-
-Everything goes through ``tf.io.gfile``, so ``gs://`` (and any other filesystem
-TensorFlow knows, e.g. ``ram://`` in tests) works exactly like a local path.
+No ``imagerecords.json``, no dataset: the reader never guesses one from a shard glob.
+Reads through ``tf.io.gfile`` (local, ``gs://``, ``ram://``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """``python -m reader.inspect PATH``: what a converted dataset holds, and whether it is intact.
 
-Also installed as the ``imagerecords-inspect`` command. Without options it
-prints a summary (classes, splits, records, shards, sizes, image settings,
-rejects, duplicates when recorded) and the evidence that the global shuffle
-worked: for each shard, how its first records mix the classes compared with
-the split as a whole (``reader/overview.py``). ``--verify`` re-reads every
-shard and checks it against ``imagerecords.json`` (``reader/verify.py``);
-``--contact_sheet`` and ``--histogram`` draw pictures (``reader/pictures.py``).
-This module is the command line: arguments, what runs in which order, exit
-statuses.
-
-Like the rest of ``reader`` it reads through ``tf.io.gfile`` (local, ``gs://``).
-Pillow is imported only when a picture is asked for, and ``google_crc32c``
-(installed with imagerecords) only by ``--verify``'s first CRC (``imagerecords.codec``),
-so ``import reader`` still loads neither.
+The command line (arguments, order, exit statuses) over ``overview.py``, ``verify.py``
+and ``pictures.py``; Pillow and ``google_crc32c`` load only when needed.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """The reader's one native op, compiled on first use against the installed TensorFlow.
 
-``ImagerecordsResizeCrops`` (``native/resize_crops.cc``) resizes a batch of
-decoded crops straight into the float32 batch: the cast, the flip, the resize
-and the copy into the batch that stock ops do one image at a time become one
-pass per output row (its gain on the reader benchmark: docs/performance.md).
-Its results are bit-identical to ``tf.image.resize(..., "bilinear")`` of the
-float32 crop, mirrored first when drawn so: to what the stock path computes.
-
-Shipping a compiled op for every TensorFlow release would tie this package to
-TensorFlow's C++ ABI, so the op is built here instead: once per TensorFlow
-version and source, with the C++ compiler TensorFlow's own flags name
-(``tf.sysconfig``), into a per-user cache directory (a pause of seconds), then
-loaded with ``tf.load_op_library``. Where that is impossible (no compiler, a
-read-only cache, an unusual TensorFlow build) the reader falls back to stock
-TensorFlow ops with one warning, and the output is the same.
-
-Prebuild it (a container image, a TPU VM's start-up script) with
-``python -m reader.native``; it prints the library's path, or why it cannot be
-built (exit status 1).
-
-Environment:
-    IMAGERECORDS_NATIVE_OPS: ``0`` never builds or loads the op (stock ops only).
-    IMAGERECORDS_CACHE_DIR: where the built library goes (default
-        ``$XDG_CACHE_HOME/imagerecords`` or ``~/.cache/imagerecords``).
-    CXX: the C++ compiler (default ``c++``).
+``ImagerecordsResizeCrops`` (``native/resize_crops.cc``) flips and resizes a batch of
+crops straight into the float32 batch, bit for bit the stock ops' result; where it
+cannot be built the reader uses stock ops. ``python -m reader.native`` prebuilds it.
+Environment: ``IMAGERECORDS_NATIVE_OPS``, ``IMAGERECORDS_CACHE_DIR``, ``CXX``
+(docs/reader.md, "The native resize op").
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """The Parser: serialized records in, decoded, cropped, flipped and resized images out.
 
-In the manner of the parsers of TF Model Garden's ``official/vision/dataloaders``:
-built once from a frozen :class:`~reader.config.AugmentConfig`, it gives the
-functions the :class:`~reader.dataset.InputReader` maps over its dataset, one
-``parse_train_*`` / ``parse_eval_*`` pair per place decoding can happen:
-
-* ``*_batch``: a batch of serialized records (the default path): one
-  ``parse_example`` for the batch, then decode each image's window, then flip
-  and resize, with the native op for the whole batch at once or stock ops
-  per image;
-* ``*_record``: one serialized record (``decode_before_batching``);
-* ``cache_*_record`` and ``crop_*_cached``: ``cache="decoded"``, decode once,
-  then crop the cached pixels each epoch (``resize_cached_batch`` finishes the
-  native variant after ``padded_batch``).
-
-Training methods take the element's stateless seed (int64 ``[2]``); evaluation
-ones draw nothing. Every image gets a crop seed and a flip seed derived from it
-(see :func:`image_seeds`), so a seeded pipeline gives the same pixels however
-``tf.data`` schedules its parallel calls.
+Built once from a frozen :class:`~reader.config.AugmentConfig`, after TF Model Garden's
+parsers: one ``parse_train_*`` / ``parse_eval_*`` pair per place decoding can happen
+(``*_batch``, ``*_record``, ``cache_*``); each image's seeds from :func:`image_seeds`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """``--verify`` of the files a dataset publishes beside its shards, against its metadata.
 
-A user, a copy or another tool may have changed any of them, and each has a
-reader that trusts it: ``imagerecords.RecordSource`` the ``.idx`` files,
-``tfds.builder_from_directory`` TFDS's three files, a training script
-``labels.txt``. So each is checked against what ``imagerecords.json`` says
-(docs/format.md sections 7 and 11):
-
-* every ``.idx`` file it lists is there, one ``"<offset> <length>"`` line per
-  record, each the real frame of that record in the shard (compared with the
-  frames ``reader.verify`` walked, so no second pass over the shard);
-* TFDS's ``dataset_info.json`` (format version 2): file format, name and
-  version, and per split with shards its ``shardLengths``, ``numBytes`` and the
-  shard names its ``filepathTemplate`` yields; ``features.json``: the record
-  keys and the ClassLabel's class count; ``image-class-label.labels.txt``:
-  the classes;
-* ``labels.txt``: the classes, in order; the lists (``rejects.jsonl``, ...)
-  that it names are there;
-* the folder holds nothing else: a file none of them names is a problem.
-
-Each problem is one line naming the file and what is wrong; the helpers are
-pure (text in, lines out) and :func:`file_problems` reads the files.
+The ``.idx`` files, TFDS's three files, ``labels.txt`` and the lists, each checked
+against ``imagerecords.json``, and any file nothing names (docs/format.md sections 7,
+11). One line per problem; the helpers are pure.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """A split's shards shared out among input pipelines: which records each reads, and how many.
 
-Under ``tf.distribute`` each input pipeline (one per host) reads its own share
-of the split, told by its ``tf.distribute.InputContext``:
-
-* **by file** when there are at least as many shards as pipelines: pipeline
-  ``i`` reads every n-th shard (with a seed, of one permutation that every
-  pipeline draws alike each epoch);
-* **by record**, the fallback, when there are fewer: every pipeline reads all
-  shards in shard order and keeps every n-th record (with a warning: each
-  pipeline reads the whole split).
-
-Every shard is read through :func:`~reader.counting.shard_records`, which
-counts its records against ``imagerecords.json``. From the same per-shard
-counts :class:`SplitShards` knows how many records a pipeline reads in a pass,
-which the batch-level steps here need: the check for one full batch, padding
-every pipeline to a common number of batches, and a finite dataset's length.
+By file when there are enough shards, else by record (docs/reader.md,
+"tf.distribute"); :class:`SplitShards` also counts each pipeline's batches.
 """
 
 from __future__ import annotations

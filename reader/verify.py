@@ -1,14 +1,7 @@
 """``reader.inspect --verify``: every shard re-read and checked against imagerecords.json.
 
-Framing and both masked CRC32Cs of every record, each record's keys, that
-every image decodes at its recorded size (and within the recorded resize
-mode's bounds), labels against the classes, no file name twice, and per
-shard the record count, size and SHA-256 and its ``.idx`` file against the
-frames read; per split the class counts. The other files the dataset
-publishes (TFDS's, ``labels.txt``, the lists, nothing foreign) are checked by
-``reader/published.py``. Every problem is a line naming the file (for a
-shard, the record and its byte offset), never an exception. The framing and
-its CRCs are the format's codec (``imagerecords.codec``).
+Framing, CRCs, keys, decodes and counts of every record and shard; the other
+published files are ``published.py``'s. Every problem is a line, never an exception.
 """
 
 from __future__ import annotations

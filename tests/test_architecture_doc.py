@@ -1,13 +1,17 @@
 """docs/architecture.md names every module of the product, and no module that is gone,
-each on a catalogue line of its own."""
+each on a catalogue line of its own; the modules' own docstrings stay short."""
 
+import ast
 import re
+import statistics
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE_MD = (ROOT / "docs" / "architecture.md").read_text()
 PACKAGES = ("beam_pipeline", "reader", "imagerecords")
+# A module docstring says what the module is for; the design is architecture.md's.
+DOCSTRING_MEDIAN, DOCSTRING_MAX = 6, 20
 
 # Every `...py` in backticks: `local_engine.py`, `storage/listing.py`, `reader/info.py`.
 NAMED = set(re.findall(r"`([\w./-]*\w\.py)`", ARCHITECTURE_MD))
@@ -64,3 +68,34 @@ def test_every_named_module_exists():
 
     stale = sorted(name for name in NAMED if not exists(name))
     assert not stale, f"docs/architecture.md names files that do not exist: {', '.join(stale)}"
+
+
+def _docstring_lines(source: str) -> int:
+    """The lines of a module's docstring, blank lines inside it included; 0 for none."""
+    doc = ast.get_docstring(ast.parse(source), clean=False)
+    return len(doc.strip().splitlines()) if doc else 0
+
+
+def test_docstring_lines_are_counted():
+    assert _docstring_lines("import os\n") == 0
+    assert _docstring_lines('"""One line."""\n') == 1
+    assert _docstring_lines('"""Summary.\n\nMore,\non two lines.\n"""\nx = 1\n') == 4
+    assert _docstring_lines('x = 1\n"""Not a docstring."""\n') == 0
+
+
+def test_module_docstrings_are_short():
+    lines = {
+        str(path.relative_to(ROOT)): _docstring_lines(path.read_text(encoding="utf-8"))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    assert lines, "no modules found: is ROOT the repository?"
+    long = sorted(f"{path} ({n} lines)" for path, n in lines.items() if n > DOCSTRING_MAX)
+    assert not long, (
+        f"module docstrings over {DOCSTRING_MAX} lines (move the design to "
+        f"docs/architecture.md's design notes): {', '.join(long)}"
+    )
+    median = statistics.median(lines.values())
+    assert median <= DOCSTRING_MEDIAN, (
+        f"module docstrings: median {median} lines, more than {DOCSTRING_MEDIAN}"
+    )

@@ -1,21 +1,8 @@
-"""Apache Beam's command-line flags, checked and read once, without importing Beam.
+"""Apache Beam's command-line flags, checked and read once into :class:`BeamFlags`, without importing Beam.
 
-The CLI forks its conversion processes before Beam loads (``local_pool``), and
-importing Beam takes seconds; so that no process is forked for a command that
-will be refused, Beam's flags are checked first, against a table of every flag
-the installed Beam accepts (``_beam_option_table.py``, written by
-``python -m beam_pipeline.beam_internals.beam_options`` from Beam's own option classes).
-When the installed Beam is not the version the table was made from, the check
-imports Beam and builds the table from it instead (slower, never wrong).
-
-:func:`check` returns a frozen :class:`BeamFlags`: the flags as given (what
-``PipelineOptions`` is built from) and the values Beam takes from them, read
-the way Beam's own parser reads them (a repeated flag: the last one wins; a
-flag's aliases share one value; no abbreviations). Everything in the CLI
-that depends on a Beam flag (the engine, the runner, the local processes,
-the dry run's report) reads it from there, so every part sees the same value.
-
-Pure apart from that fallback: no Beam import on the common path.
+Checked against ``_beam_option_table.py`` (written by running this module); with
+another Beam installed, against a table built from it. Why: docs/architecture.md,
+"Beam's flags without Beam".
 """
 
 from __future__ import annotations

@@ -1,69 +1,19 @@
 """What this project uses of Apache Beam's private modules, fenced in one place.
 
-This module holds the local-speed tricks below, the version they were read
-against (:data:`BEAM_VERSION`) and the inventory of every private name of
-Beam that ``beam_pipeline`` uses (:data:`PRIVATE_NAMES`: here, in
-``beam_options.py`` and in ``dask_runner.py``, and nowhere else;
-``tests/test_beam_private.py`` checks both). The tricks fall back to Beam's
-public path; the Dask translation fixes (``dask_runner.py``) have none, so
-``--runner DaskRunner`` is refused with another Beam
-(:func:`require_beam_for_dask`).
+:data:`PRIVATE_NAMES` lists every private name of Beam the package uses (here,
+``beam_options.py``, ``dask_runner.py``), read against :data:`BEAM_VERSION`;
+``tests/test_beam_private.py`` checks both. Each trick only makes a local run start or
+end sooner or keeps its stderr to one ``error:`` line, and falls back to Beam's public
+path with one warning when a Beam upgrade breaks it:
 
-Written against **apache-beam 2.77.0** (:data:`BEAM_VERSION`; ``constraints/test.txt``
-and ``deploy/Dockerfile`` pin the same version; ``setup.py`` allows any 2.x
-from 2.60). Each trick only makes a local DirectRunner run start or end
-sooner, or keeps its stderr to the CLI's one-line errors; none changes what
-the job writes. Each is guarded: when a Beam upgrade breaks one (a module, attribute or signature
-gone or changed), the job takes Beam's plain public path instead and logs
-one warning line naming the trick and both Beam versions; it never crashes
-and never writes different output. ``tests/test_beam_private.py`` fails
-while the installed Beam differs from :data:`BEAM_VERSION`: re-read each
-trick against the new Beam's source, then move the version.
+* :func:`import_beam_for_local_run`: optional packages hidden while Beam is imported;
+* :func:`shorten_state_sampling`: a shorter state-sampler period;
+* :func:`direct_fn_api_runner`: the FnApiRunner without DirectRunner's Prism attempt;
+  ``multi_processing`` workers' stderr to ``workers.log``, SIGINT ignored;
+* :func:`stop_sdk_workers`: those workers killed on the CLI's Ctrl-C;
+* :func:`fast_exit`: ``os._exit`` once every output is closed.
 
-The tricks, and why each exists:
-
-* :func:`import_beam_for_local_run` hides optional packages (MongoDB, Arrow,
-  Pub/Sub, BigQuery, the Dataflow client; on an all-local run also the GCS
-  stack) in ``sys.modules`` while ``apache_beam`` is imported. Beam imports
-  each of them whenever it is installed, guarded by ``except ImportError``;
-  a local conversion uses none of them, and loading them takes CPU from the
-  conversion processes. A failed import cannot be undone in-process, so it
-  is used only with the Beam it was checked against. Fallback: the plain
-  ``import apache_beam``.
-* :func:`shorten_state_sampling` rewrites the default of
-  ``statesampler.StateSampler.__init__``'s ``sampling_period_ms``. Beam's
-  state sampler thread sleeps that long between samples, and every bundle's
-  end waits for it to wake; with Beam's 200 ms the end of the one long
-  conversion bundle idled on the critical path of a short local run.
-  Fallback: Beam's sampling period.
-* :func:`direct_fn_api_runner` builds the ``fn_runner.FnApiRunner`` exactly
-  as ``DirectRunner.run_pipeline`` builds it for a batch pipeline
-  (``ExtendedProvisionInfo`` of ``JobServiceHandle.encode_pipeline_options``),
-  skipping DirectRunner's first attempt to download and start the Prism
-  runner (a binary from GitHub). Prism ignores ``--direct_running_mode``,
-  and the local conversion pool needs the graph in this process; going
-  straight to the FnApiRunner makes the engine the same offline and online.
-  Fallback: Beam's DirectRunner, chosen by the options as usual.
-* :func:`direct_fn_api_runner` with a ``workers_log`` also appends
-  ``2>>LOG`` to the command line of ``multi_processing``'s SDK worker
-  processes (Beam's ``SubprocessSDKEnvironment``, run with ``shell=True``).
-  Beam's worker prints the full traceback of every failed bundle to its
-  stderr, which it shares with the CLI; the CLI's rule is one ``error:``
-  line, a traceback only with ``--verbose``. Fallback: the workers write to
-  the CLI's stderr, as in plain Beam.
-* The same rewrite makes those workers ignore SIGINT, and
-  :func:`stop_sdk_workers` kills them on the CLI's Ctrl-C, after the CLI has
-  quieted Beam: a worker that died of the terminal's Ctrl-C itself had Beam
-  relay its traceback, and Beam's threads report its broken streams, before
-  the CLI could quiet them. Fallback: the workers die of the Ctrl-C, as in
-  plain Beam.
-* :func:`fast_exit` ends ``python -m beam_pipeline`` with ``os._exit`` once
-  every output is closed and renamed, skipping the interpreter's teardown of
-  Beam's runner state (threads, gRPC channels, caches), which lengthened a
-  local run's wall time. What it skips cannot fail loudly, so it is used only
-  with the Beam it was checked against. Fallback: the normal interpreter exit.
-
-docs/performance.md ("Measurements behind code choices") has the numbers.
+Why each exists: docs/architecture.md, "Beam's private names".
 """
 
 from __future__ import annotations

@@ -1,47 +1,9 @@
 """Apache Beam's DaskRunner with the translation fixes this job needs.
 
-Beam 2.77's DaskRunner (``apache_beam/runners/dask``) turns each Beam primitive
-into a ``dask.bag`` operation. Four things in that translation break or cripple
-this pipeline; this module replaces exactly those and reuses the rest (the
-Create, GroupByKey and Flatten translations, the options, the result):
-
-1. **A multi-output ParDo is one bag.** The visitor keeps one bag per
-   transform, and its bundle function drops the tag of every ``TaggedOutput``,
-   so each consumer of *any* output of ``ParDo(...).with_outputs(...)`` -- as a
-   main input or as a side input -- reads the elements of *all* its outputs,
-   mixed. ListImages' ``(split, KeyTally)`` pairs (its ``listed`` output)
-   reach ConvertImages with the ``ImageRef``s ("not enough values to unpack
-   (expected 4, got 2)" in ``convert.finish``), and Finalize's ``skipped``
-   side input would get the refs and tallies too. Here the bundle function
-   emits ``(tag, value)`` pairs and every consumer selects its own tag.
-2. **Side inputs are outside the dask graph.** A consuming task iterates a
-   ``DaskBagWindowedIterator``, which computes the side input's bag inside the
-   task (``list(bag)``, a nested ``compute``). Everything upstream of a side
-   input -- the whole conversion, shard writing -- runs again, with its side
-   effects (a toy pipeline with one side input ran its upstream twice). Here
-   each side input is one dask ``Item`` that the consuming tasks depend on,
-   in the one graph. The tasks are written out by hand: dask.bag's
-   ``map_partitions`` given Items puts a copy of each Item's upstream graph
-   into the job, and each copy runs (dask 2026.8: a step read by four side
-   inputs ran four times).
-3. **Reshuffle is the identity.** ``Create`` of a handful of class folders is
-   one partition, so every image was listed and converted in one task on one
-   worker. Here Reshuffle spreads the elements over ``--dask_npartitions``
-   partitions (default: 2 per worker thread) with a task shuffle.
-4. **Bundle bookkeeping.** Beam's bundle function collects the outputs before
-   ``finish_bundle`` (whatever a DoFn emits there is lost) and shares one set
-   of receivers and one DoFn object between partitions. Here each partition
-   unpickles its own DoFn (as a Beam worker does) and keeps what
-   ``finish_bundle`` emits. Every leaf of the graph is computed, not only the
-   last transform visited.
-
-Like Beam's DaskRunner this runs batch pipelines in the global window only.
-The graph is the same one every runner gets (``pipeline.build``).
-
-Every name used here of Beam's private modules is listed in
-``beam_private.PRIVATE_NAMES``; the module refuses to load (one ``error:``
-line) unless the installed Beam is ``beam_private.BEAM_VERSION``, the one the
-fixes were read against (``tests/test_beam_private.py``).
+Replaces the ParDo and Reshuffle translations and the graph walk of Beam's runner
+(tagged outputs kept apart, side inputs in the one graph, a real Reshuffle, each
+partition its own DoFn); what each fixes: docs/dask.md. Loads only with
+``beam_private.BEAM_VERSION``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The command line's arguments: our flags, checked, and Beam's, passed through.
 
-:func:`parse_args` splits the command line into this tool's flags and Beam's
-pipeline options and checks both without importing Beam (Beam's against the
-option table in ``beam_options``), so a bad flag ends with one ``error:`` line
-before any process is forked. Beam's flags are read there once, into a
-:class:`~beam_pipeline.beam_internals.beam_options.BeamFlags` that every later
-step reads (the runner, the DirectRunner's mode, ...).
-``choice.with_local_defaults`` fills in the local DirectRunner's mode and the
-number of conversion processes.
+:func:`parse_args` checks both without importing Beam, so a bad flag ends with one
+``error:`` line before any process is forked, and reads Beam's once into ``BeamFlags``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """``--dry_run``: what a conversion would do, from a listing and a sample; writes nothing.
 
-The whole input is *listed* (counts per class and split, files that will be
-skipped, extensions), a few hundred images drawn with the job's seed are
-*converted in memory* with the job's own code (``convert.decode_data`` and
-``convert.finish``), and from those the output bytes, shard counts, likely
-rejects, conversion speed, local wall time and Dataflow cost are extrapolated.
-
-Nothing is created, not even the output folder: the only calls that touch
-``--output`` are the read-only checks a real run makes before it starts.
-Beam is imported only for inputs that are not on the local disk.
+Lists the whole input, converts a seeded sample in memory with the job's own code,
+and extrapolates bytes, shards, rejects, speed, wall time and Dataflow cost.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """One conversion job, shaped like Beam's wordcount: arguments -> config -> build -> run -> summary.
 
-:func:`run` parses the arguments (``arguments.py``) and runs the job's steps,
-each of which takes the typed value the one before it returns, so that they
-run in one order only: :func:`check` (the input's layout found, ``--reuse``,
-``--output`` and the engine checked: every refusal before anything is
-written) -> :func:`prepare` (under the output's lock, an earlier run's
-leftovers cleared or kept: ``resume.py``) -> :func:`fork` (the local
-conversion processes) -> :func:`read_leftovers` (what an unfinished run
-spilled) -> :func:`run_local` on the local engine, or :func:`launch` and
-:func:`run_beam` on the Beam graph (:func:`build_and_run`), the engine
-:func:`choice.choose_engine` picks; then the summary (``summary.py``).
-Beam's flags are read once, by ``arguments.parse_args``
-(:class:`~beam_pipeline.beam_internals.beam_options.BeamFlags`); everything
-here reads them from there. The tricks that make a local run fast by reaching
-into Beam's private modules live in ``beam_internals/beam_private.py``."""
+:func:`run` runs the steps, each taking the typed value the one before returns, so they
+run in one order only (docs/architecture.md, "One run of the local engine").
+"""
 
 from __future__ import annotations
 

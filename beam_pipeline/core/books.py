@@ -1,18 +1,7 @@
 """The job's books and the shard plan of each split, from its order keys. Pure: no Beam.
 
-Three streams of order keys meet per split (docs/format.md section 5):
-*listed* (by the listing step, per folder), *written* (the keys of the
-converted records) and *rejected*. Sorted, they give both
-
-* the **books**: every listed image must be exactly once a record or a
-  rejection; any difference names the keys that were lost or doubled, and
-* the **shard plan**: the exact shard count and, by rank of the record keys,
-  the first key of every shard, so that every shard is non-empty, shard
-  sizes differ by at most one record, and shards 0..n-1 hold the split's
-  records in increasing key order (docs/format.md section 3).
-
-Keys are 8 bytes each (numpy uint64), so the plan of a million-image split
-costs ~16 MB once, in one place; nothing else in the job grows per image.
+The listed, written and rejected keys of a split, sorted, give the books (every
+listed image once a record or a rejection) and the plan (docs/format.md sections 3, 5).
 """
 
 from __future__ import annotations

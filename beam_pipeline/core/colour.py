@@ -1,21 +1,7 @@
 """Embedded ICC colour profiles -> sRGB (Pillow's ImageCms, i.e. LittleCMS).
 
-TensorFlow's decoder ignores colour profiles, and so would a model trained on
-the stored numbers: a Display P3 photo read as sRGB comes out desaturated, an
-Adobe RGB one dull. Every image with an embedded profile is therefore
-converted to sRGB before it is resized and stored (docs/images.md).
-
-Intent: perceptual. For the matrix/TRC profiles that phones and cameras
-embed (Display P3, Adobe RGB, ProPhoto) LittleCMS has no perceptual tables and
-uses the colorimetric transform, so in-gamut colours are exact; for the
-LUT-based print profiles of CMYK files the perceptual tables are the
-profile-maker's own gamut mapping, which is what a viewer shows.
-
-Cost: profiles repeat (every phone of a model embeds the same bytes), so each
-distinct profile is parsed, checked and turned into a transform once per
-process; a profile that maps sRGB onto itself (sRGB IEC61966-2.1, "sRGB
-built-in", ...) becomes "no transform", and images carrying it pay a dict
-look-up. Pure helpers: imports neither Beam nor TensorFlow.
+Why and with which intent: docs/images.md, "Colour profiles". Each distinct profile is
+parsed once per process; one that maps sRGB onto itself becomes no transform. Pure.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Every counter a job keeps, declared once: its name and what it counts.
 
-Both engines count under these names: the local engine in a ``Counter``
-(``local_engine.run`` returns it), the Beam graph as Beam metrics in
-:data:`NAMESPACE` (``summary.counters`` reads them back). The end-of-run
-summary prints them, and ``tests/test_engine_counters.py`` runs both engines
-on the same folders and checks that every counter agrees. No other module
-spells a counter's name.
+Both engines count under these names (``tests/test_engine_counters.py``); no other
+module spells a counter's name.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """A per-image time limit that works in any thread (``--image_timeout_s``).
 
-Signals reach only a process's main thread, and Beam converts images in
-worker threads (several per Dataflow worker process), so the limit is kept by
-one watchdog thread per process instead:
-
-* soft: when an image passes its limit, the watchdog raises
-  :class:`ImageTimeout` in the converting thread
-  (``PyThreadState_SetAsyncExc``). Python delivers it as soon as that thread
-  runs Python code again, which every decoder here does often: Pillow feeds
-  its decoders 64 KB at a time, and the JPEG decode (jpeg.py) releases the
-  GIL and returns within seconds for any image under the pixel limit.
-* hard: a thread stuck inside one native call cannot be interrupted. In a
-  local conversion process (local_pool), which exists to be disposable, the
-  watchdog ends the process after a grace period equal to the limit; the pool
-  then converts the other in-flight images again and rejects the stalling one.
-  In a Beam worker thread the watchdog can only log the file once.
-
-The normal path costs a dict insert and delete under a lock per image; the
-watchdog wakes a few times a second while images are being converted.
-Pure helpers: imports neither Beam nor TensorFlow.
+A watchdog thread per process raises :class:`ImageTimeout` in the converting thread,
+and ends a stuck local conversion process (docs/architecture.md, "The time limit").
+Pure: imports neither Beam nor TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Identical source files: groups, the imagerecords.json block, duplicates.jsonl, --dedupe.
 
-A group is every converted image whose source bytes have the same SHA-256
-(the ``image/key/sha256`` every record already carries). Identical bytes
-only: resized or re-encoded copies are near-duplicates, which need perceptual
-hashes or embeddings (docs/images.md says how to look for them).
-
-Pure helpers, table-tested: imports neither Beam nor TensorFlow.
+A group is every converted image whose source has the same SHA-256; resized or
+re-encoded copies are near duplicates (``near_duplicates.py``). Pure.
 """
 
 from __future__ import annotations

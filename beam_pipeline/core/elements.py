@@ -1,11 +1,7 @@
 """The elements that pass between the job's steps, and the kinds of rejection.
 
-One module of types only, pure: the listing, the converter, the planner, the
-shard writer and both engines import it, so that a step that only handles an
-element does not import the step that makes it. Every element is a
-NamedTuple, read by field name: Beam pickles them between workers and the
-local pool pickles them between processes, and a NamedTuple is a tuple on
-the wire.
+Types only, so a step that handles an element need not import the step that makes it;
+NamedTuples, so they pickle as tuples between workers and processes.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Every flag of the converter's command line, declared once: :data:`FLAGS`.
 
-Each :class:`Flag` gives its name, kind, default, help, check, the
-:class:`~beam_pipeline.stages.job_config.JobConfig` (or ``ImageSpec``) field
-it fills, and whether and how the Flex Template offers it. Everything else
-is derived from this table, never written out again:
-
-* the argparse parser (``cli/arguments.py``) and its help, whose defaults are
-  the declared ones;
-* the defaults of the config fields (:func:`field`) and their value checks
-  (:func:`check_fields`, run by the configs themselves, so code building a
-  config gets the command line's errors);
-* ``deploy/metadata.json``'s parameters, regexes included, and docs/flags.md's
-  table, both written by ``make flags`` (``scripts/write_flags.py``) and
-  compared by ``tests/test_flags.py``.
-
-Whether a setting decides a record's bytes stays where the configs declare
-it (``settings.py``). Pure: no Beam, no Pillow.
+The parser, the configs' defaults and checks, ``deploy/metadata.json`` and
+docs/flags.md derive from it (docs/architecture.md, "Where each kind of fact lives").
+Pure: no Beam, no Pillow.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Group-aware splits: which group an image belongs to, and the census of groups per split.
 
-A group (a patient's scans, a scene's frames) is named by the first capture
-group of ``--group_by``'s ``re.search`` of the image ID, or by a manifest's
-``group`` column. Its split is drawn from the group's name with the same
-seeded hash an image's is drawn from (``keys.assign_split``), so a group
-never straddles splits and adding images or groups moves no other group. An
-image in no group is its own group and keeps the split its ID draws, so a
-run without groups is the run it was before groups existed.
-
-A layout's own split (pre-split folders, a manifest's ``split`` column)
-wins over the group's; a group such splits put in two splits is reported
-(:class:`Census`, :func:`info_block`). Pure: no Beam, no storage.
+A group's split is drawn from its name as an image's is from its ID, so a group never
+straddles splits (docs/images.md, "Groups"). Pure: no Beam, no storage.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """Decode a JPEG once, strictly: libjpeg's warnings become visible.
 
-Pillow's JPEG decoder silences libjpeg's warnings: a stream whose entropy
-data is cut short or damaged decodes "successfully", with the missing blocks
-made up, and nothing tells the caller. The converter would then pass that
-stream through byte for byte, or re-encode the made-up pixels, and every
-training epoch would print "Corrupt JPEG data: ..." for it.
-
-simplejpeg wraps libjpeg-turbo's TurboJPEG API with its stop-on-warning flag,
-so one decode both produces the pixels and reports the first warning. Pillow
-still parses the header (format, mode, EXIF, ICC profile; cheap, no pixels);
-only the pixel decode moves here.
-
-Warnings are sorted into two kinds (docs/images.md):
-
-* the decoder would have to invent pixels (premature end of the entropy data,
-  bad Huffman codes, a missing restart marker, entropy data that does not end
-  where the image ends): :class:`CorruptData`, a rejection;
-* only extra bytes the decoder skips (junk between header segments, padding
-  before the end-of-image marker, a mislabelled JFIF version): the stream is
-  cleaned and decoded strictly again, so a second, real problem behind the
-  first is still found; the image is then re-encoded (``repaired``).
-
-Pure helpers: imports neither Beam nor TensorFlow.
+simplejpeg's stop-on-warning decode gives the pixels and the first warning: invented
+pixels are a :class:`CorruptData` rejection, skipped junk a cleaned, re-encoded image
+(docs/images.md, "Corrupt files"). Pure: imports neither Beam nor TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Near duplicates: perceptual hashes of a decoded image, their band keys, the pairs.
 
-A near copy (the same photo resized, re-encoded, lightly cropped or
-brightened) has another SHA-256, so ``duplicates.py`` cannot see it. Here an
-image becomes a ``Fingerprint``: a 64-bit perceptual hash (pHash) of the
-whole image plus one of each of 18 sub-windows (a crop of the original is
-close to one of its windows), and its mean chromaticity, a cheap check that keeps a
-grey photo and a colour one of the same layout apart.
-
-The search never compares all pairs: each hash is cut into overlapping
-bands (``band_keys``), images that share a band key are candidates (on Beam a
-``GroupByKey`` on the key, here ``candidate_pairs``), and a candidate is a
-pair only if ``verify`` finds a whole-image hash of one within the calibrated
-Hamming distance of any hash of the other. Verified pairs are joined into
-groups by union-find (``groups``), in an order that does not depend on the
-order the pairs arrived in.
-
-Pure: numpy and Pillow only, no Beam, no storage.
+A ``Fingerprint`` is a pHash of the image and of 18 sub-windows plus its mean
+chromaticity; how the search uses them: docs/architecture.md, "Near-duplicate search".
+Pure: numpy and Pillow only.
 """
 
 from __future__ import annotations

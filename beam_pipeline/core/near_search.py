@@ -1,15 +1,7 @@
-"""Near duplicates in the conversion: the fingerprint as a record stores it, the
-search's buckets, the report and who ``--dedupe near`` keeps.
+"""Near duplicates in the conversion: the stored fingerprint, the buckets, the report, the keeper.
 
-``near_duplicates.py`` holds the hash and the pair rules; this module holds
-what the engines need around them, the same for every engine: a fingerprint
-packed into the two record features (``pack``, ``unpack``), an image's keyed
-entries (``keyed``), one bucket's verified pairs or its report as oversized
-(``bucket``), the groups with their members and pairs (``report``), the
-``near_duplicates`` block of imagerecords.json, ``near_duplicates.jsonl``
-and the copies ``--dedupe near`` drops (``dropped``).
-
-Pure: no Beam, no storage.
+What the engines need around ``near_duplicates.py``'s hashes and pair rules, the same
+for every engine. Pure: no Beam, no storage.
 """
 
 from __future__ import annotations

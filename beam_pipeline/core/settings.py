@@ -1,18 +1,7 @@
 """Which settings decide a record's bytes, split and label: declared once, on the configs.
 
-Every field of :class:`images.ImageSpec` and :class:`job_config.JobConfig`
-carries a :class:`Setting` in its dataclass metadata (a test fails for a
-field without one). What reads the settings is derived from that
-declaration, never written out by hand again:
-
-* the resume key (:func:`resume_key`, ``resume.key``): every setting that
-  decides a record's bytes, split or label, so that an unfinished run with
-  another value is not resumed and records of two configurations never mix;
-* ``imagerecords.json``'s ``source``, ``seed``, ``classes``, ``image`` and
-  ``config`` values (:func:`info_values`, ``finalize``);
-* the settings the dry run and the end-of-run summary print (:func:`describe`).
-
-Pure: no Beam, no Pillow.
+Each config field carries a :class:`Setting`; the resume key, ``imagerecords.json``'s
+values and what the dry run and summary print derive from it. Pure.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """Spill files: converted records on local disk, and the resume index over them.
 
-Pure: no Beam, no TensorFlow. The local conversion processes append every
-record they produce to a spill file of their own (one per process, so no
-locks), and only a reference - ``(path, offset)`` - crosses the Beam graph;
-the shard writer copies the bytes from the spill files in key order. Memory
-therefore stays flat however many images there are (docs/scale.md).
-
-A spill file is a sequence of entries, each a header then, for a converted
-image, the framed TFRecord exactly as the shard will hold it::
-
-    header  = TFRecord frame of  struct("<BQqQH": kind, key, label, size, near bytes)
-                                 + the record's near-duplicate fingerprint
-                                 + UTF-8 "split\\0image_id\\0reason\\0sha256"
-    record  = `size` bytes: the framed tf.train.Example (kind RECORD only)
-
-Both parts carry CRC32C checks, so a file cut short by a SIGKILL or a reboot
-(a torn last write, zeros after a power cut) is read up to its last whole,
-intact entry. That is what makes a run resumable: :func:`load_index` finds
-every image a killed run already converted - or rejected for a reason the
-same bytes would get again (not an unreadable file or a timeout:
-``elements.RejectKind.transient``) - and the rerun converts only the rest.
+One file per conversion process; only ``(path, offset)`` crosses the graph. The entry
+layout and why it makes a run resumable: docs/architecture.md, "Spill files".
+Pure: no Beam, no TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """TFDS's metadata files for a converted dataset, so ``tfds.builder_from_directory`` reads it.
 
-Pure: imports neither TensorFlow, TFDS nor Beam. From this project's info
-dict (``metadata.build_info``) it produces the three files TFDS's read-only
-builder needs next to the shards, which stay as they are:
-
-* ``dataset_info.json``: TFDS's ``DatasetInfo`` proto in proto3 JSON form
-  (camelCase names, 64-bit integers as strings): name, version, file format
-  ``tfrecord``, and per split its ``shardLengths``, ``numBytes`` and a
-  ``filepathTemplate`` that yields this project's shard names;
-* ``features.json``: the record keys (docs/format.md section 6) as nested
-  feature dicts: ``image/encoded`` is an ``Image`` (JPEG, 3 channels),
-  ``image/class/label`` a ``ClassLabel``, the other bytes keys ``Text`` and the
-  other integers ``Scalar`` int64; TFDS splits the keys on ``/``, so a record
-  comes back as ``{"image": {"encoded": ..., "class": {"label": ...}, ...}}``;
-* ``image-class-label.labels.txt``: the class names (TFDS names a
-  ``ClassLabel``'s file after the feature's path).
-
-The formats were read off files TFDS 4.9 writes itself (a ``GeneratorBasedBuilder``
-with the same nested features); tests load the result with the real TFDS.
+``dataset_info.json``, ``features.json`` and ``image-class-label.labels.txt``, in the
+forms TFDS 4.9 writes (docs/format.md section 5). Pure: no TensorFlow, TFDS or Beam.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The local engine: the Beam graph's job, run in this process and its local pool, no Beam.
 
-A job whose input folder and output are both on this machine, and that names
-no Beam option, runs here by default (``choice.choose_engine``). It calls the
-same stage code as ``pipeline.build``, in the same order (:func:`run` is the
-whole flow), so its output is byte for byte what Beam's DirectRunner writes
-for the same arguments, and its counters are the same (tests/test_local_engine.py,
-tests/test_engine_counters.py). What it leaves out is Beam itself: importing it,
-building and translating the graph, and moving every converted image through the
-runner as an element: seconds of CPU per run, and more per image
-(docs/performance.md, "Local engine"). ``--runner DirectRunner`` runs
-the same job on Beam.
+The same stage code as ``pipeline.build``, in the same order (:func:`run` is the whole
+flow), so the same bytes and counters (docs/architecture.md, "The local engine").
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The local conversion processes, forked before Beam starts any thread.
 
-Forking a process while other threads are busy (Beam's runner, gRPC) can
-leave a child holding a lock that no thread will ever release. The CLI
-therefore calls :func:`start` before the engine runs, when the only other
-threads are idle numpy/pyarrow ones, and hands the :class:`Pool` to the
-engine, whose conversion step takes it. Code that builds the pipeline itself
-(tests, notebooks) gets a pool forked on demand instead.
-
-Beam-free on purpose: the children only ever import Pillow, protobuf and this
-package's pure modules.
+Why before: docs/architecture.md, "The local engine". Beam-free: the children import
+only Pillow, protobuf and this package's pure modules.
 """
 
 from __future__ import annotations

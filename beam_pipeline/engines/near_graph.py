@@ -1,16 +1,8 @@
 """The Beam graph's Near duplicates stage (``pipeline.build`` wires it after FindDuplicates).
 
-FindNearDuplicates  RecordBatch -> the near-duplicate groups and oversized buckets
-                    (one element, ``found``); with --dedupe near also the batches
-                    without the near copies + a Rejection per copy
-
-The steps are stages/near.py's, as the local engine runs them: a
-``GroupByKey`` on each record's fingerprint (its copies joined to the first
-of them), the band keys of each distinct fingerprint's first record, a
-``GroupByKey`` on the key (the buckets spread over the workers, ~200 bytes
-an entry, never the image), each bucket's verified pairs, a ``Distinct`` (a
-pair meets in several buckets), and the few pairs gathered into groups on
-one worker. DirectRunner, Dask and Dataflow run the same graph.
+``FindNearDuplicates``: RecordBatch -> the groups and oversized buckets (``found``); with
+--dedupe near also the batches without the copies and a Rejection per copy. The
+steps are ``stages/near.py``'s, gathered with ``GroupByKey``.
 """
 
 from __future__ import annotations

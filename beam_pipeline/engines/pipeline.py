@@ -1,22 +1,14 @@
 """The Beam graph: one composite PTransform per stage (docs/format.md sections 2-7).
 
-ListImages      PBegin -> ImageRef ("refs") + (split, KeyTally) of listed keys ("listed")
-                + Skipped ("skipped") + the census of groups per split ("groups")
-ConvertImages   ImageRef -> RecordBatch (main) + Rejection ("rejected"); with --reuse
-                OLD, each ImageRef first meets OLD's record of its ID (MatchOld), and
-                a count of the records taken over goes to "reused"
-FindDuplicates  RecordBatch -> (sha256, [Member]) groups of identical sources; with
-                --dedupe also the batches without the copies + a Rejection per copy
-FindNearDuplicates  RecordBatch -> near-duplicate groups (near_graph.py); with
-                --dedupe near also the batches without the near copies
-PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan): books + shard plan
+ListImages      PBegin -> ImageRef ("refs") + listed keys + Skipped + group census
+ConvertImages   ImageRef -> RecordBatch + Rejection; with --reuse MatchOld first
+FindDuplicates  RecordBatch -> groups of identical sources (--dedupe: copies rejected)
+FindNearDuplicates  near-duplicate groups (near_graph.py)
+PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan)
 WriteShards     RecordBatch + plans -> WrittenShard of a temp file
-Finalize        side inputs -> rejects.jsonl, labels.txt, imagerecords.json (last)
+Finalize        side inputs -> the lists, labels.txt, imagerecords.json (last)
 
-Two paths share this graph (docs/scale.md). With the local pool
-(``conversion_processes > 1``) records go to spill files on local disk and a
-RecordBatch carries only references; otherwise (Dataflow, multi_processing)
-a RecordBatch carries up to a few MB of record bytes through the shuffle.
+The pooled and the shuffle path share it (docs/scale.md, "Two paths through one graph").
 """
 
 from __future__ import annotations

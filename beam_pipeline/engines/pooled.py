@@ -1,16 +1,7 @@
 """Converting on the local pool: ImageRefs in, Outcomes out, records spilled. Pure of Beam.
 
-The conversion step of both local engines: ``pipeline._PooledConvertFn``
-(Beam's DirectRunner, in-memory) and ``local_engine`` (no Beam). Each pool
-process appends its records to its own spill file and sends back a
-reference, so record bytes never pass through this process (docs/scale.md).
-Images an earlier, interrupted run already spilled are taken from its spill
-files instead of being converted again; with ``--reuse``, each image comes
-with OLD's record of its ID, which the pool process takes over when the
-source is unchanged (``convert.reuse_or_convert``). Results may come back in any order;
-shard contents are sorted later, so output bytes do not change. A worker
-that dies (a decoder crash) costs the one image that killed it, which
-becomes a rejection; the others are converted again.
+The conversion step of the local engine and of Beam's in-memory DirectRunner; how it
+resumes, reuses and survives a dying worker: docs/architecture.md, "The local engine".
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """What a person sees during a long run: each phase's done/total, rate and time left.
 
-On a terminal, one live line per phase, redrawn in place (tqdm draws it).
-Anywhere else (CI, a log file, Dataflow's launcher log) a plain line every
-:data:`PLAIN_INTERVAL_S` with the same facts, and one when the phase ends,
-so a log shows how far a run got. ``--quiet`` makes it silent. Pure of Beam.
-
-The phases of a local run: ``converting`` (images; counts of resumed and
-rejected ones beside it), ``writing N shards`` (records), and one-line steps
-(planning, publishing) that only say what they do.
+A live line per phase on a terminal (tqdm), a plain line every :data:`PLAIN_INTERVAL_S`
+elsewhere; ``--quiet`` silences it. Pure of Beam.
 """
 
 from __future__ import annotations

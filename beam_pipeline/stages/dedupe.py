@@ -1,10 +1,7 @@
-"""The Duplicates stage: records whose sources have the same sha256 form a group;
-with ``--dedupe`` every copy but the keeper becomes a rejection.
+"""The Duplicates stage: groups of records whose sources share a SHA-256; --dedupe's copies.
 
-The Beam graph's ``FindDuplicates`` runs these functions as steps (members
-per record, grouped by hash across workers); the local engine runs them in
-one pass (:func:`find_groups`, :func:`drop_all_copies`). The rules (who is
-kept, the reason) are core/duplicates.py's.
+The Beam graph's ``FindDuplicates`` runs these as steps, the local engine in one pass;
+who is kept is ``core/duplicates.py``'s rule.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The List stage: the rows of one source (a class folder or a manifest) -> ImageRefs
-with their split, Skipped files, the listed order keys in batches, and the census of
-the source's groups (core/groups.py).
+"""The List stage: one source's rows -> ImageRefs, Skipped files, listed keys, group census.
 
-Both engines run this loop: the local engine over every source in turn,
-the Beam graph's ``ListImages`` step once per source. The listed keys are
-the books' independent count of what must come out (``books.plan_split``);
-they leave in batches of at most :data:`BATCH` keys, not one per image.
+Both engines run it per source (a class folder or a manifest); the listed keys, in
+batches of :data:`BATCH`, are the books' independent count.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The Near duplicates stage: records whose fingerprints are within the threshold
-are paired, pairs become groups; with ``--dedupe near`` every member of a group
-but the keeper becomes a rejection.
+"""The Near duplicates stage: fingerprints within the threshold paired, pairs into groups.
 
-Both engines run the same steps: the records of one fingerprint gathered
-and joined to the first of them (:func:`twins`), the band keys of each
-distinct fingerprint's first record (:func:`keyed`), the records that share
-a key gathered into a bucket, each bucket's verified pairs (:func:`bucket`),
-all the distinct pairs into groups (``near_search.report``). The Beam graph
-gathers with a ``GroupByKey`` (``near_graph.py``); the local engine with
-:func:`find_local`, which writes the keyed entries to run files partitioned
-by the key's low bits and gathers one partition at a time, so that what it
-holds is one partition's keys, not every image's.
-
+Both engines run these steps; the local engine gathers its buckets with
+:func:`find_local` in bounded memory (docs/architecture.md, "Near-duplicate search").
 Pure of Beam.
 """
 

@@ -1,12 +1,7 @@
-"""The Plan stage: the listed, written and rejected order keys of each split ->
-its SplitPlan (the books and the shard plan, ``books.plan_split``).
+"""The Plan stage: the listed, written and rejected order keys of each split -> its SplitPlan.
 
-The keys arrive as ``(split, KeyTally)`` pairs: listed ones from the List
-stage (``list_images.ListedKeys``), written ones per RecordBatch
-(:func:`written`), rejected ones per Rejection (:func:`rejected`).
-:class:`KeyTallies` adds up one split's tallies; the Beam graph's
-``PlanShards`` runs it as a CombineFn across workers, the local engine in
-one process (:class:`Books`).
+:class:`KeyTallies` adds up one split's ``(split, KeyTally)`` pairs: a CombineFn on Beam,
+one process on the local engine (:class:`Books`).
 """
 
 from __future__ import annotations

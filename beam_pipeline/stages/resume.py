@@ -1,27 +1,7 @@
 """A job's own leftovers in --output: recognised, so that the same command carries on.
 
-At start the CLI writes a marker, ``OUTPUT/.imagerecords-tmp/job.json``,
-holding the settings that decide the records' bytes, split and label (the
-fields of JobConfig and ImageSpec declared so, settings.py: input, classes,
-seed, splits, image settings) and the per-image time limit. The marker is
-the last file a successful run deletes, after ``imagerecords.json`` is
-written. So an output folder is one of:
-
-* empty: a new run;
-* finished (``imagerecords.json``): replacing it needs ``--overwrite``;
-* unfinished (the marker, no ``imagerecords.json``): a run that failed or was
-  killed. With the same settings, the rerun resumes it: the records in its
-  spill files are used, not converted again, and so are the rejections the
-  same bytes would get again (a file that could not be read, or timed out,
-  is never spilled: ``RejectKind.transient``); with other settings, or a
-  lower time limit, it is refused (``--overwrite`` starts afresh), so records
-  of two configurations never mix and the result is what an uninterrupted
-  run of the rerun's command gives;
-* anything else: refused without ``--overwrite``, as it holds files this
-  job did not write.
-
-Only files that match the job's own names are ever deleted (see
-:data:`output.OURS`); other files in --output are left alone.
+The marker ``OUTPUT/.imagerecords-tmp/job.json`` holds the settings that decide the
+records; what a rerun does with each kind of output folder: docs/scale.md, "Resume".
 """
 
 from __future__ import annotations

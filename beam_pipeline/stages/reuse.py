@@ -1,52 +1,8 @@
 """``--reuse OLD``: a grown folder's dataset, converting only its new and changed images.
 
-An image's record depends only on its source bytes, the settings that decide
-a record's bytes (the ``image`` ones, ``settings.image_settings``), its label,
-its class name and its ID (docs/format.md section 6). So when OLD was made
-with the same image settings, an image whose ID has a record in OLD and
-whose source file has the SHA-256 that record names (``image/key/sha256``)
-gets exactly the bytes OLD holds, and they are copied instead of decoded,
-resized and encoded again. When only the label changed (classes added or
-removed shift the numbers; a manifest moved the image to another class) the
-record is rebuilt from OLD's fields with the new label and class name
-(:func:`relabel`), still without decoding the image. Everything else -
-splits, order keys, shards, books, duplicates, rejections, metadata - is
-done as in any run, so the output is byte for byte a full conversion's.
-
-"Unchanged" is the source's SHA-256, read and hashed again, against the one
-OLD's record names, read from that record when it is used (:func:`take`,
-which also checks the record's ID and CRCs, and that it is the record the
-scan of its shard checked): a small fraction of what converting the image
-costs (docs/performance.md, "Growing a dataset"). It needs nothing OLD does not
-already hold (every format version, local or gs://), and it is not fooled
-by a file replaced with another of the same size and modification time. A
-user who distrusts it converts without ``--reuse``.
-
-Images OLD rejected are converted again: ``rejects.jsonl`` names no hash, so
-whether the file changed is unknown (they are few: ``--max_reject_fraction``).
-
-OLD is read, never written, and trusted no further than it is checked. At
-launch, its metadata (``find_info``: ``imagerecords.json``, or a version-1
-``dataset_info.json``) and that every shard it names is there
-(:func:`open_old`); an ``--output`` that is OLD, or lies inside it, under
-any spelling (a symbolic link, ``..``) is refused before anything is
-written (:func:`refusal`, ``paths.inside``). Then its shards, by whoever
-converts (``reuse_scan.py``) - the local engine scans them on its pool into an ``OldIndex``
-(28 bytes a record), the Beam graph scans them on its workers (one element
-per shard) and joins the records to the listed images by ID
-(``pipeline.MatchOld``), so Dataflow reads OLD from gs:// with no copy on
-the launching machine. The scan hashes each shard as it reads it
-(``reuse_scan.scan_records``): a shard whose SHA-256 is not the one OLD's metadata
-gives it, or that holds a damaged record, gives no record (its images are
-converted, with a warning and the ``old_records_distrusted`` counter). A
-record taken later is read again and must be the one the scan checked (its
-size and data CRC); a shard gone, cut short or rewritten since stops the
-run (``errors.OldDatasetChanged``). The taken
-bytes are what the conversion process hands on (into its spill file, or
-through Beam's shuffle), never a reference into OLD, so what NEW holds is
-what was checked.
-
-Pure: no Beam, no Pillow.
+OLD opened and checked at launch (:func:`open_old`, :func:`refusal`), and a record taken
+over (:func:`take`) or relabelled (:func:`relabel`). What is checked and trusted:
+docs/reuse.md; the design: docs/architecture.md, "Growing a dataset". Pure: no Beam, no Pillow.
 """
 
 from __future__ import annotations

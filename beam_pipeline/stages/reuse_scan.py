@@ -1,19 +1,7 @@
 """``--reuse OLD``'s shards read and checked: which records OLD holds, and where.
 
-Each shard is read once, front to back, in large ranged reads (local or
-gs://), and hashed as it is read: a shard whose SHA-256 is not the one OLD's
-metadata gives it, or that holds a damaged record, gives no record at all
-(:func:`scan_records`; its images are converted). Every record of a shard
-that passes is found by its ID with its place and data CRC
-(:class:`OldRecord`), which ``reuse.take`` checks again when it reads the
-record: a record that reads back otherwise means OLD changed during the run
-(:func:`changed`).
-
-The local engine keeps the records of all shards in an :class:`OldIndex` (28
-bytes a record); the Beam graph joins :func:`scan_records`' pairs to the
-listed images by ID (``pipeline.MatchOld``).
-
-Pure: no Beam, no Pillow.
+Each shard read once and hashed; one that fails gives no record (:func:`scan_records`).
+The local engine keeps an :class:`OldIndex`, Beam joins by ID. Pure: no Beam, no Pillow.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """A shard's records staged on the worker's own disk, then written in key order.
 
-On the shuffle path (Dataflow, Dask, ``--direct_running_mode=multi_processing``,
-``--local_processes 1``) the records of a shard arrive as an iterable of
-batches that carry the record bytes, in no particular order. Sorting them in
-memory would hold the whole shard (100-300 MB, up to 1 GB with
-``--target_shard_mb``) once per shard being written at the same time. Instead
-each record goes to a temporary file on local disk as it arrives, the same
-way the local pool's spill files hold them, and only its key and position
-stay in memory (under 100 bytes per record, in flat arrays); the records are
-then copied out of that file in key order by ``shards.write_shard``.
-
-Pure: no Beam, no TensorFlow.
+The shuffle path's shard writer: records go to a local file as they arrive, only key
+and position stay in memory (docs/architecture.md, "Spill files"). Pure: no Beam.
 """
 
 from __future__ import annotations

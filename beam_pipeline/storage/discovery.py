@@ -1,10 +1,7 @@
 """Discovery, at launch: the classes, their folders, and what a manifest lists.
 
-Discovery of the *folders* happens when the job is built (a handful of
-delimiter listings), so bad input is refused before any work starts and the
-class list - hence the class ids - is fixed. Listing the *files* inside each
-folder is :mod:`beam_pipeline.storage.listing`'s job, one folder per element, so a
-million-image bucket is not listed by one worker (docs/format.md section 2).
+Found when the job is built, so bad input is refused before work starts and the class
+ids are fixed; the files inside are ``listing.py``'s, one folder per element.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Google Cloud Storage helpers the generic Beam FileSystems API lacks.
 
-Beam's ``FileSystems.match`` lists every object under a prefix; class discovery
-needs only the first "folder" level, which GCS answers with a delimiter listing
-in a few requests however many objects there are.
-
-The ``check_*`` functions run before any work starts and turn the storage
-client's exceptions into one-line :class:`UsageError` messages that say what to
-do (which bucket, which permission, which credentials).
-
-Every request here lists objects rather than reading bucket metadata: the role
-a reader usually has, ``roles/storage.objectViewer``, grants
-``storage.objects.list`` but not ``storage.buckets.get``, so a bucket lookup
-would fail for users who can read the images perfectly well. A listing of a
-missing bucket answers 404 and one without permission 403, which is all the
-checks need.
+Delimiter listings of the first folder level, and the ``check_*`` functions that turn
+the client's exceptions into one-line :class:`UsageError` messages before work starts.
+Only listings, never bucket metadata (docs/gcs.md, "IAM: who needs what").
 """
 
 from __future__ import annotations

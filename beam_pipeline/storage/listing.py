@@ -1,13 +1,7 @@
 """Lists the files of one class folder (or one manifest), inside the job.
 
-One folder per element, so a million-image bucket is not listed by one
-worker; :mod:`beam_pipeline.storage.discovery` found the folders at launch.
-
-Every entry below a local class folder is accounted for: an image to convert,
-or a :class:`Skipped` row with the reason (docs/images.md, "What happens to
-each kind of entry"). Nothing is opened while listing: the kind of an entry
-comes from its directory entry (and a stat for a symbolic link), so a FIFO or
-a device can never block a worker.
+Every entry is an image or a :class:`Skipped` row (docs/images.md); nothing is opened
+while listing, so a FIFO or a device never blocks a worker.
 """
 
 from __future__ import annotations

@@ -1,47 +1,7 @@
 """A live run owns its --output: a lock in the job's temporary folder.
 
-Two runs writing one output at once would delete each other's temporary
-shards, resume from each other's spill files and leave a finished dataset
-with orphans. So the CLI takes this lock before it touches --output
-(``job.run``, before ``resume.prepare``) and gives it back on every way out,
-after the summary; a second run into the same output is refused at once,
-with the owner named (:class:`OutputInUse`, exit status 2).
-
-The lock is ``OUTPUT/.imagerecords-tmp/lock`` (:data:`metadata.LOCK`), one of
-the job's own files. It names its owner (host, process, start time). The
-job's clean-ups leave it alone (``output.delete_temp_folder``); releasing it
-is the last thing a run does to --output, and takes the temporary folder
-with it when nothing else is left there.
-
-* **Local output**: the file is held with ``flock(2)``, and so is the
-  --output folder itself. The kernel releases both when the process ends in
-  any way (SIGKILL, a crash), so a killed run's lock is taken over by the
-  next run at once; NFS emulates flock with byte-range locks, which also
-  hold across machines. The folder's lock is what holds when the lock file
-  is deleted by hand (or its temporary folder with it) while the run lives:
-  a second run then finds the folder locked and is refused all the same. (A
-  filesystem that cannot lock a folder, as NFS cannot a descriptor opened
-  read-only, has the file's lock only.)
-* **gs:// output**: an object created only if none exists
-  (``if_generation_match=0``). A thread rewrites it every
-  :data:`HEARTBEAT_S` seconds, each time on the condition that it is still the
-  generation this run wrote last. A lock whose heartbeat is older than
-  :data:`STALE_AFTER` periods (the owner's own period, recorded in the lock),
-  or whose owner process is gone from this very machine, belongs to a killed
-  run: it is taken over on the condition of the generation read, so of two
-  runs taking over one lock only one wins. A run that finds its lock taken
-  over (it could not renew it for that long) stops at once.
-
-  A run frozen (SIGSTOP, a suspended laptop, a stalled VM) outlives its
-  heartbeat without knowing it: another run may take the lock over, finish,
-  and the frozen one wake up mid-run. So every write into a gs:// output (a
-  file created, renamed or deleted there: ``output.py`` calls
-  :func:`check_fence`) is fenced on the lock first: it goes ahead only while
-  the lock object is still this run's (the generation it wrote last, or one
-  that holds its token), and otherwise stops the run (:class:`OutputTakenOver`)
-  before it writes. The run's processes find the lock in :data:`FENCE_ENV`.
-  GCS has no precondition on one object for a write of another, so what is
-  left is a write already past its check when the run froze.
+``flock(2)`` on a local output, a fenced object with a heartbeat on gs:// (docs/gcs.md,
+"One run per output"; the design: docs/architecture.md, "The lock").
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
 """Puts the job's files in place atomically and deletes only what the job wrote.
 
-A reader of --output must never find a half-written file under a final name,
-and a run must never delete a file it did not write. So every file is written
-under a temporary name and renamed into place (:func:`write_atomically`,
-:func:`move_into_place`), and deleting takes names relative to the output
-that a run writes (:data:`OURS`, :func:`delete_ours`) or the job's temporary
-folder (:func:`delete_temp_files`, :func:`delete_temp_folder`). What a run
-writes is listed in docs/format.md section 5.
-
-Local paths go through ``os``; other paths (``gs://``) through Beam's
-``FileSystems``, imported on first use: the CLI prepares a local output (and
-clears an earlier run's files) before it imports Beam. Nothing here imports
-TensorFlow.
-
-A write that fails names its file (:func:`naming`): a full disk or a file
-size limit becomes ``errors.CannotWrite``, a connection to GCS lost for
---gcs_timeout_s ``errors.StorageUnreachable``; either stops the run with one
-line that says which file and what to do.
-
-The live run's lock (:data:`LOCK`, ``lock.py``) is the job's own file too, but
-only its owner removes it: the clean-ups here leave it where it is.
+Every write goes to a temporary name and is renamed; only :data:`OURS` and the
+temporary folder are deleted (docs/architecture.md, "Writing the output").
 """
 
 from __future__ import annotations
