@@ -217,8 +217,9 @@ def _reject_lines(f: Forecast) -> list[str]:
     return lines
 
 
-def _groups(n: int) -> str:
-    return f"{n:,} group" if n == 1 else f"{n:,} groups"
+def _groups(n: int, of: str = "") -> str:
+    """``n`` groups and the verb: "1 group holds ", "2 groups of identical files hold "."""
+    return f"{n:,} group {of}holds " if n == 1 else f"{n:,} groups {of}hold "
 
 
 def _copies_lines(f: Forecast) -> list[str]:
@@ -230,13 +231,13 @@ def _copies_lines(f: Forecast) -> list[str]:
     lines = []
     if exact["groups"]:
         lines.append(
-            f"duplicates{where}: {_groups(exact['groups'])} of identical files hold "
+            f"duplicates{where}: {_groups(exact['groups'], 'of identical files ')}"
             f"{exact['images']} images (across splits: {exact['cross_split']}, "
             f"across classes: {exact['cross_class']})"
         )
     if close["groups"]:
         lines.append(
-            f"near duplicates{where}: {_groups(close['groups'])} hold {close['images']} images "
+            f"near duplicates{where}: {_groups(close['groups'])}{close['images']} images "
             f"(across splits: {close['cross_split']})"
         )
     if not lines:
