@@ -307,6 +307,8 @@ def test_a_dry_run_of_the_whole_input_forecasts_what_dedupe_writes(copies, tmp_p
     blocks = estimate["duplicates"]
     assert blocks["exact"] == info["duplicates"]
     assert blocks["near"] == info["near_duplicates"]
+    assert blocks["conflicts"] == info["label_conflicts"]  # coffee.jpg in classes a and b
+    assert "label conflicts: " in printed
     line = next(s for s in printed.splitlines() if s.startswith(f"--dedupe {mode} drops"))
     assert line.startswith(f"--dedupe {mode} drops {sum(dropped.values())} copies")
 

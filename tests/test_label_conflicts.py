@@ -34,6 +34,18 @@ def test_a_group_in_two_classes_is_a_conflict(groups, kept_by, expected):
     assert duplicates.label_conflicts(groups, "exact", kept_by) == expected
 
 
+@pytest.mark.parametrize(
+    "dedupe, kinds",
+    [("", ["exact"]), ("exact", ["exact"]), ("near", ["exact", "near"])],
+)
+def test_near_conflicts_are_the_runs_only_under_dedupe_near(dedupe, kinds):
+    found = duplicates.run_conflicts([[B, A]], [[A, C], [C, B]], dedupe, near_search.keeper)
+    assert [c.kind for c in found] == kinds
+    assert found[0].kept == (A if dedupe else None)
+    if dedupe == "near":
+        assert found[1] == ("near", (C, B), C)  # both in train: the smallest ID
+
+
 def test_the_block_lists_both_ids_and_why(tmp_path):
     found = duplicates.label_conflicts([[B, A]], "exact", duplicates.keeper)
     block = duplicates.conflicts_block(found, ["cat", "dog"])

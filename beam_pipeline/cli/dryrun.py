@@ -263,13 +263,19 @@ def estimate_splits(
     return out
 
 
-def copies_forecast(copies: Copies, split_names) -> CopiesForecast:
+def copies_forecast(copies: Copies, split_names, dedupe: str, classes) -> CopiesForecast:
+    """The blocks the run's imagerecords.json would hold, made by the run's functions."""
     first = duplicates.first_split(list(split_names))
-    exact = duplicates.info_block([members for _, members in copies.exact], first)
-    block = near_search.info_block(copies.near.groups, copies.near.oversized)
+    exact = [members for _, members in copies.exact]
+    near_groups = [g.members for g in copies.near.groups]
+    conflicts = duplicates.run_conflicts(exact, near_groups, dedupe, near_search.keeper)
     kinds = collections.Counter(r.kind for r in copies.dropped)
     return CopiesForecast(
-        exact, block, kinds[RejectKind.DUPLICATE], kinds[RejectKind.NEAR_DUPLICATE]
+        duplicates.info_block(exact, first),
+        near_search.info_block(copies.near.groups, copies.near.oversized),
+        kinds[RejectKind.DUPLICATE],
+        kinds[RejectKind.NEAR_DUPLICATE],
+        duplicates.conflicts_block(conflicts, classes),
     )
 
 
@@ -343,7 +349,7 @@ def make_forecast(command, output_problem: str | None, old: reuse.OldDataset = N
         splits=tuple(splits),
         rejections=tuple(sample.rejections),
         dedupe=config.dedupe,
-        copies=copies_forecast(copies, split_names),
+        copies=copies_forecast(copies, split_names, config.dedupe, layout.classes),
         max_reject_fraction=config.max_reject_fraction,
         cpu_per_image=cpu_per_image,
         read_remote=sample.read_remote,

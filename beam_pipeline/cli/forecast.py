@@ -32,6 +32,7 @@ class CopiesForecast:
     near: dict  # near_search.info_block of the sample's near groups
     dropped_exact: int
     dropped_near: int
+    conflicts: dict | None  # duplicates.conflicts_block: pictures in two classes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +243,14 @@ def _copies_lines(f: Forecast) -> list[str]:
         )
     if not lines:
         return [f"duplicates: none in the sample of {f.sampled}"]
+    conflicts = f.copies.conflicts
+    if conflicts:
+        first = conflicts["listed"][0]
+        who = " = ".join(f"{m['id']} ({m['label']})" for m in first["members"])
+        lines.append(
+            f"label conflicts{where}: {conflicts['count']} in two or more classes "
+            f"({conflicts['exact']} identical, {conflicts['near']} near), e.g. {who}"
+        )
     dropped = f.copies.dropped_exact + f.copies.dropped_near
     if f.dedupe:
         lines.append(

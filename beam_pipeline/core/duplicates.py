@@ -183,6 +183,16 @@ def label_conflicts(groups: Iterable[Sequence[Member]], kind: str, kept_by=None)
     return sorted(found, key=lambda c: c.members[0])
 
 
+def run_conflicts(exact, near, dedupe: str, near_keeper) -> list[Conflict]:
+    """The label conflicts a run reports: of its groups of identical files (``exact``,
+    member lists), and under ``--dedupe near`` of its near groups (``near``), with
+    the copy each keeps by ``keeper`` or ``near_keeper`` (``near_search.keeper``)."""
+    found = label_conflicts(exact, "exact", keeper if dedupe else None)
+    if dedupe == "near":
+        found += label_conflicts(near, "near", near_keeper)
+    return found
+
+
 def conflicts_block(conflicts: Sequence[Conflict], classes: Sequence[str]) -> dict | None:
     """The ``label_conflicts`` block of imagerecords.json (docs/format.md section 7), or
     None when there is none."""

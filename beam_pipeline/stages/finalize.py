@@ -83,15 +83,13 @@ class Finalizer:
         """The ``label_conflicts`` block: identical copies in two classes, and near ones
         under ``--dedupe near`` (the run decides those), with the copy kept."""
         config = self._config
-        exact = duplicates.label_conflicts(
+        found = duplicates.run_conflicts(
             [members for _, members in groups],
-            "exact",
-            duplicates.keeper if config.dedupe else None,
+            [g.members for g in near.groups],
+            config.dedupe,
+            near_search.keeper,
         )
-        if config.dedupe_near:
-            members = [g.members for g in near.groups]
-            exact += duplicates.label_conflicts(members, "near", near_search.keeper)
-        return duplicates.conflicts_block(exact, config.layout.classes)
+        return duplicates.conflicts_block(found, config.layout.classes)
 
     def _write_lists(self, rejects, skipped, groups, near: Found) -> None:
         """rejects.jsonl, labels.txt, duplicates.jsonl, near_duplicates.jsonl, skipped.jsonl."""
