@@ -13,7 +13,8 @@ import pytest
 from beam_pipeline.__main__ import main, run
 from beam_pipeline.cli import dryrun, estimates, forecast
 from beam_pipeline.core import groups, keys
-from beam_pipeline.core.elements import Rejection, RejectKind, ShardEntry
+from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind, ShardEntry
+from beam_pipeline.stages import near
 from beam_pipeline.stages.job_config import JobConfig
 from tests import contract, near_fixtures
 from tests.image_factory import add_bad_files, make_class_folders
@@ -319,3 +320,22 @@ def test_a_sample_that_is_not_the_whole_input_says_so(copies, tmp_path, capsys, 
     printed = capsys.readouterr().out
     assert not estimate["whole"] and estimate["sampled"] == 5
     assert f"the sample is 5 of {estimate['images']} images: the counts are estimates" in printed
+
+
+def test_a_partial_sample_spreads_drops_by_each_splits_own_rate():
+    """--dedupe near keeps the train copy: the drops of the sample's val images are val's."""
+    entries = {
+        s: [ShardEntry(n, f"{s}{n}", 0, 100, b"") for n in range(4)] for s in ("train", "val")
+    }
+    kept = [RecordBatch("train", tuple(entries["train"])), RecordBatch("val", ())]
+    dropped = tuple(
+        Rejection(e.image_id, "", "val", "near duplicate of x", RejectKind.NEAR_DUPLICATE)
+        for e in entries["val"][:2]
+    )
+    sample = dryrun.Sample(8, entries, [], 0, 0, False)
+    copies = dryrun.Copies(tuple(kept), dropped, (), near.Found())
+    census = _census(0)
+    census.listed.update({s: [keys.order_key(42, f"{s}/{i}") for i in range(10)] for s in entries})
+    config = JobConfig(layout=None, output="o", splits={"train": 0.5, "val": 0.5})
+    train, val = dryrun.estimate_splits(census, sample, copies, ["train", "val"], config, False)
+    assert (train.records, train.drops, val.records, val.drops) == (10, 0, 5, 5)

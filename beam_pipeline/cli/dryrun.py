@@ -212,8 +212,8 @@ def estimate_splits(
     stage (``plan.Books``, ``config``'s shard target).
 
     ``whole``: the sample is the whole input, so the books are the run's own (its
-    records, rejections and dropped copies); else the sample's rates of rejects
-    and drops and its mean record size are applied to each split's listed keys.
+    records, rejections and dropped copies); else the sample's reject rate, each
+    split's drop rate and the mean record size are applied to its listed keys.
     """
     tallies = plan.Books()
     drops: collections.Counter = collections.Counter(r.split for r in copies.dropped)
@@ -228,11 +228,14 @@ def estimate_splits(
     else:
         kept = [e.size for b in copies.batches for e in b.entries]
         mean = sum(kept) / len(kept) if kept else 0.0
-        converted = max(1, sample.converted)
-        reject_rate, drop_rate = len(sample.rejections) / converted, len(copies.dropped) / converted
-        drops, rejects = collections.Counter(), collections.Counter()
+        reject_rate = len(sample.rejections) / max(1, sample.converted)
+        # Drops by each split's own rate: --dedupe near keeps the train copy, so they
+        # fall in val and test more than in train. Bad images are no split's.
+        sampled = rejects + collections.Counter({s: len(e) for s, e in sample.entries.items()})
+        dropped, drops, rejects = drops, collections.Counter(), collections.Counter()
         for split, listed in census.listed.items():
             rejects[split] = round(len(listed) * reject_rate)
+            drop_rate = dropped[split] / max(1, sampled[split])
             drops[split] = min(round(len(listed) * drop_rate), len(listed) - rejects[split])
             records = len(listed) - rejects[split] - drops[split]
             written = books.KeyTally(

@@ -226,9 +226,7 @@ def _groups(n: int, of: str = "") -> str:
 def _copies_lines(f: Forecast) -> list[str]:
     """The sample's identical and near copies, and what --dedupe drops of them."""
     exact, close = f.copies.exact, f.copies.near
-    where = (
-        "" if f.whole else " in the sample (more in the input: a copy is found only with its twin)"
-    )
+    where = "" if f.whole else " in the sample (likely more: a copy is seen only with its twin)"
     lines = []
     if exact["groups"]:
         lines.append(
