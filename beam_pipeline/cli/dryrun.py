@@ -4,7 +4,7 @@ The whole input is *listed* (counts per class and split, files that will be
 skipped, extensions), a few hundred images drawn with the job's seed are
 *converted in memory* with the job's own code (``convert.decode_data`` and
 ``convert.finish``), its copies found and dropped by the job's Duplicates and
-Near duplicates stages, and from those a :class:`Forecast` is made (exact when
+Near duplicates stages, and from those a :class:`RunForecast` is made (exact when
 the sample is the whole input; extrapolated otherwise), then rendered.
 
 Nothing is created, not even the output folder: the only calls that touch
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 
 from beam_pipeline.cli import arguments, estimates
-from beam_pipeline.cli.forecast import CopiesForecast, Forecast, SplitEstimate, render
+from beam_pipeline.cli.forecast import CopiesForecast, RunForecast, SplitEstimate, render
 from beam_pipeline.core import books, duplicates, groups, images, metadata, near_search, settings
 from beam_pipeline.core.elements import ImageRef, RecordBatch, Rejection, RejectKind, ShardEntry
 from beam_pipeline.core.errors import UsageError
@@ -295,7 +295,7 @@ def local_run(config, options, beam) -> tuple[str, int, bool]:
 
 
 def make_forecast(command, output_problem: str | None, old: reuse.OldDataset = None):
-    """Lists, samples and estimates: the :class:`Forecast` and --reuse's forecast (or None).
+    """Lists, samples and estimates: the :class:`RunForecast` and --reuse's forecast (or None).
 
     ``command``: the parsed command line (``arguments.Command``), its input discovered.
     ``old``: --reuse's dataset: what the run would reuse, convert and drop is
@@ -332,7 +332,7 @@ def make_forecast(command, output_problem: str | None, old: reuse.OldDataset = N
     engine, processes, on_beam = local_run(config, command.options, beam)
     total_bytes = sum(s.bytes for s in splits)
     asked = None if layout.kind == "presplit" else fractions
-    result = Forecast(
+    result = RunForecast(
         root=layout.root,
         layout_kind=layout.kind,
         output_problem=output_problem,

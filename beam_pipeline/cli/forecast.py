@@ -1,4 +1,4 @@
-"""The dry run's forecast: what it holds (:class:`Forecast`, made by ``dryrun.py``) and
+"""The dry run's forecast: what it holds (:class:`RunForecast`, made by ``dryrun.py``) and
 how it is printed (:func:`render`)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class CopiesForecast:
 
 
 @dataclasses.dataclass(frozen=True)
-class Forecast:
+class RunForecast:
     """Everything the dry run says, computed before a line is printed (:func:`render`)."""
 
     root: str
@@ -133,7 +133,7 @@ def _fmt_usd(usd: float) -> str:
     return f"~${usd:,.2f}" if usd >= 0.01 else "under $0.01"
 
 
-def _input_lines(f: Forecast) -> list[str]:
+def _input_lines(f: RunForecast) -> list[str]:
     """The listing: the input, the classes per split, groups, skipped files."""
     lines = [f"dry run: nothing was written. Input {f.root} ({f.layout_kind} layout)"]
     if f.output_problem:
@@ -172,7 +172,7 @@ def _input_lines(f: Forecast) -> list[str]:
     return lines
 
 
-def _sample_lines(f: Forecast) -> list[str]:
+def _sample_lines(f: RunForecast) -> list[str]:
     """The sample: the table of splits, the rejects and the copies."""
     lines = [
         f"sample: {f.sampled} images converted in memory ({f.image_settings})",
@@ -197,7 +197,7 @@ def _sample_lines(f: Forecast) -> list[str]:
     return lines
 
 
-def _reject_lines(f: Forecast) -> list[str]:
+def _reject_lines(f: RunForecast) -> list[str]:
     if not f.rejections:
         return [f"likely rejects: none in the sample of {f.sampled}"]
     kinds = collections.Counter(reason_kind(r.reason) for r in f.rejections)
@@ -223,7 +223,7 @@ def _groups(n: int, of: str = "") -> str:
     return f"{n:,} group {of}holds " if n == 1 else f"{n:,} groups {of}hold "
 
 
-def _copies_lines(f: Forecast) -> list[str]:
+def _copies_lines(f: RunForecast) -> list[str]:
     """The sample's identical and near copies, and what --dedupe drops of them."""
     exact, close = f.copies.exact, f.copies.near
     where = "" if f.whole else " in the sample (likely more: a copy is seen only with its twin)"
@@ -260,7 +260,7 @@ def _copies_lines(f: Forecast) -> list[str]:
     return lines
 
 
-def _cost_lines(f: Forecast) -> list[str]:
+def _cost_lines(f: RunForecast) -> list[str]:
     per_s = 1 / f.cpu_per_image if f.cpu_per_image else float("inf")
     read_note = " (reading from storage not timed)" if f.read_remote else ""
     machine, cost = f.machine, f.cost
@@ -280,7 +280,7 @@ def _cost_lines(f: Forecast) -> list[str]:
     ]
 
 
-def render(f: Forecast) -> str:
+def render(f: RunForecast) -> str:
     """The dry run's report, as printed."""
     lines = [*_input_lines(f), "", *_sample_lines(f), "", *_cost_lines(f)]
     return "\n".join(lines) + "\n"
