@@ -299,3 +299,24 @@ def test_a_reuse_run_on_dask_writes_what_a_full_conversion_writes(dask_cluster, 
     assert info.pop("reuse") == {"dataset": str(tmp_path / "old"), "images_reused": 35}
     assert json.loads(full.pop("imagerecords.json")) == info
     assert new == full
+
+
+def test_label_conflicts_on_dask_are_what_the_local_engine_writes(dask_cluster, tmp_path, capsys):
+    """A picture in two classes (identical, and near under --dedupe near): the same
+    ``label_conflicts`` block and bytes on Dask as locally."""
+    pytest.importorskip("skimage")
+    import shutil
+
+    from tests import near_fixtures
+
+    root = near_fixtures.near_folder(str(tmp_path / "images"))
+    shutil.copy(os.path.join(root, "train/a/coffee.jpg"), os.path.join(root, "train/b/mug.jpg"))
+    on_dask = ["--runner", "DaskRunner", "--dask_client_address", dask_cluster]
+    common = ["--input", root, "--quiet", "--dedupe", "near"]
+    for out, extra in [("local", []), ("dask", on_dask)]:
+        assert main([*common, "--output", str(tmp_path / out), *extra]) == 0
+    capsys.readouterr()
+    local = contract.all_files(str(tmp_path / "local"))
+    assert contract.all_files(str(tmp_path / "dask")) == local
+    block = contract.load_info(str(tmp_path / "dask"))["label_conflicts"]
+    assert block["exact"] == 1 and block["near"] >= 1

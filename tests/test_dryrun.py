@@ -6,14 +6,17 @@ import collections
 import json
 import math
 import os
+import shutil
 
 import pytest
 
 from beam_pipeline.__main__ import main, run
-from beam_pipeline.cli import dryrun
+from beam_pipeline.cli import dryrun, estimates, forecast
 from beam_pipeline.core import groups, keys
+from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind, ShardEntry
+from beam_pipeline.stages import near
 from beam_pipeline.stages.job_config import JobConfig
-from tests import contract
+from tests import contract, near_fixtures
 from tests.image_factory import add_bad_files, make_class_folders
 
 IN_MEMORY = "--direct_running_mode=in_memory"
@@ -157,14 +160,14 @@ def test_a_bad_machine_type_is_a_usage_error(images, tmp_path, capsys):
     ],
 )
 def test_machine_types(name, vcpus, memory):
-    machine = dryrun.machine_type(name)
+    machine = estimates.machine_type(name)
     assert (machine.vcpus, machine.memory_gb) == (vcpus, memory)
 
 
 @pytest.mark.parametrize("name", ["n2-standard", "standard-4", "z9-standard-4", ""])
 def test_unknown_machine_types(name):
     with pytest.raises(ValueError, match="unknown machine type"):
-        dryrun.machine_type(name)
+        estimates.machine_type(name)
 
 
 def _census(listed: int) -> dryrun.InputCensus:
@@ -189,7 +192,9 @@ def test_the_job_plans_the_splits_of_the_estimate(
 ):
     """The sample's reject rate and mean record size applied to the listed keys,
     cut into shards by the job's Plan stage."""
-    sample = dryrun.Sample(len(sizes) + rejected, sizes, {}, [("x", "bad")] * rejected, 0, 0, False)
+    entries = [ShardEntry(n, f"r{n}", 0, size, b"") for n, size in enumerate(sizes)]
+    bad = [Rejection("x", "x", "train", "bad", RejectKind.BAD_IMAGE)] * rejected
+    sample = dryrun.Sample(len(sizes) + rejected, {"train": entries}, bad, 0, 0, False)
     config = JobConfig(
         layout=None,
         output="o",
@@ -197,7 +202,8 @@ def test_the_job_plans_the_splits_of_the_estimate(
         target_shard_bytes=target,
         min_shards=minimum,
     )
-    [estimate] = dryrun.estimate_splits(_census(listed), sample, ["train"], config)
+    copies = dryrun.find_copies(sample, "")
+    [estimate] = dryrun.estimate_splits(_census(listed), sample, copies, ["train"], config, False)
     assert estimate.images == listed
     assert (estimate.records, estimate.rejects, estimate.bytes, estimate.shards) == expected
 
@@ -217,13 +223,13 @@ def test_a_dry_run_that_samples_every_image_plans_the_shards_the_job_writes(tmp_
 
 
 def test_dataflow_cost_adds_up_workers_memory_disk_shuffle_and_reads():
-    machine = dryrun.machine_type("n2-standard-4")
-    prices = dryrun.Prices(
+    machine = estimates.machine_type("n2-standard-4")
+    prices = estimates.Prices(
         vcpu_hour=1.0, gb_hour=0.5, shuffle_gb=2.0, pd_gb_hour=0.01, disk_gb=25, gcs_read_1000=0.1
     )
     # 3,600 images at 0.3 CPU-s each, times the planning factor: 0.3 * factor vCPU-hours.
-    cost = dryrun.dataflow_cost(3600, 0.3, 3e9, machine, prices)
-    vcpu_h = 0.3 * dryrun.DATAFLOW_FACTOR
+    cost = estimates.dataflow_cost(3600, 0.3, 3e9, machine, prices)
+    vcpu_h = 0.3 * estimates.DATAFLOW_FACTOR
     assert cost.vcpu_hours == pytest.approx(vcpu_h)
     assert cost.worker_hours == pytest.approx(vcpu_h / 4)
     assert cost.shuffle_gb == pytest.approx(6)  # written and read
@@ -233,14 +239,16 @@ def test_dataflow_cost_adds_up_workers_memory_disk_shuffle_and_reads():
 
 
 def test_local_wall_time_scales_with_processes():
-    one = dryrun.local_wall_s(10_000, 0.004, 1) - dryrun.LOCAL_FIXED_S
-    four = dryrun.local_wall_s(10_000, 0.004, 4) - dryrun.LOCAL_FIXED_S
-    assert one == pytest.approx(40 / dryrun.LOCAL_EFFICIENCY)
+    one = estimates.local_wall_s(10_000, 0.004, 1) - estimates.LOCAL_FIXED_S
+    four = estimates.local_wall_s(10_000, 0.004, 4) - estimates.LOCAL_FIXED_S
+    assert one == pytest.approx(40 / estimates.LOCAL_EFFICIENCY)
     assert math.isclose(one / four, 4)
     # On Beam (any Beam flag) the same job pays Beam's start-up and runner work.
-    beam = dryrun.local_wall_s(10_000, 0.004, 1, on_beam=True)
-    assert beam == pytest.approx(dryrun.BEAM_LOCAL_FIXED_S + 40 / dryrun.BEAM_LOCAL_EFFICIENCY)
-    assert beam > dryrun.local_wall_s(10_000, 0.004, 1)
+    beam = estimates.local_wall_s(10_000, 0.004, 1, on_beam=True)
+    assert beam == pytest.approx(
+        estimates.BEAM_LOCAL_FIXED_S + 40 / estimates.BEAM_LOCAL_EFFICIENCY
+    )
+    assert beam > estimates.local_wall_s(10_000, 0.004, 1)
 
 
 @pytest.mark.parametrize(
@@ -253,4 +261,81 @@ def test_local_wall_time_scales_with_processes():
     ],
 )
 def test_reason_kind(reason, kind):
-    assert dryrun.reason_kind(reason) == kind
+    assert forecast.reason_kind(reason) == kind
+
+
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory):
+    """Photos with near copies across splits (the pre-split layout), an identical copy
+    in another split and class, and two bad files."""
+    root = near_fixtures.near_folder(str(tmp_path_factory.mktemp("copies") / "images"), True)
+    shutil.copy(os.path.join(root, "train/a/coffee.jpg"), os.path.join(root, "val/b/coffee.jpg"))
+    shutil.copy(os.path.join(root, "train/b/chelsea.jpg"), os.path.join(root, "train/b/c2.jpg"))
+    with open(os.path.join(root, "val/a/cut.jpg"), "wb") as f:
+        f.write(open(os.path.join(root, "val/b/camera.jpg"), "rb").read()[:300])
+    return root
+
+
+def _rejects_by_split(out) -> tuple[collections.Counter, collections.Counter]:
+    """(bad images, dropped copies) per split, from the run's rejects.jsonl."""
+    bad, dropped = collections.Counter(), collections.Counter()
+    with open(os.path.join(out, "rejects.jsonl")) as f:
+        for row in map(json.loads, f):
+            copy = row["reason"].startswith(("duplicate of ", "near duplicate of "))
+            (dropped if copy else bad)[row["split"]] += 1
+    return bad, dropped
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["exact", "near"])
+def test_a_dry_run_of_the_whole_input_forecasts_what_dedupe_writes(copies, tmp_path, capsys, mode):
+    out = str(tmp_path / "o")
+    flags = ["--dedupe", mode, "--max_reject_fraction", "0.5", "--target_shard_mb", "0.05"]
+    estimate = run(["--input", copies, "--output", out, "--dry_run", *flags])
+    printed = capsys.readouterr().out
+    assert estimate["whole"] and estimate["sampled"] == estimate["images"]
+    assert "the sample is the whole input: records, rejects and drops per split" in printed
+    assert main(["--input", copies, "--output", out, "--quiet", *flags]) == 0
+    info = contract.load_info(out)
+    bad, dropped = _rejects_by_split(out)
+    assert sum(dropped.values()) >= (2 if mode == "exact" else 6)  # the folder has copies
+    assert sum(bad.values()) == 2
+    for name, split in info["splits"].items():
+        guess = estimate["splits"][name]
+        assert guess["records"] == split["num_examples"], name
+        assert (guess["rejects"], guess["drops"]) == (bad[name], dropped[name]), name
+        assert (guess["bytes"], guess["shards"]) == (split["num_bytes"], len(split["shards"]))
+    blocks = estimate["duplicates"]
+    assert blocks["exact"] == info["duplicates"]
+    assert blocks["near"] == info["near_duplicates"]
+    assert blocks["conflicts"] == info["label_conflicts"]  # coffee.jpg in classes a and b
+    assert "label conflicts: " in printed
+    line = next(s for s in printed.splitlines() if s.startswith(f"--dedupe {mode} drops"))
+    assert line.startswith(f"--dedupe {mode} drops {sum(dropped.values())} copies")
+
+
+def test_a_sample_that_is_not_the_whole_input_says_so(copies, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(dryrun, "SAMPLE_SIZE", 5)
+    estimate = run(["--input", copies, "--output", str(tmp_path / "o"), "--dry_run"])
+    printed = capsys.readouterr().out
+    assert not estimate["whole"] and estimate["sampled"] == 5
+    assert f"the sample is 5 of {estimate['images']} images: the counts are estimates" in printed
+
+
+def test_a_partial_sample_spreads_drops_by_each_splits_own_rate():
+    """--dedupe near keeps the train copy: the drops of the sample's val images are val's."""
+    entries = {
+        s: [ShardEntry(n, f"{s}{n}", 0, 100, b"") for n in range(4)] for s in ("train", "val")
+    }
+    kept = [RecordBatch("train", tuple(entries["train"])), RecordBatch("val", ())]
+    dropped = tuple(
+        Rejection(e.image_id, "", "val", "near duplicate of x", RejectKind.NEAR_DUPLICATE)
+        for e in entries["val"][:2]
+    )
+    sample = dryrun.Sample(8, entries, [], 0, 0, False)
+    copies = dryrun.Copies(tuple(kept), dropped, (), near.Found())
+    census = _census(0)
+    census.listed.update({s: [keys.order_key(42, f"{s}/{i}") for i in range(10)] for s in entries})
+    config = JobConfig(layout=None, output="o", splits={"train": 0.5, "val": 0.5})
+    train, val = dryrun.estimate_splits(census, sample, copies, ["train", "val"], config, False)
+    assert (train.records, train.drops, val.records, val.drops) == (10, 0, 5, 5)

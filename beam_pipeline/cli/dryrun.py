@@ -1,7 +1,8 @@
 """``--dry_run``: what a conversion would do, from a listing and a sample; writes nothing.
 
 Lists the whole input, converts a seeded sample in memory with the job's own code,
-and extrapolates bytes, shards, rejects, speed, wall time and Dataflow cost.
+drops its copies with the run's own Duplicates and Near duplicates steps, and makes a
+:class:`RunForecast` (exact when the sample is the whole input), then renders it.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ import dataclasses
 import os
 import posixpath
 import random
-import re
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
-from beam_pipeline.cli import arguments
-from beam_pipeline.core import books, groups, images, metadata, settings
-from beam_pipeline.core.elements import ImageRef, Rejection
+from beam_pipeline.cli import arguments, estimates
+from beam_pipeline.cli.forecast import CopiesForecast, RunForecast, SplitEstimate, render
+from beam_pipeline.core import books, duplicates, groups, images, metadata, near_search, settings
+from beam_pipeline.core.elements import ImageRef, RecordBatch, Rejection, RejectKind, ShardEntry
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice
-from beam_pipeline.stages import convert, list_images, plan, reuse, reuse_scan
+from beam_pipeline.stages import convert, dedupe, list_images, near, plan, reuse, reuse_scan
 from beam_pipeline.storage import discovery, listing, paths, reading
 
 SAMPLE_SIZE = 300
@@ -30,156 +32,6 @@ SAMPLE_SIZE = 300
 SAMPLE_CPU_BUDGET_S = 8.0
 SAMPLE_MIN = 30
 _REMOTE_READERS = 16  # threads reading sampled images from GCS
-
-# How the estimates turn this machine's per-image CPU time into job times.
-# Local: the local engine's speed per core as a fraction of the bare codec's,
-# plus a fixed start-up; the same for the pooled DirectRunner (--runner
-# DirectRunner). All from the benchmark (docs/performance.md, "Local engine"),
-# so they are only as right as its machine is like this one.
-LOCAL_EFFICIENCY = 0.95
-LOCAL_FIXED_S = 0.3
-BEAM_LOCAL_EFFICIENCY = 0.83
-BEAM_LOCAL_FIXED_S = 1.5
-# Dataflow: the planning factor of docs/scale.md's cost section (an
-# assumption, not a measurement): twice the local CPU per image, for GCS reads
-# over HTTPS, Runner v2's data plane and shuffle serialization.
-DATAFLOW_FACTOR = 2.0
-DEFAULT_MACHINE_TYPE = "n2-standard-4"
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
-
-
-@dataclasses.dataclass(frozen=True)
-class Prices:
-    """Dataflow batch list prices in USD, as in docs/scale.md (no discounts, no free tier)."""
-
-    region: str = "us-central1"
-    as_of: str = "2024, not re-checked"
-    source: str = "cloud.google.com/dataflow/pricing"
-    vcpu_hour: float = 0.056
-    gb_hour: float = 0.003557
-    shuffle_gb: float = 0.011  # Dataflow Shuffle, per GB processed (batch)
-    pd_gb_hour: float = 0.000054  # standard persistent disk
-    disk_gb: int = 25  # boot disk per worker when Dataflow Shuffle is on (the default)
-    gcs_read_1000: float = 0.0004  # Cloud Storage class B operations (one read per image)
-
-
-PRICES = Prices()
-
-# GB of memory per vCPU by machine series and shape (Compute Engine machine types).
-_MEMORY_PER_VCPU = {
-    ("n1", "standard"): 3.75,
-    ("n1", "highmem"): 6.5,
-    ("n1", "highcpu"): 0.9,
-    ("n2", "standard"): 4.0,
-    ("n2", "highmem"): 8.0,
-    ("n2", "highcpu"): 1.0,
-    ("n2d", "standard"): 4.0,
-    ("n2d", "highmem"): 8.0,
-    ("n2d", "highcpu"): 1.0,
-    ("e2", "standard"): 4.0,
-    ("e2", "highmem"): 8.0,
-    ("e2", "highcpu"): 1.0,
-    ("c2", "standard"): 4.0,
-    ("c2d", "standard"): 4.0,
-    ("c2d", "highmem"): 8.0,
-    ("c2d", "highcpu"): 2.0,
-    ("c3", "standard"): 4.0,
-    ("c3", "highmem"): 8.0,
-    ("c3", "highcpu"): 2.0,
-    ("c3d", "standard"): 4.0,
-    ("c3d", "highmem"): 8.0,
-    ("c3d", "highcpu"): 2.0,
-    ("c4", "standard"): 3.75,
-    ("c4", "highmem"): 7.75,
-    ("c4", "highcpu"): 2.0,
-    ("n4", "standard"): 4.0,
-    ("n4", "highmem"): 8.0,
-    ("n4", "highcpu"): 2.0,
-}
-
-
-# ------------------------------------------------------------ pure estimates
-
-
-@dataclasses.dataclass(frozen=True)
-class MachineType:
-    name: str
-    vcpus: int
-    memory_gb: float
-
-
-def machine_type(name: str) -> MachineType:
-    """vCPUs and memory of a Compute Engine machine type name.
-
-    ``custom-8-16384`` (and ``n2-custom-8-16384``) give memory in MB.
-
-    Raises:
-        ValueError: a name that is not ``SERIES-SHAPE-VCPUS`` or a custom type.
-    """
-    custom = re.fullmatch(r"(?:[a-z0-9]+-)?custom-(\d+)-(\d+)(?:-ext)?", name)
-    if custom:
-        vcpus, memory_mb = int(custom.group(1)), int(custom.group(2))
-        return MachineType(name, vcpus, memory_mb / 1024)
-    match = re.fullmatch(r"([a-z][a-z0-9]*)-(standard|highmem|highcpu)-(\d+)", name)
-    if not match or (match.group(1), match.group(2)) not in _MEMORY_PER_VCPU:
-        raise ValueError(
-            f"unknown machine type {name!r}: expected e.g. n2-standard-4, c3-highcpu-8 "
-            "or custom-8-16384"
-        )
-    vcpus = int(match.group(3))
-    return MachineType(name, vcpus, vcpus * _MEMORY_PER_VCPU[match.group(1), match.group(2)])
-
-
-@dataclasses.dataclass(frozen=True)
-class DataflowCost:
-    vcpu_hours: float
-    worker_hours: float
-    shuffle_gb: float
-    usd: float
-
-
-def dataflow_cost(
-    images: int, cpu_s_per_image: float, output_bytes: float, machine: MachineType, prices=PRICES
-) -> DataflowCost:
-    """Worker time and list-price cost of converting ``images`` on Dataflow.
-
-    Workers are billed per vCPU-hour and GB-hour; every record passes once
-    through Dataflow Shuffle (the GroupByKey into shards), billed here as
-    written plus read (an upper bound, as in docs/scale.md); each image is one
-    Cloud Storage read. Start-up and shut-down of the workers (a few minutes
-    per job) are not included.
-    """
-    vcpu_hours = images * cpu_s_per_image * DATAFLOW_FACTOR / 3600
-    worker_hours = vcpu_hours / machine.vcpus
-    shuffle_gb = 2 * output_bytes / 1e9
-    usd = (
-        vcpu_hours * prices.vcpu_hour
-        + worker_hours * machine.memory_gb * prices.gb_hour
-        + worker_hours * prices.disk_gb * prices.pd_gb_hour
-        + shuffle_gb * prices.shuffle_gb
-        + images / 1000 * prices.gcs_read_1000
-    )
-    return DataflowCost(vcpu_hours, worker_hours, shuffle_gb, usd)
-
-
-def local_wall_s(
-    images: int, cpu_s_per_image: float, processes: int, on_beam: bool = False
-) -> float:
-    """Wall time of a local run with ``processes`` conversion processes
-    (the local engine, or Beam's DirectRunner when ``on_beam``)."""
-    fixed, efficiency = (
-        (BEAM_LOCAL_FIXED_S, BEAM_LOCAL_EFFICIENCY)
-        if on_beam
-        else (LOCAL_FIXED_S, LOCAL_EFFICIENCY)
-    )
-    return fixed + images * cpu_s_per_image / (max(1, processes) * efficiency)
-
-
-def reason_kind(reason: str) -> str:
-    """The stable head of a rejection reason: ``corrupt image``, ``not an image``, ..."""
-    return reason.split(":", 1)[0].strip()
-
 
 # ------------------------------------------------------------------ listing
 
@@ -253,12 +105,11 @@ def census(layout: discovery.Layout, seed: int, fractions, group_by=None) -> Inp
 
 @dataclasses.dataclass
 class Sample:
-    """The converted sample: sizes, rejections and the CPU it took."""
+    """The converted sample: its records per split, its rejections and the CPU it took."""
 
     converted: int  # images converted (records + rejections)
-    record_bytes: list[int]  # framed size of each record, as written to a shard
-    by_split: dict[str, list[int]]
-    rejections: list[tuple[str, str]]  # (image_id, reason)
+    entries: dict[str, list[ShardEntry]]  # split -> the records, as the job's batches hold them
+    rejections: list[Rejection]
     cpu_s: float  # conversion CPU time in this process
     wall_s: float
     read_remote: bool  # sampled images were read from a remote store before timing
@@ -287,7 +138,7 @@ def convert_sample(
     chosen = random.Random(seed).sample(list(refs), min(size, len(refs)))
     remote = [ref.path for ref in chosen if not paths.is_local(ref.path)]
     prefetched = dict(zip(remote, _read_all(remote), strict=True))
-    sample = Sample(0, [], collections.defaultdict(list), [], 0.0, 0.0, bool(remote))
+    sample = Sample(0, collections.defaultdict(list), [], 0.0, 0.0, bool(remote))
     classes = tuple(classes)
     wall_start = time.perf_counter()
     for ref in chosen:
@@ -307,47 +158,85 @@ def convert_sample(
         sample.converted += 1
         result = outcome.result
         if isinstance(result, Rejection):
-            sample.rejections.append((result.image_id, result.reason))
-        else:
-            size_framed = result.entry.size  # the framed record, as the shard holds it
-            sample.record_bytes.append(size_framed)
-            sample.by_split[result.split].append(size_framed)
+            sample.rejections.append(result)
+        else:  # the record's bytes are not needed: its framed size is
+            sample.entries[result.split].append(result.entry._replace(data=b""))
     sample.wall_s = time.perf_counter() - wall_start
-    sample.by_split = dict(sample.by_split)
+    sample.entries = dict(sample.entries)
     return sample
 
 
-# ------------------------------------------------------------------ report
-
-
 @dataclasses.dataclass(frozen=True)
-class SplitEstimate:
-    name: str
-    images: int
-    records: float
-    rejects: float
-    bytes: float
-    shards: int
+class Copies:
+    """What the job's Duplicates and Near duplicates stages make of the sample
+    (``dedupe.find_groups``, ``near.find_local`` and their drops, as the local
+    engine runs them): the records kept and the copies ``--dedupe`` drops."""
+
+    batches: tuple[RecordBatch, ...]
+    dropped: tuple[Rejection, ...]  # identical copies, then near ones
+    exact: tuple[dedupe.Group, ...]
+    near: near.Found
+
+
+def find_copies(sample: Sample, mode: str) -> Copies:
+    """The job's duplicate rules over the sample; ``mode``: ``--dedupe`` ("", exact, near)."""
+    batches = [RecordBatch(s, tuple(sample.entries[s])) for s in sorted(sample.entries)]
+    exact = dedupe.find_groups(batches)
+    dropped: list[Rejection] = []
+    if mode and exact:
+        batches, copies = dedupe.drop_all_copies(batches, exact)
+        dropped += copies
+    with tempfile.TemporaryDirectory(prefix="imagerecords-dry-run-") as work:
+        found = near.find_local(batches, work)
+    if mode == "near" and found.groups:
+        batches, copies = near.drop_all_near(batches, found)
+        dropped += copies
+    return Copies(tuple(batches), tuple(dropped), tuple(exact), found)
+
+
+# ---------------------------------------------------------------- forecast
 
 
 def estimate_splits(
-    census: InputCensus, sample: Sample, split_names, config
+    census: InputCensus, sample: Sample, copies: Copies, split_names, config, whole: bool
 ) -> list[SplitEstimate]:
-    """Records, bytes and shards per split: the sample's reject rate and mean record
-    size applied to each split's listed keys, which the job's Plan stage
-    (``plan.Books``, ``config``'s shard target) then cuts into shards."""
-    reject_rate = len(sample.rejections) / sample.converted if sample.converted else 0.0
-    mean_all = sum(sample.record_bytes) / len(sample.record_bytes) if sample.record_bytes else 0.0
+    """Records, rejects, drops, bytes and shards per split, planned by the job's Plan
+    stage (``plan.Books``, ``config``'s shard target).
+
+    ``whole``: the sample is the whole input, so the books are the run's own (its
+    records, rejections and dropped copies); else the sample's reject rate, each
+    split's drop rate and the mean record size are applied to its listed keys.
+    """
     tallies = plan.Books()
-    for split, listed in census.listed.items():
-        records = len(listed) - round(len(listed) * reject_rate)
-        written = books.KeyTally(
-            listed=tuple(listed),
-            written=tuple(listed[:records]),
-            record_bytes=round(records * mean_all),
-        )
-        tallies.add(split, written)
-        tallies.add(split, books.KeyTally(rejected=tuple(listed[records:])))
+    drops: collections.Counter = collections.Counter(r.split for r in copies.dropped)
+    rejects: collections.Counter = collections.Counter(r.split for r in sample.rejections)
+    if whole:
+        for split, listed in census.listed.items():
+            tallies.add(split, books.KeyTally(listed=tuple(listed)))
+        for batch in copies.batches:
+            tallies.add(*plan.written(batch))
+        for rejection in (*sample.rejections, *copies.dropped):
+            tallies.add(*plan.rejected(config.seed, rejection))
+    else:
+        kept = [e.size for b in copies.batches for e in b.entries]
+        mean = sum(kept) / len(kept) if kept else 0.0
+        reject_rate = len(sample.rejections) / max(1, sample.converted)
+        # Drops by each split's own rate: --dedupe near keeps the train copy, so they
+        # fall in val and test more than in train. Bad images are no split's.
+        sampled = rejects + collections.Counter({s: len(e) for s, e in sample.entries.items()})
+        dropped, drops, rejects = drops, collections.Counter(), collections.Counter()
+        for split, listed in census.listed.items():
+            rejects[split] = round(len(listed) * reject_rate)
+            drop_rate = dropped[split] / max(1, sampled[split])
+            drops[split] = min(round(len(listed) * drop_rate), len(listed) - rejects[split])
+            records = len(listed) - rejects[split] - drops[split]
+            written = books.KeyTally(
+                listed=tuple(listed),
+                written=tuple(listed[:records]),
+                record_bytes=round(records * mean),
+            )
+            tallies.add(split, written)
+            tallies.add(split, books.KeyTally(rejected=tuple(listed[records:])))
     plans = tallies.plans(config)
     out = []
     for name in split_names:
@@ -356,36 +245,33 @@ def estimate_splits(
             out.append(SplitEstimate(name, 0, 0, 0, 0, 0))
         else:
             out.append(
-                SplitEstimate(name, p.listed, p.written, p.rejected, p.record_bytes, p.shards)
+                SplitEstimate(
+                    name,
+                    p.listed,
+                    p.written,
+                    rejects[name],
+                    p.record_bytes,
+                    p.shards,
+                    drops[name],
+                )
             )
     return out
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _fmt_duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _files(n: int) -> str:
-    return f"{n:,} file" if n == 1 else f"{n:,} files"
-
-
-def _fmt_hours(hours: float) -> str:
-    return f"{hours:,.1f}" if hours >= 10 else f"{hours:.3g}"
-
-
-def _fmt_usd(usd: float) -> str:
-    return f"~${usd:,.2f}" if usd >= 0.01 else "under $0.01"
+def copies_forecast(copies: Copies, split_names, dedupe: str, classes) -> CopiesForecast:
+    """The blocks the run's imagerecords.json would hold, made by the run's functions."""
+    first = duplicates.first_split(list(split_names))
+    exact = [members for _, members in copies.exact]
+    near_groups = [g.members for g in copies.near.groups]
+    conflicts = duplicates.run_conflicts(exact, near_groups, dedupe, near_search.keeper)
+    kinds = collections.Counter(r.kind for r in copies.dropped)
+    return CopiesForecast(
+        duplicates.info_block(exact, first),
+        near_search.info_block(copies.near.groups, copies.near.oversized),
+        kinds[RejectKind.DUPLICATE],
+        kinds[RejectKind.NEAR_DUPLICATE],
+        duplicates.conflicts_block(conflicts, classes),
+    )
 
 
 def local_run(config, options, beam) -> tuple[str, int, bool]:
@@ -400,21 +286,18 @@ def local_run(config, options, beam) -> tuple[str, int, bool]:
     return "local engine", options.local_processes or os.cpu_count() or 1, False
 
 
-def report(command, output_problem: str | None, out=None, old: reuse.OldDataset = None) -> dict:
-    """Lists, samples, estimates and prints; returns the numbers (for tests and tools).
+def make_forecast(command, output_problem: str | None, old: reuse.OldDataset = None):
+    """Lists, samples and estimates: the :class:`RunForecast` and --reuse's forecast (or None).
 
     ``command``: the parsed command line (``arguments.Command``), its input discovered.
-
     ``old``: --reuse's dataset: what the run would reuse, convert and drop is
     counted (reuse.forecast) and the time estimates are for that run.
     """
     started = time.perf_counter()
     config, beam = command.config, command.beam
     layout = config.layout
-    out = out or sys.stdout
-    say = lambda text="": print(text, file=out)  # noqa: E731
     try:
-        machine = machine_type(beam.machine_type or DEFAULT_MACHINE_TYPE)
+        machine = estimates.machine_type(beam.machine_type or estimates.DEFAULT_MACHINE_TYPE)
     except ValueError as error:
         raise UsageError(str(error)) from None
     fractions = config.splits
@@ -427,7 +310,9 @@ def report(command, output_problem: str | None, out=None, old: reuse.OldDataset 
     sample = convert_sample(
         found.refs, config.image, config.seed, layout.classes, SAMPLE_SIZE, SAMPLE_CPU_BUDGET_S
     )
-    splits = estimate_splits(found, sample, split_names, config)
+    whole = sample.converted == len(found.refs)
+    copies = find_copies(sample, config.dedupe)
+    splits = estimate_splits(found, sample, copies, split_names, config, whole)
     total_images = len(found.refs)
     cpu_per_image = sample.cpu_s / max(1, sample.converted)
     ahead = None
@@ -438,113 +323,50 @@ def report(command, output_problem: str | None, out=None, old: reuse.OldDataset 
     run_cpu_per_image = ahead.cpu_per_image(cpu_per_image) if ahead else cpu_per_image
     engine, processes, on_beam = local_run(config, command.options, beam)
     total_bytes = sum(s.bytes for s in splits)
-    cost = dataflow_cost(total_images, run_cpu_per_image, total_bytes, machine)
-
-    say(f"dry run: nothing was written. Input {layout.root} ({layout.kind} layout)")
-    if output_problem:
-        say(f"warning: the real run would stop before starting: {output_problem}")
-    size_note = f", {_fmt_bytes(found.input_bytes)}" if found.input_bytes else ""
-    say(
-        f"listed {total_images:,} images{size_note} in {len(layout.classes)} classes "
-        f"in {listed_s:.1f} s"
-    )
-    say()
-    width = max([5, *(len(c) for c in layout.classes)])
-    say(f"{'class':<{width}}" + "".join(f"{s:>10}" for s in split_names) + f"{'total':>10}")
-    for label, name in enumerate(layout.classes):
-        row = [found.counts.get((s, label), 0) for s in split_names]
-        say(f"{name:<{width}}" + "".join(f"{n:>10,}" for n in row) + f"{sum(row):>10,}")
-    say(
-        f"{'total':<{width}}" + "".join(f"{e.images:>10,}" for e in splits) + f"{total_images:>10,}"
-    )
-    empty = [
-        name
-        for label, name in enumerate(layout.classes)
-        if not any(found.counts.get((s, label)) for s in split_names)
-    ]
-    if empty:
-        say(f"warning: {len(empty)} classes have no images: {', '.join(empty[:10])}")
     asked = None if layout.kind == "presplit" else fractions
-    grouped = groups.info_block(found.groups, config.group_by, split_names, asked)
-    for line in groups.report_lines(grouped):
-        say(line)
-    for why, files in found.skipped.items():
-        say(f"skipped ({why}): {_files(len(files))}, e.g. {', '.join(files[:3])}")
-    odd = {ext: n for ext, n in found.extensions.items() if ext not in IMAGE_EXTENSIONS}
-    if odd:
-        shown = ", ".join(f"{ext} {n:,}" for ext, n in sorted(odd.items(), key=lambda x: -x[1]))
-        say(f"other extensions (converted if the content is an image): {shown}")
+    result = RunForecast(
+        root=layout.root,
+        layout_kind=layout.kind,
+        output_problem=output_problem,
+        listed_s=listed_s,
+        images=total_images,
+        input_bytes=found.input_bytes,
+        classes=tuple(layout.classes),
+        split_names=tuple(split_names),
+        counts=found.counts,
+        groups=groups.info_block(found.groups, config.group_by, split_names, asked),
+        skipped=found.skipped,
+        extensions=dict(found.extensions),
+        reuse_line=ahead.describe(old) if ahead else None,
+        image_settings=settings.describe(settings.image_settings(config.image)),
+        sampled=sample.converted,
+        whole=whole,
+        splits=tuple(splits),
+        rejections=tuple(sample.rejections),
+        dedupe=config.dedupe,
+        copies=copies_forecast(copies, split_names, config.dedupe, layout.classes),
+        max_reject_fraction=config.max_reject_fraction,
+        cpu_per_image=cpu_per_image,
+        read_remote=sample.read_remote,
+        engine=engine,
+        processes=processes,
+        elsewhere="" if beam.on_direct_runner else f"; the job runs on {beam.runner}",
+        local_wall_s=estimates.local_wall_s(total_images, run_cpu_per_image, processes, on_beam),
+        machine=machine,
+        cost=estimates.dataflow_cost(total_images, run_cpu_per_image, total_bytes, machine),
+        took_s=time.perf_counter() - started,
+    )
+    return result, ahead
+
+
+def report(command, output_problem: str | None, out=None, old: reuse.OldDataset = None) -> dict:
+    """Forecasts, prints the forecast; returns its numbers (for tests and tools)."""
+    result, ahead = make_forecast(command, output_problem, old)
+    (out or sys.stdout).write(render(result))
+    numbers = result.numbers()
     if ahead:
-        say(ahead.describe(old))
-    say()
-    say(
-        f"sample: {sample.converted} images converted in memory "
-        f"({settings.describe(settings.image_settings(config.image))})"
-    )
-    say(
-        f"{'split':<12}{'images':>10}{'records':>10}{'rejects':>9}{'output':>11}{'shards':>8}"
-        f"{'per shard':>11}"
-    )
-    for e in splits:
-        per_shard = _fmt_bytes(e.bytes / e.shards) if e.shards else "-"
-        say(
-            f"{e.name:<12}{e.images:>10,}{e.records:>10,.0f}{e.rejects:>9,.0f}"
-            f"{_fmt_bytes(e.bytes):>11}{e.shards:>8}{per_shard:>11}"
-        )
-    reject_rate = len(sample.rejections) / max(1, sample.converted)
-    if sample.rejections:
-        kinds = collections.Counter(reason_kind(r) for _, r in sample.rejections)
-        say(f"likely rejects: ~{reject_rate:.1%} ({len(sample.rejections)} of the sample)")
-        for kind, n in kinds.most_common(5):
-            example = next(i for i, r in sample.rejections if reason_kind(r) == kind)
-            say(f"  ~{n / sample.converted * total_images:,.0f} {kind} (e.g. {example})")
-        if reject_rate > config.max_reject_fraction:
-            say(
-                f"warning: ~{reject_rate:.1%} rejected is above --max_reject_fraction "
-                f"{config.max_reject_fraction:g}: the job would likely fail"
-            )
-    else:
-        say(f"likely rejects: none in the sample of {sample.converted}")
-    say()
-    per_s = 1 / cpu_per_image if cpu_per_image else float("inf")
-    read_note = " (reading from storage not timed)" if sample.read_remote else ""
-    say(
-        f"speed on this machine: {per_s:,.0f} images/s per core, "
-        f"{cpu_per_image * 1000:.1f} ms CPU per image{read_note}"
-    )
-    wall = local_wall_s(total_images, run_cpu_per_image, processes, on_beam)
-    elsewhere = "" if beam.on_direct_runner else f"; the job runs on {beam.runner}"
-    say(
-        f"local run ({engine}, {processes} conversion processes{elsewhere}): "
-        f"about {_fmt_duration(wall)}"
-    )
-    say(
-        f"Dataflow on {machine.name} ({machine.vcpus} vCPU, {machine.memory_gb:g} GB): "
-        f"~{_fmt_hours(cost.vcpu_hours)} vCPU-hours, ~{_fmt_bytes(cost.shuffle_gb * 1e9)} shuffled, "
-        f"{_fmt_usd(cost.usd)} plus a few minutes of worker start-up"
-    )
-    say(
-        f"  (at {PRICES.region} list prices, {PRICES.source}, {PRICES.as_of}: "
-        f"${PRICES.vcpu_hour}/vCPU-h, ${PRICES.gb_hour}/GB-h, ${PRICES.shuffle_gb}/GB "
-        f"shuffled, ${PRICES.gcs_read_1000} per 1,000 image reads; {DATAFLOW_FACTOR:g}x this "
-        "machine's CPU per image: see docs/scale.md)"
-    )
-    say(f"dry run took {time.perf_counter() - started:.1f} s")
-    return {
-        "images": total_images,
-        "splits": {
-            e.name: {"images": e.images, "records": e.records, "bytes": e.bytes, "shards": e.shards}
-            for e in splits
-        },
-        "sampled": sample.converted,
-        "reject_rate": reject_rate,
-        "cpu_s_per_image": cpu_per_image,
-        "local_wall_s": wall,
-        "dataflow": dataclasses.asdict(cost),
-        "skipped": {why: len(paths) for why, paths in found.skipped.items()},
-        **({"groups": grouped} if grouped else {}),
-        **({"reuse": dataclasses.asdict(ahead)} if ahead else {}),
-    }
+        numbers["reuse"] = dataclasses.asdict(ahead)
+    return numbers
 
 
 def run(command, check_output) -> dict:

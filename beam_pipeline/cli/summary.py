@@ -71,6 +71,7 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
     first = duplicates.first_split(list(info["splits"]))
     deduped = bool(info.get("config", {}).get("dedupe"))
     lines += duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
+    lines += duplicates.conflict_lines(info.get("label_conflicts"))
     lines += near_search.summary_lines(info.get("near_duplicates") or {})
     lines += groups.report_lines(info.get("groups"))
     if counted:

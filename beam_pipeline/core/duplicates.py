@@ -1,4 +1,5 @@
-"""Identical source files: groups, the imagerecords.json block, duplicates.jsonl, --dedupe.
+"""Identical source files: groups, the imagerecords.json block, duplicates.jsonl, --dedupe,
+and label conflicts (a picture in two classes, identical or near copies).
 
 A group is every converted image whose source has the same SHA-256; resized or
 re-encoded copies are near duplicates (``near_duplicates.py``). Pure.
@@ -140,4 +141,92 @@ def summary_lines(block: dict, first_split: str, deduped: bool = False) -> list[
             f"WARNING: {images} also appear{'s' if one else ''} in {first_split}: "
             "the model will be evaluated on images it trained on (--dedupe keeps one of each)"
         )
+    return lines
+
+
+# ------------------------------------------------------------ label conflicts
+
+# Label conflicts imagerecords.json lists (all are counted) and the summary shows.
+CONFLICTS_LISTED = 20
+CONFLICTS_SHOWN = 3
+# Which copy of a label conflict is written, and why, by kind and whether --dedupe drops it.
+KEPT_BECAUSE = {
+    ("exact", True): "--dedupe keeps the smallest ID",
+    ("near", True): "--dedupe near keeps the member in the first split, then the smallest ID",
+    ("exact", False): "without --dedupe every copy is written",
+}
+
+
+class Conflict(NamedTuple):
+    """One picture in two or more classes: a group of copies with more than one label."""
+
+    kind: str  # "exact" (identical files) or "near" (near copies)
+    members: tuple[Member, ...]  # sorted by ID
+    kept: Member | None  # the copy --dedupe writes; None: every copy is written
+
+
+def label_conflicts(groups: Iterable[Sequence[Member]], kind: str, kept_by=None) -> list[Conflict]:
+    """The groups of ``kind`` whose members have more than one label, by smallest ID.
+
+    ``kept_by``: the rule that picks the member --dedupe writes (``keeper``, or
+    ``near_search.keeper``); None when every copy is written.
+    """
+    found = [
+        Conflict(kind, tuple(sorted(members)), kept_by(members) if kept_by else None)
+        for members in groups
+        if len({m.label for m in members}) > 1
+    ]
+    return sorted(found, key=lambda c: c.members[0])
+
+
+def run_conflicts(exact, near, dedupe: str, near_keeper) -> list[Conflict]:
+    """The label conflicts a run reports: of its groups of identical files (``exact``,
+    member lists), and under ``--dedupe near`` of its near groups (``near``), with
+    the copy each keeps by ``keeper`` or ``near_keeper`` (``near_search.keeper``)."""
+    found = label_conflicts(exact, "exact", keeper if dedupe else None)
+    if dedupe == "near":
+        found += label_conflicts(near, "near", near_keeper)
+    return found
+
+
+def conflicts_block(conflicts: Sequence[Conflict], classes: Sequence[str]) -> dict | None:
+    """The ``label_conflicts`` block of imagerecords.json (docs/format.md section 7), or
+    None when there is none."""
+    if not conflicts:
+        return None
+
+    def listed(c: Conflict) -> dict:
+        return {
+            "kind": c.kind,
+            "members": [
+                {"id": m.image_id, "split": m.split, "label": classes[m.label]} for m in c.members
+            ],
+            "kept": c.kept.image_id if c.kept else None,
+            "why": KEPT_BECAUSE[c.kind, c.kept is not None],
+        }
+
+    kinds = [c.kind for c in conflicts]
+    return {
+        "count": len(conflicts),
+        "exact": kinds.count("exact"),
+        "near": kinds.count("near"),
+        "listed": [listed(c) for c in conflicts[:CONFLICTS_LISTED]],
+    }
+
+
+def conflict_lines(block: dict | None) -> list[str]:
+    """The end-of-run lines of the ``label_conflicts`` block: its count and the first few."""
+    if not block or not block.get("count"):
+        return []
+    count = block["count"]
+    lines = [
+        f"WARNING: label conflicts: {count} picture{' is' if count == 1 else 's are'} in two or "
+        f"more classes ({block['exact']} identical, {block['near']} near copies; "
+        f"imagerecords.json's label_conflicts lists the first {CONFLICTS_LISTED}): "
+        "check which class is right"
+    ]
+    for row in block.get("listed", [])[:CONFLICTS_SHOWN]:
+        who = " = ".join(f"{m['id']} ({m['label']}, {m['split']})" for m in row["members"])
+        kept = f"kept {row['kept']} ({row['why']})" if row["kept"] else row["why"]
+        lines.append(f"  {who}: {kept}")
     return lines

@@ -70,11 +70,26 @@ class Finalizer:
         placed = place_shards(kept, self._config.output)
         info = self._info(placed, rejects, skipped, groups, census or split_groups.Census())
         info["near_duplicates"] = near_search.info_block(near.groups, near.oversized)
+        conflicts = self._label_conflicts(groups, near)
+        if conflicts:  # only then: a dataset without one is what it was before the block
+            info["label_conflicts"] = conflicts
         if self._config.reuse:
             # Describes the run, not the data: all else is what a full conversion writes.
             info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
         self._publish(info)
         return json.dumps({s: split["num_examples"] for s, split in info["splits"].items()})
+
+    def _label_conflicts(self, groups, near: Found) -> dict | None:
+        """The ``label_conflicts`` block: identical copies in two classes, and near ones
+        under ``--dedupe near`` (the run decides those), with the copy kept."""
+        config = self._config
+        found = duplicates.run_conflicts(
+            [members for _, members in groups],
+            [g.members for g in near.groups],
+            config.dedupe,
+            near_search.keeper,
+        )
+        return duplicates.conflicts_block(found, config.layout.classes)
 
     def _write_lists(self, rejects, skipped, groups, near: Found) -> None:
         """rejects.jsonl, labels.txt, duplicates.jsonl, near_duplicates.jsonl, skipped.jsonl."""

@@ -1,4 +1,5 @@
-"""Manifests: a ``path,label[,split[,group]]`` CSV or JSONL file instead of class folders.
+"""Manifests: a CSV (columns by header, else ``path,label[,split[,group]]``) or JSONL
+file instead of class folders; docs/format.md section 2 has the rules.
 
 Read twice with the same root: at discovery (to check every row and fix the
 class list) and by the listing step, so the IDs checked for duplicates are
@@ -47,7 +48,7 @@ def _open_text(path: str):
 
 
 def read_manifest(manifest: Place, input_root: Place | None = None) -> Iterator[ManifestRow]:
-    """Rows of a ``path,label[,split[,group]]`` CSV or JSONL manifest.
+    """Rows of a CSV or JSONL manifest (:data:`COLUMNS`).
 
     Relative paths are relative to ``input_root`` (``--input``) when given,
     else to the manifest's folder; their IDs are the relative paths as written
@@ -82,7 +83,7 @@ def read_manifest(manifest: Place, input_root: Place | None = None) -> Iterator[
             else:
                 full = path
                 image_id = relative_id(root, path) if root and path.startswith(root + "/") else path
-            yield ManifestRow(image_id, full, label, split or None, group or None)
+            yield ManifestRow(image_id, full, label, split, group)
 
 
 def manifest_folder(manifest: Place) -> Place:
@@ -92,20 +93,78 @@ def manifest_folder(manifest: Place) -> Place:
     return posixpath.dirname(manifest)
 
 
+# A manifest's columns, in the order a CSV without a header gives them.
+COLUMNS = ("path", "label", "split", "group")
+
+
+def name_value(value: str | None) -> str | None:
+    """A label, split or group as the manifest wrote it (CSV cell or JSONL string):
+    white space at either end trimmed, and nothing left (empty, or all white
+    space) is no value. A path is never trimmed: a file's name may end in a space."""
+    if value is None:
+        return None
+    return value.strip() or None
+
+
+def path_value(value: str | None) -> str | None:
+    """A path as the manifest wrote it, every character kept; empty or all white space
+    is no path."""
+    return value if value and value.strip() else None
+
+
+def header_columns(cells: list[str]) -> list[str] | None:
+    """The column names of a CSV's first row, when it is a header (one of its cells,
+    trimmed, is a column name in any case), else None (positional rows).
+
+    Raises:
+        ValueError: a header naming a column twice, or one that is not a column.
+    """
+    names = [cell.strip().lower() for cell in cells]
+    if not any(name in COLUMNS for name in names):
+        return None
+    unknown = [cell for cell, name in zip(cells, names, strict=True) if name not in COLUMNS]
+    if unknown:
+        raise ValueError(
+            f"unknown column {unknown[0].strip()!r} in the header (columns: {', '.join(COLUMNS)})"
+        )
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice:
+        raise ValueError(f"the header names the column {twice!r} twice")
+    missing = [n for n in COLUMNS[:2] if n not in names]
+    if missing:
+        raise ValueError(f"the header has no {missing[0]!r} column")
+    return names
+
+
+def _row(number: int, values: dict) -> tuple:
+    return (
+        number,
+        path_value(values.get("path")),
+        name_value(values.get("label")),
+        name_value(values.get("split")),
+        name_value(values.get("group")),
+    )
+
+
 def _csv_rows(stream, name):
     reader = csv.reader(stream)
+    columns, first = None, True
     for number, row in enumerate(reader, start=1):
         if not row or all(not cell.strip() for cell in row):
             continue
-        cells = [cell.strip() for cell in row]
-        if number == 1 and cells[0].lower() == "path":
-            continue  # header
-        if len(cells) not in (2, 3, 4):
-            raise UsageError(
-                f"--manifest {name}:{number}: expected path,label[,split[,group]], got {row}"
-            )
-        cells += [""] * (4 - len(cells))
-        yield number, cells[0], cells[1], cells[2] or None, cells[3] or None
+        if first:  # the first row that is not blank: a header, or the first row
+            first = False
+            try:
+                columns = header_columns(row)
+            except ValueError as error:
+                raise UsageError(f"--manifest {name}:{number}: {error}") from None
+            if columns is not None:
+                continue
+        width = len(columns) if columns else len(COLUMNS)
+        if len(row) > width or (columns is None and len(row) < 2):
+            wanted = ",".join(columns) if columns else "path,label[,split[,group]]"
+            raise UsageError(f"--manifest {name}:{number}: expected {wanted}, got {row}")
+        yield _row(number, dict(zip(columns or COLUMNS, row, strict=False)))
 
 
 def _jsonl_rows(stream, name):
@@ -118,16 +177,24 @@ def _jsonl_rows(stream, name):
             raise UsageError(f"--manifest {name}:{number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict):
             raise UsageError(f"--manifest {name}:{number}: expected an object")
-        label, split, group = row.get("label"), row.get("split"), row.get("group")
-        for key, value in (("split", split), ("group", group)):
+        unknown = sorted(key for key in row if key not in COLUMNS)
+        if unknown:
+            raise UsageError(
+                f"--manifest {name}:{number}: unknown key {unknown[0]!r} "
+                f"(keys: {', '.join(COLUMNS)})"
+            )
+        for key in ("split", "group"):
+            value = row.get(key)
             if value is not None and not isinstance(value, str):
                 raise UsageError(
                     f"--manifest {name}:{number}: {key} must be a string, got {json.dumps(value)}"
                 )
-        yield (
+        path, label = row.get("path"), row.get("label")
+        yield _row(
             number,
-            str(row.get("path") or ""),
-            "" if label is None else str(label),
-            split,
-            group,
+            {
+                **row,
+                "path": None if path is None else str(path),
+                "label": None if label is None else str(label),
+            },
         )
