@@ -306,7 +306,7 @@ def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, 
         ),
         (["--input", "{root}", "--output", "{tmp}/o", "--jpeg_quality", "0"], "--jpeg_quality"),
         (["--input", "{root}", "--output", "{tmp}/o", "--jpeg_quality", "101"], "--jpeg_quality"),
-        (["--input", "{root}", "--output", "{out}"], "is not empty; pass --overwrite"),
+        (["--input", "{root}", "--output", "{out}"], "holds a finished dataset"),
         (["--input", "{root}", "--output", "{root}/cat/o"], "inside --input"),
         (
             ["--input", "{root}", "--output", "{tmp}/o", "--image-size", "3"],

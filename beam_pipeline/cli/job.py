@@ -470,7 +470,7 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     output = checked.config.output
     with _owning(output, lock=not checked.template) as held:
         prepared = prepare(checked, held)
-        if prepared.found.kind == "published":  # this command's dataset, its clean-up finished
+        if prepared.found.kind == "done":  # this command's dataset, its clean-up finished
             say(
                 f"imagerecords: {output} already holds the dataset of this command; its run "
                 "was stopped while it cleared its temporary folder, and that is done now"

@@ -67,7 +67,10 @@ def conflict(old: dict, new: dict) -> str:
 class Leftovers:
     """What an output folder holds before a run."""
 
-    kind: str  # "empty" | "finished" | "published" | "unfinished" | "stray"
+    # "empty" | "finished" | "published" (finished, its temporary folder still
+    # there) | "unfinished" | "stray" (the job's names, no marker) | "done"
+    # (prepare finished the clean-up of this very command's dataset: nothing to run)
+    kind: str
     ours: tuple[str, ...] = ()  # paths (relative) of the job's own files
     # Entries the job did not write ("notes/": a folder), links and special files
     # under the job's own names included: the run refuses them all (:func:`refusal`).
@@ -283,13 +286,13 @@ def prepare(
     Clears an earlier run's files with ``overwrite``; resumes an unfinished
     run of the same settings (deleting its stale final files and temp shards,
     keeping its spill files); finishes the clean-up of ``config``'s own
-    published dataset (kind "published": nothing is left to run); refuses
+    published dataset (then kind "done": nothing is left to run); refuses
     anything else with a UsageError.
     """
     found = check(output, overwrite, config)
     if found.kind == "published" and not overwrite:
         finish_clean_up(output)
-        return found
+        return dataclasses.replace(found, kind="done")
     change = conflict(found.settings, settings) if found.settings is not None else ""
     if found.kind == "unfinished" and change and not overwrite:
         raise UsageError(
