@@ -344,13 +344,16 @@ def test_overwrite_replaces_an_earlier_run(dataset, tmp_path):
     out = tmp_path / "o"
     assert convert(root, out, "--min_shards", "3", "--max_reject_fraction", "0.1") == 0
     (out / "notes.md").write_text("mine")
+    # Not ours: the folder is refused (a dataset beside it would fail its --verify).
+    assert convert(root, out, "--overwrite", "--max_reject_fraction", "0.1") == 2
+    assert (out / "notes.md").read_text() == "mine"
+    (out / "notes.md").unlink()
     assert convert(root, out, "--overwrite", "--max_reject_fraction", "0.1") == 0
     info = contract.load_info(str(out))
     assert len(info["splits"]["train"]["shards"]) == 1
     assert sorted(n for n in os.listdir(out) if n.startswith("train")) == [
         "train-00000-of-00001.tfrecord"
     ]
-    assert (out / "notes.md").read_text() == "mine"  # not ours: left alone
 
 
 @pytest.mark.e2e
