@@ -266,3 +266,28 @@ def test_gcs_url_problem(path, problem):
     assert paths.gcs_url_problem(path).startswith(problem) and bool(problem) == bool(
         paths.gcs_url_problem(path)
     )
+
+
+# ------------------------------- a clean-up cut short (item 7, in-process)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--index_files"], ["--image_size", "32"], ["--seed", "7"], ["--min_shards", "2"]],
+    ids=["index-files", "image-size", "seed", "min-shards"],
+)
+def test_a_published_dataset_with_its_temp_folder_left_is_finished_by_its_command_only(
+    made, tmp_path, capsys, extra
+):
+    """Another command, even one whose records would be the same, is refused: the
+    dataset is not what it would publish. Its own command finishes the clean-up."""
+    images, _ = made
+    out = _finished_copy(made, tmp_path / "out")
+    (out / metadata.TMP_DIR).mkdir()
+    before = _tree(out)
+    assert _convert(images, out, *extra) == 2
+    assert "whose run was stopped while it cleared" in _one_error(capsys)
+    assert _tree(out) == before
+    assert _convert(images, out) == 0
+    assert not (out / metadata.TMP_DIR).exists()
+    assert _tree(out) == _tree(made[1])

@@ -9,6 +9,8 @@ written. So an output folder is one of:
 
 * empty: a new run;
 * finished (``imagerecords.json``): replacing it needs ``--overwrite``;
+  with its temporary folder still there (the run was killed while it
+  cleared it), the same command finishes the clean-up (:func:`is_dataset_of`);
 * unfinished (the marker, no ``imagerecords.json``): a run that failed or was
   killed. With the same settings, the rerun resumes it: the records in its
   spill files are used, not converted again, and so are the rejections the
@@ -17,8 +19,12 @@ written. So an output folder is one of:
   lower time limit, it is refused (``--overwrite`` starts afresh), so records
   of two configurations never mix and the result is what an uninterrupted
   run of the rerun's command gives;
-* anything else: refused without ``--overwrite``, as it holds files this
-  job did not write.
+* the job's own names without a marker: refused without ``--overwrite``.
+
+Anything the job did not write (another name, a folder, a special file) or
+any symbolic link in it is refused even with ``--overwrite``
+(:func:`refusal`): the dataset would fail its own ``--verify``, and the
+clean-ups would go through the link.
 
 Only files that match the job's own names are ever deleted (see
 :data:`output.OURS`); other files in --output are left alone.
@@ -95,6 +101,9 @@ def _local_entries(output: str) -> tuple[list[str], list[str], list[str], bool]:
                 entries = sorted(found, key=lambda e: e.name)
         except FileNotFoundError:
             continue
+        except OSError as error:
+            where = paths.shown(os.path.join(output, folder))
+            raise UsageError(f"--output: cannot read {where} ({error.strerror or error})") from None
         for entry in entries:
             name = f"{folder}{entry.name}"
             if entry.is_symlink():
@@ -117,6 +126,7 @@ def _entries(output: str) -> tuple[list[str], list[str], list[str], bool]:
     if paths.is_local(output):
         return _local_entries(output)
     names = [path[len(output) :].lstrip("/") for path in listing.files_under(output)]
+    names = [n for n in names if n]  # "": the output's own folder placeholder ("out/")
     ours = [n for n in names if output_files.is_ours(n)]
     others = [n for n in names if not output_files.is_ours(n)]
     return ours, others, [], any(n.startswith(metadata.TMP_DIR + "/") for n in names)
@@ -250,7 +260,20 @@ def is_dataset_of(output: str, config: JobConfig) -> bool:
     if not isinstance(info, dict):
         return False
     wanted = json.loads(json.dumps(declared.info_values(config)))
-    return _holds(info, wanted)
+    return _holds(info, wanted) and _indexed(info) <= {config.index_files}
+
+
+def _indexed(info: dict) -> set:
+    """Whether each shard has its ``.idx`` (--index_files, which the settings do not
+    record): True and/or False, None for a shard list that is not one; empty
+    for no shard."""
+    splits = info.get("splits")
+    found = set()
+    for split in splits.values() if isinstance(splits, dict) else [None]:
+        shards = split.get("shards") if isinstance(split, dict) else None
+        for shard in shards if isinstance(shards, list) else [None]:
+            found.add("index" in shard if isinstance(shard, dict) else None)
+    return found
 
 
 def _holds(found, wanted) -> bool:
