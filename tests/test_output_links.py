@@ -118,6 +118,22 @@ def test_a_link_made_in_the_lock_s_place_is_not_written_through(made, tmp_path, 
     assert victim.read_text() == "kept"
 
 
+def test_the_clean_ups_never_delete_through_a_linked_temp_folder(tmp_path):
+    """Should a link appear after the check (another process), the clean-ups that
+    list the temporary folder find nothing in it to delete."""
+    from beam_pipeline.storage import output
+
+    scratch = tmp_path / "scratch"
+    (scratch / "deep").mkdir(parents=True)
+    (scratch / "deep" / "precious.txt").write_text("kept")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / metadata.TMP_DIR).symlink_to(scratch)
+    output.delete_temp_files(str(out))
+    output.delete_temp_folder(str(out))
+    assert (scratch / "deep" / "precious.txt").read_text() == "kept"
+
+
 # ------------------------------------------------- others' files (item 11)
 
 
