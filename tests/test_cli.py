@@ -306,7 +306,7 @@ def test_doubled_record_is_caught_in_the_pooled_mode(dataset, tmp_path, capsys, 
         ),
         (["--input", "{root}", "--output", "{tmp}/o", "--jpeg_quality", "0"], "--jpeg_quality"),
         (["--input", "{root}", "--output", "{tmp}/o", "--jpeg_quality", "101"], "--jpeg_quality"),
-        (["--input", "{root}", "--output", "{out}"], "is not empty; pass --overwrite"),
+        (["--input", "{root}", "--output", "{out}"], "holds a finished dataset"),
         (["--input", "{root}", "--output", "{root}/cat/o"], "inside --input"),
         (
             ["--input", "{root}", "--output", "{tmp}/o", "--image-size", "3"],
@@ -344,13 +344,16 @@ def test_overwrite_replaces_an_earlier_run(dataset, tmp_path):
     out = tmp_path / "o"
     assert convert(root, out, "--min_shards", "3", "--max_reject_fraction", "0.1") == 0
     (out / "notes.md").write_text("mine")
+    # Not ours: the folder is refused (a dataset beside it would fail its --verify).
+    assert convert(root, out, "--overwrite", "--max_reject_fraction", "0.1") == 2
+    assert (out / "notes.md").read_text() == "mine"
+    (out / "notes.md").unlink()
     assert convert(root, out, "--overwrite", "--max_reject_fraction", "0.1") == 0
     info = contract.load_info(str(out))
     assert len(info["splits"]["train"]["shards"]) == 1
     assert sorted(n for n in os.listdir(out) if n.startswith("train")) == [
         "train-00000-of-00001.tfrecord"
     ]
-    assert (out / "notes.md").read_text() == "mine"  # not ours: left alone
 
 
 @pytest.mark.e2e

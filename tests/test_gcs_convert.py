@@ -170,13 +170,20 @@ def test_nonempty_gcs_output_is_refused_then_overwritten(gcs_emulator, source, c
     for name in stale + ["notes/readme.md"]:
         gcs_emulator.upload_bytes(f"{out}/{name}", b"from an earlier run")
 
+    # Not ours: refused, named, even with --overwrite (the dataset would fail --verify).
+    for overwrite in ([], ["--overwrite"]):
+        assert _convert(source.local, out, IN_MEMORY, *overwrite) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --output {out} holds 1 entry ('notes/readme.md') that")
+    gcs_emulator._blob(f"{out}/notes/readme.md").delete()
+
     assert _convert(source.local, out, IN_MEMORY) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: --output {out} is not empty; pass --overwrite to replace an earlier run"
+    assert err.startswith(f"error: --output {out} holds a finished dataset (imagerecords.json)")
+    assert err.endswith("or pass --overwrite to replace it")
 
     assert _convert(source.local, out, IN_MEMORY, "--overwrite") == 0
     names = set(gcs_emulator.list_names(out))
-    assert "notes/readme.md" in names  # not ours: left alone
     assert "train-00000-of-00009.tfrecord" not in names
     assert not [n for n in names if n.startswith(metadata.TMP_DIR)]
     info = json.loads(gcs_emulator.read_bytes(f"{out}/imagerecords.json"))

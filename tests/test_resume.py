@@ -5,18 +5,20 @@ group, so that a test can SIGKILL the CLI and its conversion processes at once,
 as a crash, the OOM killer or a reboot would.
 """
 
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.core import duplicates, keys, metadata, spill, tfds_metadata
-from tests import contract, held_run
+from tests import contract, held_run, killed_at
 from tests.image_factory import add_bad_files, make_class_folders
 
 pytestmark = pytest.mark.e2e
@@ -203,6 +205,13 @@ def test_a_failed_run_reruns_without_overwrite_and_never_looks_finished(images, 
     (out / "my-notes.md").write_text("mine")
     spilled = spill.spill_files(spill.default_dir(str(out)))
     assert spilled
+    # A file the job did not write is refused, named: the dataset would fail --verify.
+    assert main([*argv, "--max_reject_fraction", "0"]) == 2
+    assert "holds 1 entry ('my-notes.md') that the converter did not write" in (
+        capsys.readouterr().err
+    )
+    assert (out / "my-notes.md").read_text() == "mine"
+    (out / "my-notes.md").unlink()
     # The same command runs again (no --overwrite needed) and converts nothing anew.
     assert main([*argv, "--max_reject_fraction", "0"]) == 1
     captured = capsys.readouterr()
@@ -213,9 +222,7 @@ def test_a_failed_run_reruns_without_overwrite_and_never_looks_finished(images, 
     captured = capsys.readouterr()
     assert f"images_resumed={len(ids) + len(bad)}" in captured.out
     assert "images_converted=" not in captured.out
-    files = contract.all_files(str(out))
-    assert files.pop("my-notes.md") == b"mine"  # not ours: never deleted
-    assert files == contract.all_files(str(reference))
+    assert contract.all_files(str(out)) == contract.all_files(str(reference))
 
 
 def test_an_output_with_files_the_job_did_not_write_is_refused(images, tmp_path, capsys):
@@ -224,5 +231,40 @@ def test_an_output_with_files_the_job_did_not_write_is_refused(images, tmp_path,
     out.mkdir()
     (out / "train-00000-of-00001.tfrecord").write_bytes(b"someone else's")
     assert main(["--input", str(root), "--output", str(out), "--quiet"]) == 2
-    assert "is not empty; pass --overwrite" in capsys.readouterr().err
+    assert (
+        f"--output {out} holds 1 file ('train-00000-of-00001.tfrecord') named as a run names "
+        f"its own, but neither {metadata.INFO_FILE} nor an unfinished run's marker: pass "
+        "--overwrite to replace them"
+    ) in capsys.readouterr().err
     assert (out / "train-00000-of-00001.tfrecord").read_bytes() == b"someone else's"
+
+
+@pytest.mark.parametrize("point", sorted(killed_at.POINTS))
+def test_a_run_killed_after_publishing_is_finished_by_the_same_command(images, tmp_path, point):
+    """Killed once imagerecords.json is there but its temporary folder is not gone yet,
+    the same command finishes the clean-up (exit 0, the same bytes), another is
+    refused, and --verify's advice (run its command again) is what works."""
+    from reader import inspect as inspect_tool
+
+    root, ids, bad, reference = images
+    out = tmp_path / "o"
+    command = [sys.executable, "-m", "tests.killed_at", point, "--", *_command(root, out)[3:]]
+    killed = subprocess.run(command, capture_output=True, timeout=600, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (out / metadata.INFO_FILE).exists() and (out / metadata.TMP_DIR).is_dir()
+    told = io.StringIO()
+    with redirect_stdout(told), redirect_stderr(told):
+        assert inspect_tool.main([str(out), "--verify"]) != 0
+    assert "run its command again to complete it" in told.getvalue()
+    left = contract.all_files(str(out))
+    other, _ = _run(root, out, "--image_size", "24")  # not this dataset's command
+    assert other.returncode == 2
+    assert other.stderr.count("\n") == 1 and "stopped while it cleared" in other.stderr
+    assert contract.all_files(str(out)) == left
+    result, counters = _run(root, out)  # the same command
+    assert result.returncode == 0, result.stderr
+    assert "already holds the dataset of this command" in result.stderr
+    assert not (out / metadata.TMP_DIR).exists()
+    assert contract.all_files(str(out)) == contract.all_files(str(reference))
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        assert inspect_tool.main([str(out), "--verify"]) == 0

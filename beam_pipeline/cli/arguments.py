@@ -212,7 +212,7 @@ def parse_args(argv: list[str]) -> Command:
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
     given = {
-        name: paths.place(value) if name in _PLACES and value else value
+        name: paths.place(value, f"--{name}") if name in _PLACES and value else value
         for name, value in vars(args).items()
     }
     options = RunOptions(**{f.name: given[f.name] for f in flags.FLAGS if f.field is None})

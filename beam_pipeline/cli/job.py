@@ -41,16 +41,22 @@ CONVERT_AHEAD_BYTES = 512 * 2**20  # of source files
 WORKERS_LOG = "workers.log"
 
 
-def check_output(output: paths.Place, input_root: paths.Place | None, overwrite: bool) -> None:
-    """Refuses an output inside the input, one we cannot write to, or one holding
-    a finished dataset or others' files (unless --overwrite). Reads only.
+def check_output(
+    output: paths.Place,
+    input_root: paths.Place | None,
+    overwrite: bool,
+    config: JobConfig | None = None,
+) -> None:
+    """Refuses an output inside the input, one we cannot write to, one holding
+    links or others' files, or a finished dataset (unless --overwrite). Reads only.
 
-    An unfinished run of this job is resumed; :func:`resume.prepare` decides.
+    An unfinished run of this job is resumed, and ``config``'s own published
+    dataset has its clean-up finished; :func:`resume.prepare` decides.
     """
 
     out = output  # a place (paths.place, where the flag entered)
-    # As places (symbolic links and ".." resolved), not as strings: no spelling
-    # of the input is written to.
+    # As places (symbolic links and ".." resolved, and as filesystem objects:
+    # paths.inside), not as strings: no spelling of the input is written to.
     if input_root and paths.inside(out, input_root):
         raise UsageError(f"--output {output} lies inside --input; choose a folder outside it")
     if paths.is_gcs(out):
@@ -58,7 +64,7 @@ def check_output(output: paths.Place, input_root: paths.Place | None, overwrite:
     elif paths.is_local(out):
         if os.path.exists(out) and not os.path.isdir(out):
             raise UsageError(f"--output {output} is a file, not a folder")
-    resume.check(out, overwrite)
+    resume.check(out, overwrite, config)
 
 
 def check_reuse(config: JobConfig, say) -> None:
@@ -77,11 +83,6 @@ def check_reuse(config: JobConfig, say) -> None:
 def _report_leftovers(found: resume.Leftovers, output: str, resumable: int, say) -> None:
     """Says what the run does with an earlier run's files (``resumable``: its records kept)."""
 
-    if found.others and found.kind != "empty":
-        say(
-            f"imagerecords: left {len(found.others)} unrelated files in --output, "
-            f"e.g. {found.others[0]}"
-        )
     if found.kind == "unfinished":
         if resumable:
             say(
@@ -314,7 +315,8 @@ def check(command: arguments.Command, say) -> Checked:
     layout, output = config.layout, config.output
     # OLD first: an --output that is OLD is refused as such.
     check_reuse(config, say)
-    check_output(output, layout.root if layout.kind != "manifest" else None, options.overwrite)
+    root = layout.root if layout.kind != "manifest" else None
+    check_output(output, root, options.overwrite, config)
     engine = choice.plan(given_beam, options.local_processes, layout, output)
     spill_dir = config.spill_directory if engine.pooled else None
     workers_log = None if options.verbose or engine.local else _workers_log_path(output)
@@ -331,7 +333,7 @@ def prepare(checked: Checked, held: output_lock.LocalLock | output_lock.GcsLock 
         config = checked.config
         settings_key = resume.key(config)
         found = resume.prepare(
-            config.output, settings_key, checked.options.overwrite, checked.spill_dir
+            config.output, settings_key, checked.options.overwrite, checked.spill_dir, config
         )
     return Prepared(checked, held, found)
 
@@ -457,6 +459,12 @@ def run(argv: list[str] | None = None, parsed=None) -> dict:
     output = checked.config.output
     with _owning(output, lock=not checked.template) as held:
         prepared = prepare(checked, held)
+        if prepared.found.kind == "done":  # this command's dataset, its clean-up finished
+            say(
+                f"imagerecords: {output} already holds the dataset of this command; its run "
+                "was stopped while it cleared its temporary folder, and that is done now"
+            )
+            return _finish(output, started, cpu_started, {}, True)
         try:
             try:
                 resumed = read_leftovers(fork(prepared), say)

@@ -178,7 +178,7 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
     ``image_settings``: the run's ``settings.image_settings(spec)``.
     """
     if paths.inside(output, old.path) or paths.inside(old.path, output):
-        same = output == old.path  # both places (paths.place)
+        same = paths.inside(old.path, output) and paths.inside(output, old.path)
         what = "is" if same else "lies inside" if paths.inside(output, old.path) else "holds"
         return (
             f"--output {output} {what} the --reuse dataset {old.path}: write the new "

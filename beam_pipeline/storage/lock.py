@@ -9,6 +9,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import logging
@@ -117,9 +118,13 @@ class LocalLock:
         folder_fd = None
         try:
             os.makedirs(folder, exist_ok=True)
+            if os.path.islink(folder):  # made since resume.refusal looked: never write through it
+                raise OSError(errno.ELOOP, "a symbolic link, which the converter does not follow")
             folder_fd = _lock_folder(output)
             while True:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                # O_NOFOLLOW: a link in the lock's place is refused, not truncated through.
+                flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                fd = os.open(path, flags, 0o644)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:

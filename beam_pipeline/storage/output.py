@@ -149,8 +149,15 @@ def _rename(moves: Sequence[tuple[str, str]]) -> None:
 
 
 def files_under(folder: str) -> list[str]:
-    """The path of every file below ``folder``, any depth; none if it does not exist."""
+    """The path of every file below ``folder``, any depth; none if it does not exist.
+
+    A local ``folder`` that is a symbolic link holds none: the job's clean-ups
+    list with this, and never delete through a link (resume.refusal refuses
+    one before the run; this holds should one appear during it).
+    """
     if paths.is_local(folder):
+        if os.path.islink(folder):
+            return []
         return [
             os.path.join(dirpath, name) for dirpath, _, names in os.walk(folder) for name in names
         ]

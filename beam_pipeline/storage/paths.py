@@ -11,6 +11,8 @@ import os
 import posixpath
 from typing import NewType
 
+from beam_pipeline.core.errors import UsageError
+
 
 def filesystems():
     """Beam's FileSystems, imported on first use: local discovery needs no Beam,
@@ -71,17 +73,71 @@ def resolve(path: str) -> str:
 Place = NewType("Place", str)
 
 
-def place(path: str) -> Place:
+def place(path: str, flag: str = "") -> Place:
     """``path`` as it enters the run: the place it names (:func:`resolve`), so that
     every spelling of one folder (a trailing slash, ``..``, a symbolic link)
-    gives the same dataset."""
+    gives the same dataset.
+
+    Raises:
+        UsageError: ``path`` starts like a gs:// URL but is not one
+            (:func:`gcs_url_problem`), named by ``flag``.
+    """
+    problem = gcs_url_problem(path)
+    if problem:
+        raise UsageError(f"{flag or 'a path'} {shown(path)} {problem}: expected gs://BUCKET/PATH")
     return Place(resolve(path))
 
 
+def gcs_url_problem(path: str) -> str:
+    """What is wrong with ``path`` as a gs:// URL, when it starts like one ("" otherwise).
+
+    A local path never starts with ``gs:`` here: ``gs:bucket/x`` or ``gs:/x``
+    is a URL mistyped, and taken as a local path it would write a folder
+    named ``gs:`` in the working directory (``./gs:x`` still names one).
+    """
+    if path[:3].lower() != "gs:":
+        return ""
+    if not path.startswith("gs://"):
+        return "is not a gs:// URL (it needs gs:// in lower case, with two slashes)"
+    if not path[len("gs://") :].split("/", 1)[0]:
+        return "names no bucket"
+    return ""  # a bucket's name is GCS's to judge (gcs.check_output: one line)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of a local path, following links; None where it does not exist."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 def inside(path: str, folder: str) -> bool:
-    """Whether ``path`` is ``folder`` or lies below it, both resolved (:func:`resolve`)."""
+    """Whether ``path`` is ``folder`` or lies below it, both resolved (:func:`resolve`).
+
+    Local paths are compared as filesystem objects too: ``folder``'s device
+    and inode against those of ``path`` and of each folder above it (from
+    ``path``'s nearest existing one up), so that a bind mount, a second mount
+    of one export or a case-insensitive filesystem, which give one folder two
+    names no string comparison can match, are still found to be the same place.
+    """
     path, folder = resolve(path), resolve(folder)
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
+    if path == folder or path.startswith(folder.rstrip("/") + "/"):
+        return True
+    if not (is_local(path) and is_local(folder)):
+        return False
+    target = _identity(folder)
+    if target is None:
+        return False
+    while True:
+        found = _identity(path)
+        if found == target:
+            return True
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
 
 
 def relative_id(root: str, path: str) -> str:
