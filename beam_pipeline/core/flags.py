@@ -21,6 +21,7 @@ it (``settings.py``). Pure: no Beam, no Pillow.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,14 @@ MAX_IMAGE_SIZE = 65500  # JPEG's largest side
 # cover the time each waits on its file (gs:// reads included); many more
 # only share the same cores, and each holds its own memory.
 MAX_PROCESSES_PER_CORE = 4
+# The largest whole number any flag takes: 64 bits, what a reader of
+# imagerecords.json in any language can hold (the seed is written there).
+MAX_INT = 2**63 - 1
+# A shard's name counts the shards of its split in five digits (keys.shard_name).
+MAX_SHARDS = 99999
+MAX_SHARD_MB = 1e6  # a terabyte: past any file a trainer reads in one piece
+# Waits of a day or more are no limit a user means (and overflow a timer).
+MAX_WAIT_S = 86400.0
 
 _GCS_PATH = r"^gs://[^\n\r]+$"
 
@@ -69,8 +78,12 @@ def int_range(lo: int, hi: int | None = None) -> Check:
     return Check(problem, int_range_regex(lo, hi))
 
 
-def positive() -> Check:
-    return Check(lambda v: "" if v > 0 else f"must be positive, got {v:g}", r"^[0-9]+(\.[0-9]+)?$")
+def positive(hi: float) -> Check:
+    """Above 0, up to ``hi``."""
+    return Check(
+        lambda v: "" if 0 < v <= hi else f"must be above 0 and at most {hi:g}, got {v:g}",
+        r"^[0-9]+(\.[0-9]+)?$",
+    )
 
 
 def fraction() -> Check:
@@ -123,6 +136,22 @@ _KIND_REGEX = {
     "int": "^-?[0-9]+$",
     "float": r"^[0-9]+(\.[0-9]+)?$",
 }
+
+
+def kind_problem(kind: str, value) -> str:
+    """What every flag of ``kind`` refuses, whatever its own check says: a number
+    that is not finite (inf, nan; each float flag's check bounds it too), an int
+    past :data:`MAX_INT`, and an empty text (``--reuse ''`` would otherwise be
+    taken as left out)."""
+    if value is None or isinstance(value, bool):
+        return ""
+    if kind == "float" and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if kind == "int" and abs(value) > MAX_INT:
+        return f"must be in {-MAX_INT}..{MAX_INT}, got {value}"
+    if kind == "str" and not value.strip():
+        return "is empty: give a value, or leave the flag out"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,10 +214,11 @@ class Flag:
         return self.help.replace("{default}", self.default_text)
 
     def problem(self, value) -> str:
-        """The error line's text for a bad ``value`` ("" when it is good)."""
-        if self.check is None:
-            return ""
-        found = self.check.problem(value)
+        """The error line's text for a bad ``value`` ("" when it is good): its kind's
+        rule (:func:`kind_problem`), then its check."""
+        found = kind_problem(self.kind, value)
+        if not found and self.check is not None:
+            found = self.check.problem(value)
         if not found or found.startswith(self.option):
             return found
         return f"{self.option} {found}"
@@ -327,7 +357,7 @@ FLAGS: tuple[Flag, ...] = (
         "{default}; 0: no limit)",
         kind="float",
         default=60.0,
-        check=seconds_limit(86400),
+        check=seconds_limit(MAX_WAIT_S),
         field="image.timeout_s",
     ),
     Flag(
@@ -336,7 +366,7 @@ FLAGS: tuple[Flag, ...] = (
         "target)), exactly (fewer only when the split has fewer records) (default {default})",
         kind="float",
         default=200.0,
-        check=positive(),
+        check=positive(MAX_SHARD_MB),
         field="target_shard_bytes",
         to_field=lambda mb: int(mb * 2**20),
         from_field=lambda size: size / 2**20,
@@ -348,7 +378,7 @@ FLAGS: tuple[Flag, ...] = (
         "data (default {default})",
         kind="int",
         default=1,
-        check=int_range(1),
+        check=int_range(1, MAX_SHARDS),
         field="min_shards",
         template=Template("Minimum shards per split"),
     ),
@@ -451,7 +481,7 @@ FLAGS: tuple[Flag, ...] = (
         "storage client retries, and still ends a run whose connection is gone within minutes)",
         kind="float",
         default=300.0,
-        check=positive(),
+        check=positive(MAX_WAIT_S),
     ),
     Flag("quiet", "Print only the summary", kind="bool", default=False),
     Flag(
