@@ -20,8 +20,6 @@ import functools
 import re
 from collections.abc import Mapping, Sequence
 
-import regex
-
 from beam_pipeline.core import keys
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.core.text import shown
@@ -76,6 +74,8 @@ def check_group_by(text: str | None) -> re.Pattern | None:
 @functools.lru_cache(maxsize=8)
 def _compiled(text: str):
     """The pattern as ``regex`` matches it (``re`` cannot be stopped mid-search)."""
+    import regex  # 40 ms of imports, paid only by a run with --group_by
+
     check_group_by(text)
     return regex.compile(text, regex.VERSION0)
 
