@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.core import groups
+from beam_pipeline.core import groups, settings
 from tests.image_factory import jpeg_bytes, photo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,3 +141,18 @@ def test_a_manifests_group_name_reaches_the_summary_escaped(tmp_path, capsys):
     assert "\x1b" not in out
     (warning,) = [line for line in out.splitlines() if "in two or more splits" in line]
     assert warning.endswith(r"'\x1b[2J\nx' (train 1, val 1)")
+
+
+@pytest.mark.parametrize(
+    "value, printed",
+    [
+        (r"^([^/]+)/", r"^([^/]+)/"),  # an ordinary pattern as typed
+        ("shorter", "shorter"),
+        ("(a)\x1b[2J\n", r"(a)\x1b[2J\n"),  # as an old dataset's metadata may hold it
+        ("x\udcff", r"x\xff"),
+    ],
+)
+def test_a_setting_is_printed_escaped(value, printed):
+    """The line naming what differs from an unfinished run or a --reuse dataset."""
+    assert settings.show(value) == printed
+    assert settings.describe({"group_by": value}) == f"group_by {printed}"

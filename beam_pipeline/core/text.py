@@ -28,10 +28,14 @@ def as_text(name: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def shown(name: str) -> str:
-    """``name`` quoted for a one-line message: bad bytes as ``\\xNN``, unprintable
+def printable(name: str) -> str:
+    """``name`` as one line of a terminal can show it: bad bytes as ``\\xNN``, unprintable
     characters (line breaks, controls, invisible format characters) escaped."""
-    text = "".join(
+    return "".join(
         c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in as_text(name)
     )
-    return f"'{text}'"
+
+
+def shown(name: str) -> str:
+    """``name`` quoted for a one-line message, :func:`printable`."""
+    return f"'{printable(name)}'"
