@@ -36,14 +36,9 @@ MAX_IMAGE_SIZE = 65500  # JPEG's largest side
 # cover the time each waits on its file (gs:// reads included); many more
 # only share the same cores, and each holds its own memory.
 MAX_PROCESSES_PER_CORE = 4
-# The largest whole number any flag takes: 64 bits, what a reader of
-# imagerecords.json in any language can hold (the seed is written there).
-MAX_INT = 2**63 - 1
-# A shard's name counts the shards of its split in five digits (keys.shard_name).
-MAX_SHARDS = 99999
-MAX_SHARD_MB = 1e6  # a terabyte: past any file a trainer reads in one piece
-# Waits of a day or more are no limit a user means (and overflow a timer).
-MAX_WAIT_S = 86400.0
+# Past these a value is a mistake: an int of 64 bits (what imagerecords.json's readers
+# hold the seed in), five digits of shard count (keys.shard_name), a terabyte shard, a day.
+MAX_INT, MAX_SHARDS, MAX_SHARD_MB, MAX_WAIT_S = 2**63 - 1, 99999, 1e6, 86400.0
 
 _GCS_PATH = r"^gs://[^\n\r]+$"
 
@@ -79,7 +74,6 @@ def int_range(lo: int, hi: int | None = None) -> Check:
 
 
 def positive(hi: float) -> Check:
-    """Above 0, up to ``hi``."""
     return Check(
         lambda v: "" if 0 < v <= hi else f"must be above 0 and at most {hi:g}, got {v:g}",
         r"^[0-9]+(\.[0-9]+)?$",
@@ -139,11 +133,9 @@ _KIND_REGEX = {
 
 
 def kind_problem(kind: str, value) -> str:
-    """What every flag of ``kind`` refuses, whatever its own check says: a number
-    that is not finite (inf, nan; each float flag's check bounds it too), an int
-    past :data:`MAX_INT`, and an empty text (``--reuse ''`` would otherwise be
-    taken as left out)."""
-    if value is None or isinstance(value, bool):
+    """What any flag of ``kind`` refuses, whatever its check says: inf and nan, an int
+    past :data:`MAX_INT`, an empty text (``--reuse ''`` would be taken as left out)."""
+    if value is None:
         return ""
     if kind == "float" and not math.isfinite(value):
         return f"must be a finite number, got {value}"
@@ -214,8 +206,7 @@ class Flag:
         return self.help.replace("{default}", self.default_text)
 
     def problem(self, value) -> str:
-        """The error line's text for a bad ``value`` ("" when it is good): its kind's
-        rule (:func:`kind_problem`), then its check."""
+        """The error line for a bad ``value`` ("" if good): :func:`kind_problem`, then the check."""
         found = kind_problem(self.kind, value)
         if not found and self.check is not None:
             found = self.check.problem(value)
