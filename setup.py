@@ -22,6 +22,9 @@ INSTALL_REQUIRES = [
     "protobuf>=4.21",
     # Progress of a long local run: a live line on a terminal (beam_pipeline/engines/progress.py).
     "tqdm>=4.66",
+    # --group_by's search with a time bound per ID, which re cannot stop (core/groups.py).
+    # Beam requires it too.
+    "regex>=2022.1",
 ]
 
 TEST_REQUIRES = [

@@ -348,7 +348,6 @@ GS = "gs://b/tmp"
         ),
         (["--runner", "DaskRunner"], {}, None, None),  # Beam starts a local Dask cluster
         (["--runner", "DaskRunner", "--dask_client_address=tcp://h:8786"], {}, None, None),
-        (["--runner", "DaskRunner", "--dask_client_address="], {}, None, "is empty"),
         (
             ["--runner", "DaskRunner", "--dask_client_address=tcp://h:8786"]
             + ["--dask_scheduler_file", __file__],

@@ -303,7 +303,7 @@ def test_a_bad_pattern_is_refused_before_work(folder, tmp_path, capsys, pattern)
     root, _ = folder
     assert convert(root, tmp_path / "out", "--group_by", pattern) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: --group_by {pattern!r} ")
+    assert len(err) == 1 and err[0].startswith(f"error: --group_by '{pattern}' ")
     assert not (tmp_path / "out").exists()
 
 
@@ -321,7 +321,7 @@ def test_the_split_folders_win_and_a_group_they_part_is_reported(tmp_path, capsy
     out = capsys.readouterr().out
     assert (
         "warning: 1 group is in two or more splits (the layout's or the manifest's own splits "
-        "win over the group's): p1 (test 1, train 2)"
+        "win over the group's): 'p1' (test 1, train 2)"
     ) in out
     block = contract.load_info(str(tmp_path / "out"))["groups"]
     # In the layout's split order (its folders, sorted).

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import pprint
 import re
@@ -34,6 +35,8 @@ _GCLOUD_REGION = ("gcloud", "config", "get-value", "compute/region")
 # kind of a flag's value: "flag" (no value), "optional" (nargs="?"), "int",
 # "float", "json", "text"
 _CHECKS = {"int": int, "float": float, "json": json.loads}
+# The largest value of a numeric Beam flag: Java's int.
+MAX_BEAM_INT = 2**31 - 1
 # argparse's actions that keep the last value given (every other one gathers).
 _STORE_ACTIONS = ("_StoreAction", "_StoreTrueAction", "_StoreFalseAction", "_StoreConstAction")
 
@@ -116,6 +119,21 @@ def _table() -> dict:
     return snapshot()
 
 
+def number_problem(kind: str, number) -> str:
+    """What every numeric Beam flag refuses ("" when nothing): each one counts or
+    measures something (workers, ports, seconds, a rate), so a negative number or
+    one that is not finite is a mistake Beam finds only after the job started
+    (``--direct_num_workers -3`` forks, then fails); past :data:`MAX_BEAM_INT`
+    (Java's int, which the runners hold it in) is one too."""
+    if kind == "float" and not math.isfinite(number):
+        return f"must be a finite number, got {number}"
+    if number < 0:
+        return f"must not be negative, got {number:g}"
+    if kind == "int" and number > MAX_BEAM_INT:
+        return f"must be at most {MAX_BEAM_INT}, got {number}"
+    return ""
+
+
 def _check_value(name: str, kind: str, choices, value: str | None) -> None:
     if kind == "flag":
         if value is not None:
@@ -125,15 +143,20 @@ def _check_value(name: str, kind: str, choices, value: str | None) -> None:
         if kind == "optional":
             return
         raise UsageError(f"{name} needs a value")
+    if not value.strip():  # Beam would take '' as given, and fail on it late or not at all
+        raise UsageError(f"{name} is empty: give a value, or leave the flag out")
     if choices is not None and value not in choices:
         raise UsageError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
     check = _CHECKS.get(kind)
     if check is not None:
         try:
-            check(value)
+            read = check(value)
         except ValueError:
             what = {"int": "an integer", "float": "a number", "json": "JSON"}[kind]
             raise UsageError(f"{name} must be {what}, got {value!r}") from None
+        problem = number_problem(kind, read) if kind in ("int", "float") else ""
+        if problem:
+            raise UsageError(f"{name} {problem}")
 
 
 def runner_class(name: str, table: dict) -> str:
@@ -364,8 +387,6 @@ def missing_runner_options(
             )
     if flags.on_dask:
         address, scheduler_file = flags.get("address"), flags.get("scheduler_file")
-        if address is not None and not address.strip():
-            return "--dask_client_address is empty: give the scheduler's tcp://HOST:PORT"
         if address and scheduler_file:
             return (
                 "--dask_client_address and --dask_scheduler_file both name a Dask scheduler: "

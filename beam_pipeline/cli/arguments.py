@@ -207,6 +207,10 @@ def parse_args(argv: list[str]) -> Command:
         args, beam_args = parser.parse_known_args(argv)
     except _ArgumentError as error:
         raise UsageError(str(error)) from None
+    try:  # every value as given, before any is converted (--target_shard_mb to bytes)
+        flags.check_values(vars(args))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     beam = _check_beam_args(beam_args)
     missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
     if missing:

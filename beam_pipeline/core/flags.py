@@ -8,6 +8,7 @@ Pure: no Beam, no Pillow.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,9 @@ MAX_IMAGE_SIZE = 65500  # JPEG's largest side
 # cover the time each waits on its file (gs:// reads included); many more
 # only share the same cores, and each holds its own memory.
 MAX_PROCESSES_PER_CORE = 4
+# Past these a value is a mistake: an int of 64 bits (what imagerecords.json's readers
+# hold the seed in), five digits of shard count (keys.shard_name), a terabyte shard, a day.
+MAX_INT, MAX_SHARDS, MAX_SHARD_MB, MAX_WAIT_S = 2**63 - 1, 99999, 1e6, 86400.0
 
 _GCS_PATH = r"^gs://[^\n\r]+$"
 
@@ -56,8 +60,11 @@ def int_range(lo: int, hi: int | None = None) -> Check:
     return Check(problem, int_range_regex(lo, hi))
 
 
-def positive() -> Check:
-    return Check(lambda v: "" if v > 0 else f"must be positive, got {v:g}", r"^[0-9]+(\.[0-9]+)?$")
+def positive(hi: float) -> Check:
+    return Check(
+        lambda v: "" if 0 < v <= hi else f"must be above 0 and at most {hi:g}, got {v:g}",
+        r"^[0-9]+(\.[0-9]+)?$",
+    )
 
 
 def fraction() -> Check:
@@ -110,6 +117,20 @@ _KIND_REGEX = {
     "int": "^-?[0-9]+$",
     "float": r"^[0-9]+(\.[0-9]+)?$",
 }
+
+
+def kind_problem(kind: str, value) -> str:
+    """What any flag of ``kind`` refuses, whatever its check says: inf and nan, an int
+    past :data:`MAX_INT`, an empty text (``--reuse ''`` would be taken as left out)."""
+    if value is None:
+        return ""
+    if kind == "float" and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if kind == "int" and abs(value) > MAX_INT:
+        return f"must be in {-MAX_INT}..{MAX_INT}, got {value}"
+    if kind == "str" and not value.strip():
+        return "is empty: give a value, or leave the flag out"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,10 +193,10 @@ class Flag:
         return self.help.replace("{default}", self.default_text)
 
     def problem(self, value) -> str:
-        """The error line's text for a bad ``value`` ("" when it is good)."""
-        if self.check is None:
-            return ""
-        found = self.check.problem(value)
+        """The error line for a bad ``value`` ("" if good): :func:`kind_problem`, then the check."""
+        found = kind_problem(self.kind, value)
+        if not found and self.check is not None:
+            found = self.check.problem(value)
         if not found or found.startswith(self.option):
             return found
         return f"{self.option} {found}"
@@ -314,7 +335,7 @@ FLAGS: tuple[Flag, ...] = (
         "{default}; 0: no limit)",
         kind="float",
         default=60.0,
-        check=seconds_limit(86400),
+        check=seconds_limit(MAX_WAIT_S),
         field="image.timeout_s",
     ),
     Flag(
@@ -323,7 +344,7 @@ FLAGS: tuple[Flag, ...] = (
         "target)), exactly (fewer only when the split has fewer records) (default {default})",
         kind="float",
         default=200.0,
-        check=positive(),
+        check=positive(MAX_SHARD_MB),
         field="target_shard_bytes",
         to_field=lambda mb: int(mb * 2**20),
         from_field=lambda size: size / 2**20,
@@ -335,7 +356,7 @@ FLAGS: tuple[Flag, ...] = (
         "data (default {default})",
         kind="int",
         default=1,
-        check=int_range(1),
+        check=int_range(1, MAX_SHARDS),
         field="min_shards",
         template=Template("Minimum shards per split"),
     ),
@@ -438,7 +459,7 @@ FLAGS: tuple[Flag, ...] = (
         "storage client retries, and still ends a run whose connection is gone within minutes)",
         kind="float",
         default=300.0,
-        check=positive(),
+        check=positive(MAX_WAIT_S),
     ),
     Flag("quiet", "Print only the summary", kind="bool", default=False),
     Flag(

@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping, Sequence
 
 from beam_pipeline.core import keys
+from beam_pipeline.core.errors import UsageError
+from beam_pipeline.core.text import shown
 
 FLAG = "--group_by"
 EXAMPLE = r"--group_by '^([^/]+/patient\d+)_'"
@@ -26,42 +28,71 @@ LUMPY_FRACTION = 0.25
 LUMPY_CLASS_MIX = 0.1
 # Groups put in two splits that imagerecords.json names (all are counted).
 STRADDLING_SHOWN = 20
+# The longest a search of one image ID may take. An ordinary pattern takes a
+# microsecond; one that backtracks without bound (((a|aa)+)+ on a 26-letter
+# name) takes years. ``re`` cannot be stopped (not even by Ctrl-C), so IDs are
+# matched by ``regex``, with this bound, in ``re``'s syntax and meaning (VERSION0).
+MATCH_TIMEOUT_S = 1.0
 
 
 def check_group_by(text: str | None) -> re.Pattern | None:
-    """``--group_by``'s pattern, compiled; None without one.
+    """``--group_by``'s pattern, compiled by ``re`` (its syntax is ``re``'s); None without one.
 
     Raises:
-        ValueError: it does not compile, or has no capture group to name the group.
+        ValueError: it holds a control character (a line break would end up in
+            the summary), does not compile, or has no capture group to name the group.
     """
     if text is None:
         return None
+    bad = next((c for c in text if not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"{FLAG} {shown(text)} holds the control character {shown(bad)}: write it as "
+            r"an escape (\n, \t, \x1b) if an image ID holds it"
+        )
     try:
         pattern = re.compile(text)
     except re.error as error:
-        raise ValueError(f"{FLAG} {text!r} is not a regular expression ({error})") from None
+        raise ValueError(f"{FLAG} {shown(text)} is not a regular expression ({error})") from None
     if not pattern.groups:
         raise ValueError(
-            f"{FLAG} {text!r} has no capture group: put the part of the image ID that "
+            f"{FLAG} {shown(text)} has no capture group: put the part of the image ID that "
             f"names the group in parentheses, e.g. {EXAMPLE}"
         )
     return pattern
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled(text: str) -> re.Pattern:
-    return check_group_by(text)
+def _compiled(text: str):
+    """The pattern as ``regex`` matches it (``re`` cannot be stopped mid-search)."""
+    import regex  # 40 ms of imports, paid only by a run with --group_by
+
+    check_group_by(text)
+    return regex.compile(text, regex.VERSION0)
 
 
 def group_of(group_by: str | None, image_id: str, column: str | None = None) -> str | None:
     """The image's group: the manifest's ``group`` column when the row has one, else
     the first capture group of ``group_by`` searched in ``image_id``; None (its own
-    group) when neither names one (no match, or an empty capture)."""
+    group) when neither names one (no match, or an empty capture).
+
+    Raises:
+        UsageError: the search took over :data:`MATCH_TIMEOUT_S` (a pattern that
+            backtracks without bound), naming the pattern and the ID.
+    """
     if column:
         return column
     if group_by is None:
         return None
-    match = _compiled(group_by).search(image_id)
+    try:
+        match = _compiled(group_by).search(image_id, timeout=MATCH_TIMEOUT_S)
+    except TimeoutError:
+        raise UsageError(
+            f"{FLAG} {shown(group_by)} took over {MATCH_TIMEOUT_S:g} s on the image ID "
+            f"{shown(image_id)}: it backtracks without bound (a repeated group that can match "
+            "the same text in many ways, like ((a|aa)+)+); rewrite it, e.g. "
+            f"{EXAMPLE}"
+        ) from None
     return (match.group(1) or None) if match else None
 
 
@@ -216,13 +247,13 @@ def report_lines(block: Mapping | None) -> list[str]:
         return []
     by_split = ", ".join(f"{name} {row['groups']}" for name, row in block["by_split"].items())
     how = (
-        f"--group_by '{block['group_by']}'" if block["group_by"] else "the manifest's group column"
+        f"{FLAG} {shown(block['group_by'])}" if block["group_by"] else "the manifest's group column"
     )
     lines = [f"groups ({how}): {block['groups']} in all; per split: {by_split}"]
     straddling = block["straddling"]
     if straddling["count"]:
-        shown = "; ".join(
-            f"{g} ({', '.join(f'{s} {n}' for s, n in splits.items())})"
+        listed = "; ".join(
+            f"{shown(g)} ({', '.join(f'{s} {n}' for s, n in splits.items())})"
             for g, splits in list(straddling["shown"].items())[:5]
         )
         more = f"; and {straddling['count'] - 5} more" if straddling["count"] > 5 else ""
@@ -230,7 +261,7 @@ def report_lines(block: Mapping | None) -> list[str]:
         lines.append(
             f"warning: {count} {'group is' if count == 1 else 'groups are'} in two or more "
             f"splits (the layout's or the manifest's own splits win over the group's): "
-            f"{shown}{more}"
+            f"{listed}{more}"
         )
     for why in block["lumpy"].values():
         lines.append(f"warning: {why}; few large groups make splits lumpy")

@@ -168,6 +168,9 @@ def _open(data: bytes) -> Image.Image:
             raise Rejected(
                 "not an image: content is not JPEG, PNG, GIF, BMP, WebP or TIFF"
             ) from None
+        lacks = _tiff_unsupported(data) if sniffed == "TIFF" else ""
+        if lacks:
+            raise Rejected(f"unsupported: {lacks}") from None
         raise Rejected(f"corrupt image: {sniffed} header cannot be read") from None
     except Exception as error:  # Pillow raises many types on malformed headers.
         raise Rejected(f"corrupt image: {type(error).__name__}: {error}") from None
@@ -179,6 +182,34 @@ def _open(data: bytes) -> Image.Image:
             f"Pillow's limit of {Image.MAX_IMAGE_PIXELS}"
         )
     return image
+
+
+def _tiff_unsupported(data: bytes) -> str:
+    """What Pillow lacks to open a TIFF whose first directory reads: a compression it
+    has no decoder for (JPEG 2000, JPEG XL, ...), or a pixel layout it has no mode
+    for; "" when the directory itself is broken (a corrupt file, not an unsupported one)."""
+    try:
+        big = data[2:4] in (b"+\x00", b"\x00+")  # BigTIFF's header is 16 bytes
+        ifd = TiffImagePlugin.ImageFileDirectory_v2(data[: 16 if big else 8])
+        stream = io.BytesIO(data)
+        stream.seek(ifd.next)
+        ifd.load(stream)
+    except Exception:
+        return ""
+    compression = ifd.get(TiffImagePlugin.COMPRESSION, 1)
+    if compression not in TiffImagePlugin.COMPRESSION_INFO:
+        return f"TIFF compression {compression}, which Pillow has no decoder for"
+    try:
+        TiffImagePlugin.TiffImageFile(io.BytesIO(data))
+    except SyntaxError as error:
+        if str(error) == "unknown pixel mode":  # Pillow's words for a layout it cannot hold
+            return (
+                f"TIFF pixel layout (photometric {ifd.get(262)}, bits per sample "
+                f"{ifd.get(258)}, sample format {ifd.get(339, 1)}), which Pillow cannot read"
+            )
+    except Exception:
+        pass
+    return ""
 
 
 def _orientation(image: Image.Image) -> int:

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from beam_pipeline.core.text import printable
+
 _KEY = "imagerecords.setting"
 
 
@@ -173,7 +175,7 @@ def show(value) -> str:
         return "on" if value else "off"
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    return printable(str(value))  # a pattern, or what an old dataset's metadata says
 
 
 def describe(values: Mapping[str, object]) -> str:

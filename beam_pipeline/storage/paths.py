@@ -13,6 +13,9 @@ from typing import NewType
 
 from beam_pipeline.core.errors import UsageError
 
+# Names as text and as a message shows them are the core's (it prints names too).
+from beam_pipeline.core.text import as_text, is_text, shown  # noqa: F401
+
 
 def filesystems():
     """Beam's FileSystems, imported on first use: local discovery needs no Beam,
@@ -153,35 +156,3 @@ def is_hidden(relative_path: str) -> bool:
     name (and of a POSIX file name), so ``a/back\\.slash.jpg`` is not hidden.
     """
     return any(part.startswith(".") for part in relative_path.split("/"))
-
-
-def is_text(name: str) -> bool:
-    """False for a name that is not valid UTF-8: Python gives such bytes of a file
-    name as lone surrogates, which no UTF-8 file (labels.txt, JSON lines) can hold."""
-    if name.isascii():
-        return True
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def as_text(name: str) -> str:
-    """``name`` with each byte that is not UTF-8 written as ``\\xNN`` (valid names unchanged)."""
-    if is_text(name):
-        return name
-    try:
-        raw = name.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a lone surrogate that came from text, not from a file name
-        return name.encode("utf-8", "backslashreplace").decode("utf-8")
-    return raw.decode("utf-8", "backslashreplace")
-
-
-def shown(name: str) -> str:
-    """``name`` quoted for a one-line message: bad bytes as ``\\xNN``, unprintable
-    characters (line breaks, controls, invisible format characters) escaped."""
-    text = "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in as_text(name)
-    )
-    return f"'{text}'"
