@@ -16,10 +16,15 @@ schema, the published file names), the training and evaluation crops
 ``imagerecords.torch``; docs/trainers.md) and what they share, for a loader
 of one's own: each host's records per epoch and each crop's random numbers
 (``imagerecords.streams``).
+
+Every error of a dataset that cannot be read as it is (a name leading out of
+its folder, a number out of range, a damaged record) is a ``DatasetError``,
+one line naming the file (``imagerecords.trust``).
 """
 
 from imagerecords.info import DatasetNotFoundError, UnknownSplitError, find_info
 from imagerecords.source import CorruptRecordError, IndexFileError, RecordSource
+from imagerecords.trust import DatasetError
 
 PUBLIC_MODULES = (
     "imagerecords",
@@ -32,6 +37,7 @@ PUBLIC_MODULES = (
 
 __all__ = [
     "CorruptRecordError",
+    "DatasetError",
     "DatasetNotFoundError",
     "IndexFileError",
     "RecordSource",

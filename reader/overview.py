@@ -255,7 +255,7 @@ def _rejects_lines(info: info_lib.DatasetInfo) -> list[str]:
     line = f"rejected: {info.rejected_count:,}"
     if not info.rejected_count:
         return [line]
-    text = info_lib.read_text(info_lib.join_path(info.path, name))
+    text = info_lib.read_text(info.path, name, f"{info.metadata_file}: rejected")
     if text is None:
         return [line + f" ({name} is missing)"]
     reasons = collections.Counter()
