@@ -138,7 +138,7 @@ class Files:
             except exceptions.RequestRangeNotSatisfiable:
                 return b""  # an empty object
             if len(data) > limit:
-                raise trust.DatasetError(f"{path} is more than the {limit:,} bytes it can hold")
+                raise trust.DatasetError(f"{path}: more than the {limit:,} bytes it can hold")
             return data
         return trust.read_local(path, limit)
 

@@ -154,7 +154,7 @@ def check_name(name, field: str, where: str) -> str:
         or ":" in parts[0]  # a scheme (gs://, file:) or a drive (C:)
         or any(part in ("", ".", "..") for part in parts)  # also a leading "/"
     ):
-        raise DatasetError(f"{where}: {field} {shown(name)} is not a file name inside the dataset")
+        raise DatasetError(f"{where}: {field} {shown(name, 200)} is not a file name inside the dataset")
     return name
 
 
@@ -173,17 +173,17 @@ def resolve(dataset: str, name, field: str, where: str) -> str:
     real = os.path.realpath(path)
     if os.path.commonpath([base, real]) != base or real == base:
         # Said the same way whatever lies there: nothing outside is revealed.
-        raise DatasetError(f"{where}: {field} {shown(name)} leads outside the dataset")
+        raise DatasetError(f"{where}: {field} {shown(name, 200)} leads outside the dataset")
     try:
         mode = os.stat(real).st_mode
     except FileNotFoundError:
         return path
     except OSError as error:
         raise DatasetError(
-            f"{where}: {field} {shown(name)} cannot be read ({error.strerror})"
+            f"{where}: {field} {shown(name, 200)} cannot be read ({error.strerror})"
         ) from None
     if not stat.S_ISREG(mode):
-        raise DatasetError(f"{where}: {field} {shown(name)} is {_kind(mode)}, not a regular file")
+        raise DatasetError(f"{where}: {field} {shown(name, 200)} is {_kind(mode)}, not a regular file")
     return path
 
 
@@ -198,7 +198,7 @@ def _kind(mode: int) -> str:
     return next((what for test, what in kinds if test(mode)), "a special file")
 
 
-def open_regular(path: str) -> int:
+def open_regular(path: str, label: str = "") -> int:
     """A read-only descriptor of the local regular file ``path``.
 
     Opened without blocking (a FIFO put there after :func:`resolve` returns at
@@ -213,26 +213,30 @@ def open_regular(path: str) -> int:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise DatasetError(f"{path} is {_kind(mode)}, not a regular file")
+            raise DatasetError(f"{label or path}: {_kind(mode)}, not a regular file")
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def read_local(path: str, limit: int = MAX_METADATA_BYTES) -> bytes | None:
-    """The whole local regular file ``path`` (at most ``limit`` bytes), or None when missing."""
+def read_local(path: str, limit: int = MAX_METADATA_BYTES, label: str = "") -> bytes | None:
+    """The whole local regular file ``path`` (at most ``limit`` bytes), or None when missing.
+
+    ``label``: the file's name in a message (default: ``path``).
+    """
+    label = label or path
     try:
-        fd = open_regular(path)
+        fd = open_regular(path, label)
     except (FileNotFoundError, NotADirectoryError):
         return None
     with os.fdopen(fd, "rb") as stream:
         size = os.fstat(stream.fileno()).st_size
         if size > limit:
-            raise DatasetError(f"{path} is {size:,} bytes, more than the {limit:,} it can hold")
+            raise DatasetError(f"{label}: {size:,} bytes, more than the {limit:,} it can hold")
         data = stream.read(limit + 1)
     if len(data) > limit:  # it grew while it was read
-        raise DatasetError(f"{path} is more than the {limit:,} bytes it can hold")
+        raise DatasetError(f"{label}: more than the {limit:,} bytes it can hold")
     return data
 
 

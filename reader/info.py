@@ -62,12 +62,20 @@ def join_path(base: str, name: str) -> str:
     return tf.io.gfile.join(base, name)
 
 
-def read_member(folder: str, name, field: str, where: str, limit: int = trust.MAX_METADATA_BYTES):
+def read_member(
+    folder: str,
+    name,
+    field: str,
+    where: str,
+    limit: int = trust.MAX_METADATA_BYTES,
+    label: str = "",
+):
     """The bytes of the dataset's file ``name`` (None when it is missing).
 
     The name is resolved inside ``folder`` first (:func:`imagerecords.trust.resolve`);
     a local file is read without blocking and only when regular, a URL's after
-    its size is checked against ``limit``.
+    its size is checked against ``limit``. ``label``: the file in a message
+    (default: its path).
 
     Raises:
         DatasetError: the name leads outside the dataset, or to no regular file,
@@ -75,12 +83,14 @@ def read_member(folder: str, name, field: str, where: str, limit: int = trust.MA
     """
     path = trust.resolve(folder, name, field, where)
     if not is_url(path):
-        return trust.read_local(path, limit)
+        return trust.read_local(path, limit, label)
     if not tf.io.gfile.exists(path):
         return None
     size = tf.io.gfile.stat(path).length
     if size > limit:
-        raise DatasetError(f"{path} is {size:,} bytes, more than the {limit:,} it can hold")
+        raise DatasetError(
+            f"{label or path}: {size:,} bytes, more than the {limit:,} it can hold"
+        )
     with tf.io.gfile.GFile(path, "rb") as f:
         return f.read(limit + 1)[:limit]
 

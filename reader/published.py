@@ -309,14 +309,16 @@ def tfds_features_problems(info: info_lib.DatasetInfo, text: str) -> list[str]:
     return problems
 
 
-def read_published(folder: str, name: str, missing: str) -> tuple[bytes | None, list[str]]:
+def read_published(
+    folder: str, name: str, missing: str, limit: int = trust.MAX_METADATA_BYTES
+) -> tuple[bytes | None, list[str]]:
     """A published file's bytes, or None and the problem (``missing`` says why it must exist).
 
     Read only once it is known to be the dataset's own regular file
     (:func:`reader.info.read_member`): a refusal is the problem line.
     """
     try:
-        data = info_lib.read_member(folder, name, "file", name)
+        data = info_lib.read_member(folder, name, "file", name, limit, label=name)
     except DatasetError as error:
         return None, [str(error)]
     except (tf.errors.OpError, OSError) as error:
