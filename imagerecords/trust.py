@@ -154,7 +154,9 @@ def check_name(name, field: str, where: str) -> str:
         or ":" in parts[0]  # a scheme (gs://, file:) or a drive (C:)
         or any(part in ("", ".", "..") for part in parts)  # also a leading "/"
     ):
-        raise DatasetError(f"{where}: {field} {shown(name, 200)} is not a file name inside the dataset")
+        raise DatasetError(
+            f"{where}: {field} {shown(name, 200)} is not a file name inside the dataset"
+        )
     return name
 
 
@@ -183,7 +185,9 @@ def resolve(dataset: str, name, field: str, where: str) -> str:
             f"{where}: {field} {shown(name, 200)} cannot be read ({error.strerror})"
         ) from None
     if not stat.S_ISREG(mode):
-        raise DatasetError(f"{where}: {field} {shown(name, 200)} is {_kind(mode)}, not a regular file")
+        raise DatasetError(
+            f"{where}: {field} {shown(name, 200)} is {_kind(mode)}, not a regular file"
+        )
     return path
 
 

@@ -88,9 +88,7 @@ def read_member(
         return None
     size = tf.io.gfile.stat(path).length
     if size > limit:
-        raise DatasetError(
-            f"{label or path}: {size:,} bytes, more than the {limit:,} it can hold"
-        )
+        raise DatasetError(f"{label or path}: {size:,} bytes, more than the {limit:,} it can hold")
     with tf.io.gfile.GFile(path, "rb") as f:
         return f.read(limit + 1)[:limit]
 

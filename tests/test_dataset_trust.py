@@ -27,28 +27,12 @@ from imagerecords import info as records_info
 from reader import info as info_lib
 from reader import inspect as inspect_tool
 from reader import published
-from tests.image_factory import make_class_folders
+from tests.fuzz_readers import make_dataset
 
 pytestmark = pytest.mark.e2e  # the dataset is made by the converter's command line
 
 REPO = Path(__file__).resolve().parent.parent
 INFO = "imagerecords.json"
-
-
-def make_dataset(base: Path) -> Path:
-    """A converted dataset of two splits, two shards each, with ``.idx`` files."""
-    images = base / "images"
-    make_class_folders(str(images), classes=("cat", "dog"), per_class=6, size_range=(20, 40))
-    out = base / "ds"
-    subprocess.run(
-        [sys.executable, "-m", "beam_pipeline", "--input", str(images), "--output", str(out)]
-        + ["--image_size", "16", "--min_shards", "2", "--splits", "train=0.5,val=0.5"]
-        + ["--index_files", "--quiet"],
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-    )
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +180,8 @@ def test_a_fifo_put_there_after_the_check_does_not_block_a_read(copy):
 
 
 @pytest.mark.parametrize(
-    "template", ["{SPLIT:>30}", "{SPLIT!r}", "{SPLIT[0]}", "{SPLIT.upper}", "{0}", "{SPLIT:>3000000000}"]
+    "template",
+    ["{SPLIT:>30}", "{SPLIT!r}", "{SPLIT[0]}", "{SPLIT.upper}", "{0}", "{SPLIT:>3000000000}"],
 )
 def test_a_template_of_a_form_tfds_does_not_write_is_refused(template):
     with pytest.raises(DatasetError, match="cannot be filled"):
@@ -267,7 +252,8 @@ def test_an_unsupported_format_version_reads_as_a_sentence(copy):
 
 
 @pytest.mark.parametrize(
-    "line", [b"9" * 5000 + b" 100", b"0 " + str(2**70).encode(), b"0 1_000", b"+0 1000", b"0 \xd9\xa1"]
+    "line",
+    [b"9" * 5000 + b" 100", b"0 " + str(2**70).encode(), b"0 1_000", b"+0 1000", b"0 \xd9\xa1"],
 )
 def test_an_index_line_out_of_range_is_one_line(copy, line):
     doc = json.loads((copy / INFO).read_text())
