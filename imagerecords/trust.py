@@ -136,8 +136,9 @@ def check_version(info, where: str, supported: tuple[int, ...]) -> int:
         )
     if version not in supported:
         raise DatasetError(
-            f"{where}: format_version {version} is not supported (this imagerecords reads "
-            f"{readable}); upgrade imagerecords or re-convert the dataset"
+            f"{where}: format_version {version} is not supported (the dataset's format_version "
+            f"{version}; this imagerecords reads {readable}): upgrade imagerecords or "
+            "re-convert the dataset"
         )
     return version
 
