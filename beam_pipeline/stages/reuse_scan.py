@@ -13,7 +13,11 @@ The local engine keeps the records of all shards in an :class:`OldIndex` (28
 bytes a record); the Beam graph joins :func:`scan_records`' pairs to the
 listed images by ID (``pipeline.MatchOld``).
 
-Pure: no Beam, no Pillow.
+OLD is a dataset this run did not write: its shards' paths come from
+``imagerecords.info.split_shards``, which resolves each name inside OLD
+(``imagerecords.trust``: no ``..``, no link out, regular files only), and
+every read goes through ``storage.Files``, which opens a file only when it is
+regular, without blocking. Pure: no Beam, no Pillow.
 """
 
 from __future__ import annotations
