@@ -24,6 +24,9 @@ GCS_SCHEME = "gs://"
 # The largest metadata file read (imagerecords.json, TFDS's JSON, labels.txt):
 # a dataset of a million images writes a few hundred KB.
 MAX_METADATA_BYTES = 64 << 20
+# The largest list read whole (rejects.jsonl for the summary): a million
+# rejected images write ~150 MB.
+MAX_LIST_BYTES = 1 << 30
 # JSON nesting deeper than this is refused before any code walks it (the
 # format's own files nest four levels).
 MAX_JSON_DEPTH = 32

@@ -95,7 +95,7 @@ def read_member(
 
 def read_text(folder: str, name, where: str) -> str | None:
     """A text file of a dataset (``labels.txt``, ``rejects.jsonl``), or None when it is missing."""
-    data = read_member(folder, name, "file", where)
+    data = read_member(folder, name, "file", where, trust.MAX_LIST_BYTES)
     return None if data is None else data.decode("utf-8", "replace")
 
 
