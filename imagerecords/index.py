@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from array import array
 
-from imagerecords import codec, storage
+from imagerecords import codec, storage, trust
 from imagerecords.info import Shard
 
 # Bytes per request when scanning a gs:// shard: few requests, bounded memory.
 GCS_SCAN_WINDOW = 8 << 20
 
 
-class IndexFileError(ValueError):
+class IndexFileError(trust.DatasetError):
     """A ``.idx`` file, or a shard's framing, does not match what the metadata says."""
 
 
 def shard_offsets(files: storage.Files, shard: Shard) -> array:
     """``num_examples + 1`` record boundaries of ``shard``, checked against its metadata."""
     if shard.index_path is not None:
-        data = files.read_all(shard.index_path)
+        data = files.read_all(shard.index_path, trust.index_limit(shard.num_examples))
         if data is None:
             raise IndexFileError(f"{shard.index_path} is missing (the metadata lists it)")
         return parse_index(data, shard)
@@ -33,18 +33,21 @@ def shard_offsets(files: storage.Files, shard: Shard) -> array:
 def parse_index(data: bytes, shard: Shard) -> array:
     """The offsets of a ``.idx`` file; every line must continue where the last one ended."""
     offsets = array("q", [0])
-    try:
-        for number, line in enumerate(data.decode("ascii").splitlines(), 1):
-            offset_text, length_text = line.split()
-            offset, length = int(offset_text), int(length_text)
-            if offset != offsets[-1] or length < codec.FRAME_OVERHEAD:
-                raise ValueError(
-                    f"line {number} says record at {offset} of {length} bytes, "
-                    f"the previous one ended at {offsets[-1]}"
-                )
-            offsets.append(offset + length)
-    except ValueError as error:  # also a line that is not two integers
-        raise IndexFileError(f"{shard.index_path}: {error}") from None
+    for number, line in enumerate(data.splitlines(), 1):
+        fields = trust.index_line(line)
+        if fields is None:
+            raise IndexFileError(f"{shard.index_path}: line {number} is not '<offset> <length>'")
+        offset, length = fields
+        if (
+            offset != offsets[-1]
+            or length < codec.FRAME_OVERHEAD
+            or offset + length > shard.num_bytes
+        ):
+            raise IndexFileError(
+                f"{shard.index_path}: line {number} says record at {offset} of {length} bytes, "
+                f"the previous one ended at {offsets[-1]} (the shard has {shard.num_bytes})"
+            )
+        offsets.append(offset + length)
     _check(offsets, shard, shard.index_path)
     return offsets
 

@@ -18,6 +18,7 @@ from imagerecords import codec, storage
 from imagerecords import index as index_lib
 from imagerecords import info as info_lib
 from imagerecords.index import IndexFileError
+from imagerecords.trust import DatasetError
 
 # Record key (docs/format.md section 6) -> name in the dict a read returns.
 # A key the converter adds later keeps its record key as its name.
@@ -45,7 +46,7 @@ GCS_THREADS = 8
 INDEX_THREADS = 8
 
 
-class CorruptRecordError(ValueError):
+class CorruptRecordError(DatasetError):
     """A record's bytes fail the TFRecord CRC32C checks (or the file ends early)."""
 
 
@@ -89,6 +90,9 @@ class RecordSource:
         self.parse = parse
         self.info_path, self.info = info_lib.find_info(dataset, self._files)
         self.shards = info_lib.split_shards(dataset, self.info_path, self.info, split)
+        classes = self.info.get("classes")
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise DatasetError(f"{self.info_path}: 'classes' must be a list of names")
         unindexed = [s for s in self.shards if s.index_path is None and storage.is_gcs(s.path)]
         if unindexed:
             logging.getLogger(__name__).warning(
@@ -137,8 +141,15 @@ class RecordSource:
     def __getitem__(self, index):
         shard, record = self._locate(index)
         offsets = self._offsets[shard]
-        data = self._files.read(self.shards[shard].path, offsets[record], offsets[record + 1])
+        data = self._read(shard, offsets[record], offsets[record + 1])
         return self._finish(shard, record, data)
+
+    def _read(self, shard: int, start: int, stop: int) -> bytes:
+        path = self.shards[shard].path
+        try:
+            return self._files.read(path, start, stop)
+        except OSError as error:  # gone, or a folder now: the dataset changed
+            raise DatasetError(f"{path}: cannot be read ({error.strerror or error})") from None
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """Records at ``indices``, in that order; adjacent ones are read with one request."""
@@ -153,7 +164,7 @@ class RecordSource:
         def read_run(run):
             shard, first, end = run
             offsets = self._offsets[shard]
-            data = self._files.read(self.shards[shard].path, offsets[first], offsets[end])
+            data = self._read(shard, offsets[first], offsets[end])
             base = offsets[first]
             return {
                 (shard, record): self._finish(
@@ -204,4 +215,4 @@ class RecordSource:
         self._files.close()
 
 
-__all__ = ["CorruptRecordError", "IndexFileError", "RecordSource", "parse_record"]
+__all__ = ["CorruptRecordError", "DatasetError", "IndexFileError", "RecordSource", "parse_record"]

@@ -10,6 +10,8 @@ import os
 import posixpath
 import threading
 
+from imagerecords import trust
+
 GCS_SCHEME = "gs://"
 
 
@@ -74,7 +76,8 @@ class Files:
             with self._lock:
                 fd = self._fds.get(path)
                 if fd is None:
-                    fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                    # Never a FIFO's wait nor a device's endless bytes (trust.open_regular).
+                    fd = self._fds[path] = trust.open_regular(path)
         return fd
 
     def _blob(self, url: str):
@@ -109,21 +112,28 @@ class Files:
             data += more
         return data
 
-    def read_all(self, path: str) -> bytes | None:
-        """The whole file, or None when it does not exist."""
+    def read_all(self, path: str, limit: int = trust.MAX_METADATA_BYTES) -> bytes | None:
+        """The whole file, or None when it does not exist.
+
+        Raises:
+            trust.DatasetError: it is larger than ``limit``, or (locally) not a regular file.
+        """
         self._count()
         if is_gcs(path):
             from google.api_core import exceptions
 
+            blob = self._blob(path)
             try:
-                return self._blob(path).download_as_bytes(raw_download=True)
+                # end is inclusive: one byte past the limit says it is over.
+                data = blob.download_as_bytes(start=0, end=limit, raw_download=True)
             except exceptions.NotFound:
                 return None
-        try:
-            with open(path, "rb") as stream:
-                return stream.read()
-        except FileNotFoundError:
-            return None
+            except exceptions.RequestRangeNotSatisfiable:
+                return b""  # an empty object
+            if len(data) > limit:
+                raise trust.DatasetError(f"{path}: more than the {limit:,} bytes it can hold")
+            return data
+        return trust.read_local(path, limit)
 
     def close(self) -> None:
         if self._pid == os.getpid():

@@ -7,18 +7,19 @@ Reads through ``tf.io.gfile`` (local, ``gs://``, ``ram://``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import os
 import posixpath
 import types
 from collections.abc import Mapping
 
 import tensorflow as tf
 
-from imagerecords import codec
+from imagerecords import codec, trust
 
 # One class for both packages, so that code catching either catches the other's.
 from imagerecords.info import UnknownSplitError
+from imagerecords.trust import DatasetError
 
 # The published files' names are the format's.
 INFO_FILENAME = codec.INFO_FILE
@@ -33,11 +34,11 @@ CONVERTER_MARKER = ".imagerecords-tmp/job.json"
 SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
 
 
-class DatasetInfoError(ValueError):
+class DatasetInfoError(DatasetError):
     """``imagerecords.json`` is unreadable, of an unknown version, or malformed."""
 
 
-class IncompleteDatasetError(FileNotFoundError):
+class IncompleteDatasetError(DatasetError, FileNotFoundError):
     """The folder has no ``imagerecords.json``: the conversion did not finish (or never ran)."""
 
 
@@ -57,12 +58,41 @@ def join_path(base: str, name: str) -> str:
     return tf.io.gfile.join(base, name)
 
 
-def read_text(path: str) -> str | None:
-    """A text file of a dataset (``labels.txt``, ``rejects.jsonl``), or None when it is missing."""
+def read_member(
+    folder: str,
+    name,
+    field: str,
+    where: str,
+    limit: int = trust.MAX_METADATA_BYTES,
+    label: str = "",
+):
+    """The bytes of the dataset's file ``name`` (None when it is missing).
+
+    The name is resolved inside ``folder`` first (:func:`imagerecords.trust.resolve`);
+    a local file is read without blocking and only when regular, a URL's after
+    its size is checked against ``limit``. ``label``: the file in a message
+    (default: its path).
+
+    Raises:
+        DatasetError: the name leads outside the dataset, or to no regular file,
+            or to one larger than ``limit``.
+    """
+    path = trust.resolve(folder, name, field, where)
+    if not is_url(path):
+        return trust.read_local(path, limit, label)
     if not tf.io.gfile.exists(path):
         return None
-    with tf.io.gfile.GFile(path, "r") as f:
-        return f.read()
+    size = tf.io.gfile.stat(path).length
+    if size > limit:
+        raise DatasetError(f"{label or path}: {size:,} bytes, more than the {limit:,} it can hold")
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read(limit + 1)[:limit]
+
+
+def read_text(folder: str, name, where: str) -> str | None:
+    """A text file of a dataset (``labels.txt``, ``rejects.jsonl``), or None when it is missing."""
+    data = read_member(folder, name, "file", where, trust.MAX_LIST_BYTES)
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,10 +271,10 @@ def too_few_for_a_batch(split: str, examples: int, batch_size: int, where: str =
 def _as_int(value, what: str, where: str, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
-    # bool is an int subclass; true/false in the JSON is a bug, not a count.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DatasetInfoError(f"{where}: {what} must be a non-negative integer, got {value!r}")
-    return value
+    try:
+        return trust.as_int(value, what, where)
+    except DatasetError as error:
+        raise DatasetInfoError(str(error)) from None
 
 
 def _parse_split(name: str, raw, folder: str, classes: tuple[str, ...], where: str) -> SplitInfo:
@@ -260,16 +290,12 @@ def _parse_split(name: str, raw, folder: str, classes: tuple[str, ...], where: s
             raise DatasetInfoError(f"{where}: shard {i} has no 'file'")
         if not isinstance(shard.get("index", ""), str):
             raise DatasetInfoError(f"{where}: shard {i}'s 'index' must be a file name")
-        shards.append(
-            ShardInfo(
-                file=shard["file"],
-                path=join_path(folder, shard["file"]),
-                num_examples=_as_int(shard.get("num_examples"), "num_examples", where, True),
-                num_bytes=_as_int(shard.get("num_bytes"), "num_bytes", where, True),
-                sha256=shard.get("sha256"),
-                index=shard.get("index"),
-            )
-        )
+        try:
+            fields = trust.shard_fields(folder, dict(shard), f"{where}: shard {i}")
+        except DatasetError as error:
+            raise DatasetInfoError(str(error)) from None
+        del fields["index_path"]
+        shards.append(ShardInfo(**fields))
     num_examples = _as_int(raw.get("num_examples"), "num_examples", where)
     counted = [s.num_examples for s in shards]
     if None not in counted and sum(counted) != num_examples:
@@ -293,6 +319,14 @@ def _parse_split(name: str, raw, folder: str, classes: tuple[str, ...], where: s
     )
 
 
+def _optional(raw: Mapping, key: str, kinds: type | tuple[type, ...], where: str):
+    """``raw[key]`` if it is absent, null or of ``kinds`` (never a bool for an int)."""
+    value = raw.get(key)
+    if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+        raise DatasetInfoError(f"{where}: {key} {trust.shown(value)} is of the wrong type")
+    return value
+
+
 def info_from_dict(raw: Mapping, path: str, name: str = INFO_FILENAME) -> DatasetInfo:
     """Builds a :class:`DatasetInfo` from the decoded JSON of the dataset at ``path``.
 
@@ -304,13 +338,11 @@ def info_from_dict(raw: Mapping, path: str, name: str = INFO_FILENAME) -> Datase
     where = join_path(path, name)
     if not isinstance(raw, Mapping):
         raise DatasetInfoError(f"{where}: expected a JSON object")
-    version = raw.get("format_version")
-    if version not in SUPPORTED_FORMAT_VERSIONS:
-        raise DatasetInfoError(
-            f"{where}: format_version {version!r} is not supported by this reader "
-            f"(it reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))}); "
-            "upgrade imagerecords or re-convert the dataset"
-        )
+    try:
+        trust.check_depth(dict(raw), where)
+        version = trust.check_version(raw, where, SUPPORTED_FORMAT_VERSIONS)
+    except DatasetError as error:
+        raise DatasetInfoError(str(error)) from None
     classes = raw.get("classes")
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         raise DatasetInfoError(f"{where}: 'classes' must be a list of names")
@@ -320,26 +352,29 @@ def info_from_dict(raw: Mapping, path: str, name: str = INFO_FILENAME) -> Datase
     splits = raw.get("splits")
     if not isinstance(splits, Mapping) or not splits:
         raise DatasetInfoError(f"{where}: 'splits' must be a non-empty object")
-    image = raw.get("image") or {}
-    if not isinstance(image, Mapping):
-        raise DatasetInfoError(f"{where}: 'image' must be an object")
-    rejected = raw.get("rejected") or {}
+    blocks = {key: raw.get(key) or {} for key in ("image", "rejected", "features")}
+    for key, block in blocks.items():
+        if not isinstance(block, Mapping):
+            raise DatasetInfoError(f"{where}: '{key}' must be an object, got {trust.shown(block)}")
+    image, rejected, features = blocks["image"], blocks["rejected"], blocks["features"]
+    if not all(isinstance(kind, str) for kind in features.values()):
+        raise DatasetInfoError(f"{where}: 'features' must map record keys to type names")
     return DatasetInfo(
         path=path,
         format_version=version,
         classes=classes,
         image=StoredImage(
-            resize=image.get("resize"),
+            resize=_optional(image, "resize", str, where),
             size=_as_int(image.get("size"), "image.size", where, True),
             jpeg_quality=_as_int(image.get("jpeg_quality"), "image.jpeg_quality", where, True),
         ),
         splits=types.MappingProxyType(
             {name: _parse_split(name, s, path, classes, where) for name, s in splits.items()}
         ),
-        seed=raw.get("seed"),
-        source=raw.get("source"),
-        created_by=raw.get("created_by"),
-        features=types.MappingProxyType(dict(raw.get("features") or {})),
+        seed=_optional(raw, "seed", int, where),
+        source=_optional(raw, "source", str, where),
+        created_by=_optional(raw, "created_by", str, where),
+        features=types.MappingProxyType(dict(features)),
         rejected_count=_as_int(rejected.get("count", 0), "rejected.count", where) or 0,
         raw=types.MappingProxyType(dict(raw)),
     )
@@ -356,17 +391,23 @@ def _split_info_path(path: str) -> tuple[str, str | None]:
         if path == name or path.endswith(("/" + name, "\\" + name)):
             return path[: -len(name)].rstrip("/\\") or ".", name
     folder = path.rstrip("/") or "/"
-    if tf.io.gfile.exists(join_path(folder, INFO_FILENAME)):
+    if _member_exists(folder, INFO_FILENAME):
         return folder, INFO_FILENAME
-    old = join_path(folder, V1_INFO_FILENAME)
-    if tf.io.gfile.exists(old):
+    if _member_exists(folder, V1_INFO_FILENAME):
+        data = read_member(folder, V1_INFO_FILENAME, "its metadata file", folder)
         try:
-            with tf.io.gfile.GFile(old, "r") as f:
-                if "format_version" in json.loads(f.read()):
-                    return folder, V1_INFO_FILENAME
-        except (json.JSONDecodeError, TypeError):
+            doc = trust.load_json(data, join_path(folder, V1_INFO_FILENAME))
+        except DatasetError:
             return folder, V1_INFO_FILENAME  # ours, damaged: say so when it is read
+        if isinstance(doc, dict) and "format_version" in doc:
+            return folder, V1_INFO_FILENAME
     return folder, None
+
+
+def _member_exists(folder: str, name: str) -> bool:
+    """Whether the dataset's fixed-name file ``name`` is there (refused when it is not its own)."""
+    path = trust.resolve(folder, name, "its metadata file", folder)
+    return tf.io.gfile.exists(path) if is_url(path) else os.path.lexists(path)
 
 
 def load_info(path: str) -> DatasetInfo:
@@ -384,18 +425,20 @@ def load_info(path: str) -> DatasetInfo:
         IncompleteDatasetError: the folder has no ``imagerecords.json`` (the
             converter writes it last, so the conversion is unfinished or failed).
         DatasetInfoError: the file is not JSON, has an unknown ``format_version``,
-            or a malformed field.
+            a malformed field, or names a file that is not the dataset's own
+            (docs/format.md, "What a reader refuses").
     """
-    path, name = _split_info_path(str(path))
-    info_file = join_path(path, name or INFO_FILENAME)
-    if name is None or not tf.io.gfile.exists(info_file):
-        raise IncompleteDatasetError(f"cannot read dataset at {path}: {_why_incomplete(path)}")
-    with tf.io.gfile.GFile(info_file, "r") as f:
-        text = f.read()
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DatasetInfoError(f"{info_file} is not valid JSON: {e}") from None
+        path, name = _split_info_path(str(path))
+        info_file = join_path(path, name or INFO_FILENAME)
+        data = None if name is None else read_member(path, name, "its metadata file", path)
+        if data is None:
+            raise IncompleteDatasetError(f"cannot read dataset at {path}: {_why_incomplete(path)}")
+        raw = trust.load_json(data, info_file)
+    except (IncompleteDatasetError, DatasetInfoError):
+        raise
+    except DatasetError as error:
+        raise DatasetInfoError(str(error)) from None
     return info_from_dict(raw, path, name)
 
 
@@ -410,7 +453,7 @@ def _why_incomplete(path: str) -> str:
         return (
             f"the conversion into it did not finish: it holds the converter's {CONVERTER_MARKER}"
             f"{written} but no {INFO_FILENAME}, which the converter writes last. Run the "
-            f"converter's command again ({_resume_command(marker, path)}, with the same "
+            f"converter's command again ({_resume_command(path)}, with the same "
             "settings) to resume it"
         )
     if shards:
@@ -422,12 +465,13 @@ def _why_incomplete(path: str) -> str:
     return f"it has no {INFO_FILENAME}: is this an imagerecords output folder?"
 
 
-def _resume_command(marker: str, output: str) -> str:
+def _resume_command(output: str) -> str:
     """The converter's command line for ``output``, with the input its marker names."""
     try:
-        with tf.io.gfile.GFile(marker, "r") as f:
-            source = json.loads(f.read()).get("input")
-    except (tf.errors.OpError, json.JSONDecodeError, AttributeError):
+        data = read_member(output, CONVERTER_MARKER, "its marker", output)
+        marker = trust.load_json(data or b"", join_path(output, CONVERTER_MARKER))
+        source = marker.get("input") if isinstance(marker, dict) else None
+    except (tf.errors.OpError, DatasetError):
         source = None
     given = f"--input {source} " if isinstance(source, str) and source else ""
     return f"python -m beam_pipeline {given}--output {output} ..."

@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0, help="Seed of the contact sheet's draw (0)")
     add("--workers", type=int, default=8, help="Shards read in parallel (8)")
     add("--no_shuffle_check", action="store_true", help="Skip reading the start of every shard")
+    add("--verbose", action="store_true", help="Show the traceback of an error, not one line")
     return parser
 
 
@@ -206,6 +207,20 @@ def _verify_and_report(info, workers: int) -> int:
     return EXIT_PROBLEMS
 
 
+def _missing_module_message(missing: ModuleNotFoundError) -> str:
+    """What to do when this Python lacks TensorFlow or the project's own dependencies."""
+    if (missing.name or "").split(".")[0] == "tensorflow":
+        return (
+            f"reader.inspect needs TensorFlow, which this Python ({sys.executable}) lacks: "
+            "pip install tensorflow, or `source .venv/bin/activate` in the repository"
+        )
+    return (
+        f"imagerecords is not installed for this Python ({sys.executable}: no module "
+        f"{missing.name!r}): run `make demo` in the repository, then `source .venv/bin/activate`"
+        " (or pip install the repository into this Python)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``imagerecords-inspect``); returns the exit status."""
     try:
@@ -213,15 +228,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InspectUsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    with _start_up_notices_dropped():
-        from reader import info as info_lib
+    try:
+        with _start_up_notices_dropped():
+            from imagerecords.trust import DatasetError
+            from reader import info as info_lib
+    except ModuleNotFoundError as missing:
+        if args.verbose:
+            raise
+        print(f"error: {_missing_module_message(missing)}", file=sys.stderr)
+        return EXIT_USAGE
 
     try:
         return _run(args)
     except (InspectUsageError, info_lib.UnknownSplitError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except info_lib.DatasetInfoError as error:
+    except DatasetError as error:  # the dataset cannot be read as it is: one line naming it
+        if args.verbose:
+            raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_PROBLEMS
 

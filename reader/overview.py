@@ -148,32 +148,57 @@ def summary(info: info_lib.DatasetInfo, mixes: Sequence[ShardMix] | None) -> str
     lines += _class_table(info)
     lines.append("")
     lines += _rejects_lines(info)
-    skipped = raw.get("skipped")
-    if isinstance(skipped, dict) and skipped.get("count"):
-        reasons = skipped.get("by_reason") or {}
-        shown = ", ".join(f"{n:,} {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1]))
-        lines.append(
-            f"skipped (not converted): {skipped['count']:,}"
-            + (f" (listed in {skipped['file']})" if skipped.get("file") else "")
-            + (f": {shown}" if shown else "")
-        )
-    duplicates = raw.get("duplicates")
-    if isinstance(duplicates, dict):
-        lines.append(
-            "duplicates: "
-            + ", ".join(
-                f"{k.replace('_', '-')} {duplicates[k]:,}"
-                for k in ("groups", "images", "cross_split", "cross_class")
-                if isinstance(duplicates.get(k), int)
-            )
-            + (f" (see {duplicates['file']})" if duplicates.get("file") else "")
-        )
-    lines += near_lines(raw.get("near_duplicates"))
-    lines += groups_lines(raw.get("groups"))
+    for key, render in (
+        ("skipped", skipped_lines),
+        ("duplicates", duplicates_lines),
+        ("near_duplicates", near_lines),
+        ("groups", groups_lines),
+    ):
+        lines += _block_lines(info, key, render)
     if mixes is not None:
         lines.append("")
         lines += _mix_lines(mixes)
     return "\n".join(lines)
+
+
+def _block_lines(info: info_lib.DatasetInfo, key: str, render) -> list[str]:
+    """``render(block)`` of a descriptive block of the metadata, or a line saying it is malformed.
+
+    The blocks only describe the run (the reader reads none of them), and any
+    value in them may be of any type in a dataset no run of ours wrote.
+    """
+    try:
+        return render(info.raw.get(key))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return [f"{key}: {info.metadata_file}'s block is not of the form this reader knows"]
+
+
+def skipped_lines(block) -> list[str]:
+    """The ``skipped`` block: files neither converted nor rejected."""
+    if not (isinstance(block, dict) and block.get("count")):
+        return []
+    reasons = block.get("by_reason") or {}
+    shown = ", ".join(f"{n:,} {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1]))
+    return [
+        f"skipped (not converted): {block['count']:,}"
+        + (f" (listed in {block['file']})" if block.get("file") else "")
+        + (f": {shown}" if shown else "")
+    ]
+
+
+def duplicates_lines(block) -> list[str]:
+    """The ``duplicates`` block: groups of identical source files."""
+    if not isinstance(block, dict):
+        return []
+    return [
+        "duplicates: "
+        + ", ".join(
+            f"{k.replace('_', '-')} {block[k]:,}"
+            for k in ("groups", "images", "cross_split", "cross_class")
+            if isinstance(block.get(k), int)
+        )
+        + (f" (see {block['file']})" if block.get("file") else "")
+    ]
 
 
 def near_lines(block) -> list[str]:
@@ -255,7 +280,7 @@ def _rejects_lines(info: info_lib.DatasetInfo) -> list[str]:
     line = f"rejected: {info.rejected_count:,}"
     if not info.rejected_count:
         return [line]
-    text = info_lib.read_text(info_lib.join_path(info.path, name))
+    text = info_lib.read_text(info.path, name, f"{info.metadata_file}: rejected")
     if text is None:
         return [line + f" ({name} is missing)"]
     reasons = collections.Counter()

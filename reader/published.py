@@ -7,11 +7,12 @@ against ``imagerecords.json``, and any file nothing names (docs/format.md sectio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
+from imagerecords import trust
+from imagerecords.trust import DatasetError
 from reader import info as info_lib
 from reader.decode import LABEL
 
@@ -110,14 +111,13 @@ def index_problems(name: str, data: bytes, frames: Sequence[int], complete: bool
     records = len(frames) - 1
     wrong = []
     for number, line in enumerate(lines, start=1):
-        fields = line.split()
-        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+        said = trust.index_line(line.encode("ascii"))
+        if said is None:  # the dataset's own .idx file (trust.resolve): its line is shown
             return [f"{name}: line {number} is {line[:40]!r}, not '<offset> <length>'"]
         if number > records:
             if not complete:
                 break
             return [f"{name}: {len(lines):,} lines, the shard has {records:,} records"]
-        said = (int(fields[0]), int(fields[1]))
         real = (frames[number - 1], frames[number] - frames[number - 1])
         if said != real:
             wrong.append((number, said, real))
@@ -134,23 +134,25 @@ def index_problems(name: str, data: bytes, frames: Sequence[int], complete: bool
     return problems
 
 
-def _proto_int(value) -> int | None:
-    """An int64 of proto3 JSON (a string of digits, or a number), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
+_proto_int = trust.proto_int
 
 
 def fill_template(template: str, split: str, index: int, shards: int, dataset: str) -> str:
     """The shard name TFDS makes of ``template`` (its naming.ShardedFileTemplate's rule).
 
     Raises:
-        ValueError: the template uses a field TFDS does not fill.
+        DatasetError: the template is not one of the forms TFDS writes
+            (:func:`imagerecords.trust.check_template`), or a name is too long.
     """
+    try:
+        trust.check_template(template, "filepathTemplate")
+    except DatasetError:
+        raise DatasetError(
+            f"{trust.shown(template)} cannot be filled (not a form TFDS writes: only its "
+            f"fields {', '.join(sorted(trust.TEMPLATE_FIELDS))}, bare)"
+        ) from None
+    if max(len(split), len(dataset)) > trust.MAX_NAME:
+        raise DatasetError(f"{trust.shown(template)} cannot be filled (a name is too long)")
     digits = max(5, len(str(shards)))
     number, count = f"{index:0{digits}d}", f"{shards:0{digits}d}"
     try:
@@ -163,7 +165,7 @@ def fill_template(template: str, split: str, index: int, shards: int, dataset: s
             SHARD_X_OF_Y=f"{number}-of-{count}",
         )
     except (KeyError, IndexError, ValueError, AttributeError, TypeError) as error:
-        raise ValueError(f"{template!r} cannot be filled ({error!r})") from None
+        raise DatasetError(f"{template!r} cannot be filled ({error!r})") from None
 
 
 def _tfds_split_problems(
@@ -201,7 +203,7 @@ def _tfds_split_problems(
     for index, shard in enumerate(split.shards):
         try:
             named = fill_template(template, split.name, index, len(split.shards), dataset)
-        except ValueError as error:
+        except DatasetError as error:
             return problems + [f"{where}: filepathTemplate {error}"]
         if named != shard.file:
             problems.append(
@@ -216,9 +218,9 @@ def tfds_info_problems(info: info_lib.DatasetInfo, text: str) -> list[str]:
     """What in TFDS's ``dataset_info.json`` contradicts the dataset's metadata."""
     name = TFDS_INFO_FILENAME
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as error:
-        return [f"{name}: not valid JSON ({error})"]
+        doc = trust.load_json(text, name)
+    except DatasetError as error:
+        return [str(error)]
     if not isinstance(doc, Mapping):
         return [f"{name}: not a JSON object"]
     meta = info.metadata_file
@@ -267,9 +269,9 @@ def tfds_features_problems(info: info_lib.DatasetInfo, text: str) -> list[str]:
     """What in TFDS's ``features.json`` contradicts the dataset's record keys and classes."""
     name = TFDS_FEATURES_FILENAME
     try:
-        leaves = _feature_leaves(json.loads(text))
-    except json.JSONDecodeError as error:
-        return [f"{name}: not valid JSON ({error})"]
+        leaves = _feature_leaves(trust.load_json(text, name))
+    except DatasetError as error:
+        return [str(error)]
     problems = []
     if info.features and set(leaves) != set(info.features):
         missing = sorted(set(info.features) - set(leaves))
@@ -290,21 +292,20 @@ def tfds_features_problems(info: info_lib.DatasetInfo, text: str) -> list[str]:
     return problems
 
 
-def _read(path: str) -> tuple[bytes | None, str | None]:
-    """``(bytes, None)``, ``(None, None)`` for a missing file, ``(None, why)`` when unreadable."""
+def read_published(
+    folder: str, name: str, missing: str, limit: int = trust.MAX_METADATA_BYTES
+) -> tuple[bytes | None, list[str]]:
+    """A published file's bytes, or None and the problem (``missing`` says why it must exist).
+
+    Read only once it is known to be the dataset's own regular file
+    (:func:`reader.info.read_member`): a refusal is the problem line.
+    """
     try:
-        if not tf.io.gfile.exists(path):
-            return None, None
-        with tf.io.gfile.GFile(path, "rb") as f:
-            return f.read(), None
+        data = info_lib.read_member(folder, name, "file", name, limit, label=name)
+    except DatasetError as error:
+        return None, [str(error)]
     except (tf.errors.OpError, OSError) as error:
-        return None, error.message if isinstance(error, tf.errors.OpError) else str(error)
-
-
-def read_published(folder: str, name: str, missing: str) -> tuple[bytes | None, list[str]]:
-    """A published file's bytes, or None and the problem (``missing`` says why it must exist)."""
-    data, why = _read(info_lib.join_path(folder, name))
-    if why is not None:
+        why = error.message if isinstance(error, tf.errors.OpError) else error.strerror
         return None, [f"{name}: cannot be read: {why}"]
     if data is None:
         return None, [f"{name}: missing ({missing})"]
@@ -343,7 +344,12 @@ def file_problems(info: info_lib.DatasetInfo) -> list[str]:
         text, bad = _text(name, data) if data is not None else (None, [])
         problems += found + bad + (check(info, text) if text is not None else [])
     for name in list_files(info):
-        if not tf.io.gfile.exists(info_lib.join_path(info.path, name)):
+        try:
+            path = trust.resolve(info.path, name, "file", meta)
+        except DatasetError as error:
+            problems.append(str(error))
+            continue
+        if not tf.io.gfile.exists(path):
             problems.append(f"{name}: missing ({meta} names it)")
     try:
         entries = tf.io.gfile.listdir(info.path)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from imagerecords import codec
+from imagerecords import codec, trust
 from reader import info as info_lib
 from reader import published, shard_file
 from reader.shard_file import ShardReadError
@@ -127,7 +127,10 @@ def verify_shard(split: str, shard: info_lib.ShardInfo, info: info_lib.DatasetIn
         check.problems.append(f"{shard.file}: SHA-256 differs from imagerecords.json")
     if shard.index:
         data, problems = published.read_published(
-            info.path, shard.index, f"{info.metadata_file} lists it for {shard.file}"
+            info.path,
+            shard.index,
+            f"{info.metadata_file} lists it for {shard.file}",
+            trust.index_limit(check.records),
         )
         if data is not None:
             problems = published.index_problems(shard.index, data, check.frames, check.complete)

@@ -1,7 +1,8 @@
 """``--reuse OLD``'s shards read and checked: which records OLD holds, and where.
 
 Each shard read once and hashed; one that fails gives no record (:func:`scan_records`).
-The local engine keeps an :class:`OldIndex`, Beam joins by ID. Pure: no Beam, no Pillow.
+The local engine keeps an :class:`OldIndex`, Beam joins by ID. OLD's names are resolved
+inside it by ``imagerecords.trust`` and read through ``storage.Files``. Pure: no Beam, no Pillow.
 """
 
 from __future__ import annotations
