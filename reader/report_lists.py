@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
-from imagerecords import codec
+from imagerecords import codec, trust
 from reader import info as info_lib
 from reader import pictures, shard_file
 from reader.shard_file import ShardReadError
@@ -44,19 +44,6 @@ def order_key(seed: int, image_id: str) -> int:
     order_key, which the reader cannot import: a test checks that the two agree)."""
     payload = f"{seed}\0order\0{image_id}".encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
-
-
-def bare_file_name(name) -> str | None:
-    """``name`` when it names a file directly in the dataset's folder, else None.
-
-    A block's ``file`` is the dataset's word: ``../x``, ``/etc/x`` or ``gs://other``
-    would open something outside it.
-    """
-    if not isinstance(name, str) or not 0 < len(name) <= 255 or name in (".", ".."):
-        return None
-    if any(c in name for c in "/\\\0:") or not name.isprintable():
-        return None
-    return name
 
 
 def reason_kind(reason) -> str:
@@ -195,19 +182,16 @@ def list_rows(info: info_lib.DatasetInfo, block: str) -> Iterator[object]:
     entry = info.raw.get(block)
     if not isinstance(entry, Mapping):
         raise ValueError(f"this dataset has no {block} block")
-    name = bare_file_name(entry.get("file"))
-    if name is None:
-        shown = json.dumps(entry.get("file"))[:100]
-        raise ValueError(f"its {block}.file {shown} is not a file of the dataset")
-    path = info_lib.join_path(info.path, name)
+    # The dataset's word: resolved inside it, a regular file (imagerecords.trust).
+    path = trust.resolve(info.path, entry.get("file"), f"{block}.file", "imagerecords.json")
     if not tf.io.gfile.exists(path):
-        raise ValueError(f"{name} is missing")
+        raise ValueError(f"{entry['file']} is missing")
     with tf.io.gfile.GFile(path, "rb") as f:
         for line in f:
             if line.strip():
-                try:
-                    yield json.loads(line.decode("utf-8", "replace"))
-                except json.JSONDecodeError:
+                try:  # bounded depth and digits: a hostile line is a row that is not JSON
+                    yield trust.load_json(line.decode("utf-8", "replace"), path)
+                except trust.DatasetError:
                     yield None
 
 
