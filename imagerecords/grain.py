@@ -50,7 +50,7 @@ def host(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
     if (shard_index is None) != (shard_count is None):
         raise ValueError("give both shard_index and shard_count, or neither")
     if shard_index is not None:
-        return streams.check_host(shard_index, shard_count)
+        return streams.check_host(shard_index, shard_count, ("shard_index", "shard_count"))
     if importlib.util.find_spec("jax") is not None:
         import jax
 
@@ -406,6 +406,16 @@ def dataset(
         read_options: Grain's read threads and buffer per process (by default
             ``default_read_options(num_workers)``).
     """
+    checked = streams.check_arguments(
+        training,
+        batch_size=batch_size,
+        image_size=image_size,
+        seed=seed,
+        num_workers=num_workers,
+        num_epochs=num_epochs,
+    )
+    batch_size, image_size, seed = checked["batch_size"], checked["image_size"], checked["seed"]
+    num_workers, num_epochs = checked["num_workers"], checked["num_epochs"]
     index, count = host(shard_index, shard_count)
     fields = tuple(fields)
     source = streams.open_source(path, split, fields)

@@ -91,9 +91,12 @@ def test_train_order_refuses_less_than_a_batch_per_host():
     [
         (0, 1, None),
         (2, 3, None),
-        (3, 3, "not in 0..2"),
-        (-1, 2, "not in 0..1"),
-        (0, 0, "count >= 1"),
+        (3, 3, r"index=3 is not in 0..2 \(count=3\)"),
+        (-1, 2, "index=-1: must be an integer >= 0"),
+        (0, 0, "count=0: must be an integer >= 1"),
+        (True, 2, "index=True: must be an integer"),  # a bool is not a host
+        (0, 2.0, "count=2.0: must be an integer"),
+        (np.int64(1), 2, None),
     ],
 )
 def test_check_host(index, count, error):
@@ -272,8 +275,36 @@ def test_host_given_or_refused():
     assert imagerecords_grain.host(1, 3) == (1, 3)
     with pytest.raises(ValueError, match="give both shard_index and shard_count"):
         imagerecords_grain.host(1, None)
-    with pytest.raises(ValueError, match="host index 3 is not in 0..2"):
+    with pytest.raises(ValueError, match=r"shard_index=3 is not in 0..2 \(shard_count=3\)"):
         imagerecords_grain.host(3, 3)
+    with pytest.raises(ValueError, match="shard_index=True: must be an integer >= 0"):
+        imagerecords_grain.host(True, 2)
+
+
+@pytest.mark.parametrize(
+    "argument, value, error",
+    [
+        ("batch_size", 0, "batch_size=0: must be an integer >= 1"),
+        ("batch_size", -4, "batch_size=-4: must be an integer >= 1"),
+        ("batch_size", 4.0, "batch_size=4.0: must be an integer >= 1"),
+        ("batch_size", True, "batch_size=True: must be an integer >= 1"),
+        ("image_size", 0, "image_size=0: must be an integer >= 1"),
+        ("image_size", "24", "image_size='24': must be an integer >= 1"),
+        ("seed", -1, "seed=-1: must be an integer >= 0"),
+        ("num_workers", -1, "num_workers=-1: must be an integer >= 0"),
+        ("num_workers", 1.5, "num_workers=1.5: must be an integer >= 0"),
+        ("num_epochs", 0, "num_epochs=0: must be an integer >= 1"),
+        ("training", "false", "training='false': must be True or False"),
+        ("shard_index", True, "shard_index=True: must be an integer >= 0"),
+        ("shard_count", 0, "shard_count=0: must be an integer >= 1"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name_before_the_dataset_is_opened(argument, value, error):
+    kwargs = {"batch_size": 4, "image_size": 24, "training": True, "num_workers": 0}
+    kwargs.update(shard_index=0, shard_count=1)
+    kwargs[argument] = value
+    with pytest.raises(ValueError, match=f"^{error}"):
+        imagerecords_grain.dataset("/no/such/dataset", "train", **kwargs)
 
 
 def test_one_host_warns_only_when_a_launcher_says_more(monkeypatch, caplog):
