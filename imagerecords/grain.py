@@ -11,14 +11,15 @@ are ``imagerecords.streams``'s (a new permutation of the whole split each
 epoch; in evaluation every record once across the hosts, every host the same
 number of batches). Each element of the Grain pipeline is a whole batch
 (``GrainBatches``): its records read in one call and each image decoded straight
-into the batch's array, which in a worker process lies in shared memory that
-Grain hands to the main process as it is: one of the worker's ``RING_SLOTS``
-reused segments (``_Ring``) whose batch the main process has dropped, else a
-new one. The batches are made in
-``num_workers`` processes (Grain's ``mp_prefetch``, which starts them with
-``spawn``), each with ``read_options``' threads. The iterator's ``get_state()`` is a small
-dict; ``set_state`` on a new iterator of the same pipeline continues with the
-next batch.
+into the batch's array. The batches are made in ``num_workers`` processes
+(Grain's ``mp_prefetch``, which starts them with ``spawn``), each with
+``read_options``' threads; a worker's batch lies in shared memory that goes to
+the iterating process by name (``_SharedBatch``): one of the worker's
+``RING_SLOTS`` reused segments (``_Ring``), else a new one. Those segments are
+this module's, not multiprocessing's: every name is unlinked once its batch is
+dropped, or by ``sweep`` once its worker has ended. The iterator's
+``get_state()`` is a small dict; ``set_state`` on a new iterator of the same
+pipeline continues with the next batch.
 """
 
 from __future__ import annotations
@@ -443,4 +444,4 @@ def dataset(
     return out
 
 
-__all__ = ["GrainBatches", "dataset", "default_read_options", "host"]
+__all__ = ["GrainBatches", "dataset", "default_read_options", "host", "sweep"]

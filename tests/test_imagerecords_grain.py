@@ -389,8 +389,18 @@ def _names_in_shm() -> set[str]:
     return {name for name in os.listdir(imagerecords_grain._SHM_DIR) if name.startswith(prefix)}
 
 
+@pytest.fixture
+def as_a_worker():
+    """Unlinks what a test made here as a worker would, even when it fails."""
+    yield
+    for name in _names_in_shm():
+        os.unlink(os.path.join(imagerecords_grain._SHM_DIR, name))
+
+
 @pytest.mark.e2e
-def test_a_worker_makes_its_batch_in_shared_memory_that_goes_over_by_name(dataset, monkeypatch):
+def test_a_worker_makes_its_batch_in_shared_memory_that_goes_over_by_name(
+    dataset, monkeypatch, as_a_worker
+):
     """In a worker process a batch's images lie in shared memory, which goes to the
     iterating process by the segment's name, not by a copy; Grain passes the batch
     on as it is (no copy of any of its arrays into segments of its own)."""
@@ -432,7 +442,7 @@ def _inodes_in_shm() -> set[int]:  # noqa: D103
     return {entry.inode() for entry in os.scandir(imagerecords_grain._SHM_DIR)}
 
 
-def test_a_ring_slot_is_written_again_only_once_the_main_process_dropped_its_batch():
+def test_a_ring_slot_is_written_again_only_once_the_main_process_dropped_its_batch(as_a_worker):
     """Each batch goes out under a new name; a slot whose batch is held (a view is
     enough) or on its way is skipped, every slot out gives a new segment, and a slot
     whose batch the iterating process dropped (its name unlinked) is reused."""
@@ -459,11 +469,10 @@ def test_a_ring_slot_is_written_again_only_once_the_main_process_dropped_its_bat
     again = hand_over()
     assert _inode(again) == slot_0
     del again, fresh
-    del on_its_way  # never arrives: its name stays until the sweep (test_loader_cleanup)
     ring.close()
     assert slot_0 not in _inodes_in_shm()
-    for name in _names_in_shm():
-        os.unlink(os.path.join(imagerecords_grain._SHM_DIR, name))
+    # Never mapped here, so its name stays: the sweep's (tests/test_loader_cleanup.py).
+    assert _names_in_shm() == {on_its_way.name}
 
 
 @pytest.mark.e2e
