@@ -118,7 +118,7 @@ class _Segment(mmap.mmap):
 
 
 def _map(path: str, size: int, create: bool) -> _Segment:
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
     fd = os.open(path, flags, 0o600)
     try:
         if create:
