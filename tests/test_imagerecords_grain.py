@@ -430,6 +430,27 @@ def test_a_worker_makes_its_batch_in_shared_memory_that_goes_over_by_name(
         batches[10]
 
 
+@pytest.mark.e2e
+def test_a_batch_that_fails_in_a_worker_leaves_its_slot_free(dataset, monkeypatch, as_a_worker):
+    """A record that fails while its batch is made: the batch's name goes, so its slot
+    is not held by a batch that never goes out."""
+    source = streams.open_source(dataset.path, "train", ())
+    order = streams.TrainOrder(len(source), 4, 0, 1, seed=0)
+
+    def broken(record, slot, rng, out=None):
+        raise ValueError("a corrupt record")
+
+    batches = imagerecords_grain.GrainBatches(
+        streams.Examples(source, order, broken, 40), 4, 10, 24
+    )
+    with pytest.raises(ValueError, match="a corrupt record"):
+        _in_a_worker(monkeypatch, batches, 0)
+    ring = imagerecords_grain._ring
+    assert _names_in_shm() == {ring.segments[0][0]}  # the slot's own name only
+    assert os.stat(ring.path(ring.segments[0][0])).st_nlink == 1  # free: no batch of it out
+    ring.close()
+
+
 # ------------------------------------------------------------------ reused image segments
 
 
