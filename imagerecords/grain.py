@@ -34,6 +34,7 @@ import os
 import secrets
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -88,6 +89,24 @@ def _start_worker(worker_index: int, worker_count: int) -> None:
 
     cv2.setNumThreads(1)
     _in_worker, _owner = True, os.getppid()
+    threading.Thread(target=_watch_owner, args=(_owner,), daemon=True).start()
+
+
+# How often a worker checks that the process it works for is still there.
+OWNER_CHECK_S = 1.0
+
+
+def _watch_owner(owner: int, period: float = OWNER_CHECK_S) -> None:
+    """A worker's watch: once its owner is gone (killed: the worker's parent is then
+    another process), nobody will map its segments or stop it, so it unlinks
+    their names and exits. Grain's own worker would wait on its queue forever."""
+    while os.getppid() == owner:
+        time.sleep(period)
+    prefix = segment_prefix(owner, os.getpid())
+    for name in os.listdir(_SHM_DIR) if os.path.isdir(_SHM_DIR) else ():
+        if name.startswith(prefix):
+            _unlink(os.path.join(_SHM_DIR, name))
+    os._exit(1)
 
 
 # Where POSIX shared memory's names are files (Linux). The workers' segments

@@ -370,6 +370,7 @@ def _in_a_worker(monkeypatch, batches, index):
     monkeypatch.setattr(imagerecords_grain, "_in_worker", False)
     monkeypatch.setattr(imagerecords_grain, "_ring", None)
     monkeypatch.setattr(imagerecords_grain, "_owner", None)
+    monkeypatch.setattr(imagerecords_grain, "_watch_owner", lambda owner: None)  # not here
     try:
         imagerecords_grain._start_worker(0, 2)
         assert imagerecords_grain._in_worker and cv2.getNumThreads() == 1

@@ -10,9 +10,12 @@ tests/test_imagerecords_torch.py (they need its venv).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -133,6 +136,56 @@ def test_a_killed_worker_leaves_nothing(dataset, tmp_path):
     assert not [name for name in failed["left"] if name.startswith(killed)]
     assert closed["closed"] == [] and closed["held"] >= 3
     assert_clean(result, pid)
+
+
+KILLED_OWNER = textwrap.dedent(
+    """
+    import json, multiprocessing, os, signal, sys
+    from imagerecords import grain as imagerecords_grain
+
+    if __name__ == "__main__":
+        pipeline = imagerecords_grain.dataset(
+            sys.argv[1], "train", batch_size=4, image_size=24, training=True, num_workers=2
+        )
+        iterator = iter(pipeline)
+        held = [next(iterator) for _ in range(3)]
+        workers = [child.pid for child in multiprocessing.active_children()]
+        print(json.dumps(workers), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.e2e
+def test_workers_whose_owner_is_killed_unlink_their_names_and_exit(dataset, tmp_path):
+    """``kill -9`` of the training script: its workers (Grain's would wait on their
+    queues for ever) notice, unlink their segments' names and exit."""
+    script = tmp_path / "owner.py"
+    script.write_text(KILLED_OWNER)
+    process = subprocess.Popen(
+        [sys.executable, str(script), dataset.path], stdout=subprocess.PIPE, text=True
+    )
+    workers = json.loads(process.stdout.readline())
+    assert process.wait(timeout=300) == -9 and len(workers) == 2
+    pidfds = []
+    try:
+        for pid in workers:
+            try:
+                pidfds.append(os.pidfd_open(pid))
+            except ProcessLookupError:  # gone already
+                pass
+        for pidfd in pidfds:  # each becomes readable when its process exits
+            ready, _, _ = select.select([pidfd], [], [], 60)
+            assert ready, "a worker of the killed process is still running"
+        assert segments_of(process.pid) == []
+    finally:
+        for pidfd in pidfds:  # never left running, whatever happened above
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # that process, not its pid's
+            os.close(pidfd)
+        process.stdout.close()
+        for name in segments_of(process.pid):  # what a failed run left
+            os.unlink(os.path.join(SHM, name))
 
 
 @pytest.mark.e2e
