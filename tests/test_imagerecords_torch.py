@@ -577,7 +577,8 @@ def test_the_loop_leaves_no_segment_and_no_warning(dataset, tmp_path, how, code)
     prefixes = (imagerecords_grain.segment_prefix(process.pid),) + tuple(
         f"torch_{pid}_" for pid in workers
     )
-    assert [name for name in os.listdir("/dev/shm") if name.startswith(prefixes)] == []
+    shm = os.listdir(imagerecords_grain._SHM_DIR)
+    assert [name for name in shm if name.startswith(prefixes)] == []
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,7 @@ LOOP = textwrap.dedent(
 
     def left():
         prefix = imagerecords_grain.segment_prefix(os.getpid())
-        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+        return sorted(n for n in os.listdir(imagerecords_grain._SHM_DIR) if n.startswith(prefix))
 
     def main(path, how):
         pipeline = imagerecords_grain.dataset(
