@@ -1,8 +1,9 @@
 """The Grain pipeline over a split: what a JAX training or evaluation loop iterates.
 
 ``dataset(path, split, ...)`` returns a ``grain.IterDataset`` of NumPy batches, each made
-whole in a worker in shared memory; the order and crops are ``streams.py``'s
-(docs/trainers.md, "Grain").
+whole in a worker in shared memory that this module owns: every segment is unlinked once
+its batch is dropped, or by ``sweep`` once its worker has ended; the order and crops are
+``streams.py``'s (docs/trainers.md, "Grain").
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import functools
 import importlib.util
 import logging
 import math
+import mmap
 import multiprocessing.util
 import os
 import secrets
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Sequence
-from multiprocessing import shared_memory
 
 import grain
 import numpy as np
@@ -33,7 +36,7 @@ def host(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
     if (shard_index is None) != (shard_count is None):
         raise ValueError("give both shard_index and shard_count, or neither")
     if shard_index is not None:
-        return streams.check_host(shard_index, shard_count)
+        return streams.check_host(shard_index, shard_count, ("shard_index", "shard_count"))
     if importlib.util.find_spec("jax") is not None:
         import jax
 
@@ -52,8 +55,11 @@ def host(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
 
 
 # Set by ``_start_worker`` in each of Grain's worker processes: batches are
-# then made in shared memory.
+# then made in shared memory. ``_owner`` is the process that started the
+# worker (the one that iterates), whose id each of the worker's segment names
+# carries.
 _in_worker = False
+_owner: int | None = None
 
 
 def _start_worker(worker_index: int, worker_count: int) -> None:
@@ -62,15 +68,39 @@ def _start_worker(worker_index: int, worker_count: int) -> None:
     One OpenCV thread: OpenCV would spread every small resize over a thread pool
     of its own, beside the other workers, for more CPU per image.
     """
-    global _in_worker
+    global _in_worker, _owner
     import cv2
 
     cv2.setNumThreads(1)
-    _in_worker = True
+    _in_worker, _owner = True, os.getppid()
+    threading.Thread(target=_watch_owner, args=(_owner,), daemon=True).start()
 
 
-# Where POSIX shared memory's names are files: a ring needs to link them.
+# How often a worker checks that the process it works for is still there.
+OWNER_CHECK_S = 1.0
+
+
+def _watch_owner(owner: int, period: float = OWNER_CHECK_S) -> None:
+    """A worker's watch: once its owner is gone (killed: the worker's parent is then
+    another process), nobody will map its segments or stop it, so it unlinks
+    their names and exits. Grain's own worker would wait on its queue forever."""
+    while os.getppid() == owner:
+        time.sleep(period)
+    prefix = segment_prefix(owner, os.getpid())
+    for name in os.listdir(_SHM_DIR) if os.path.isdir(_SHM_DIR) else ():
+        if name.startswith(prefix):
+            _unlink(os.path.join(_SHM_DIR, name))
+    os._exit(1)
+
+
+# Where POSIX shared memory's names are files (Linux). The workers' segments
+# are made there by name with os.open, not with multiprocessing's
+# SharedMemory: that registers every name with the resource tracker, which
+# then warns at exit of each one a closed or killed worker left in flight.
 _SHM_DIR = "/dev/shm"
+# Every segment name this module makes starts with it, then the iterating
+# process's id and the worker's: ``imagerecords-<owner>-<worker>-<token>``.
+SEGMENT_PREFIX = "imagerecords-"
 # Segments each worker reuses for its batches' images: the batches in flight
 # (Grain's per-worker buffer) and a few the loop holds. A new segment costs
 # its pages' faults and zeroing in the worker; a batch that finds every slot
@@ -78,84 +108,100 @@ _SHM_DIR = "/dev/shm"
 RING_SLOTS = 6
 
 
+def segment_prefix(owner: int, worker: int | None = None) -> str:
+    """The start of the names of the segments made for process ``owner`` (by ``worker``)."""
+    prefix = f"{SEGMENT_PREFIX}{owner}-"
+    return prefix if worker is None else f"{prefix}{worker}-"
+
+
+class _Segment(mmap.mmap):
+    """A mapping of a named segment (``name``): the base of a batch's array, finalized with it."""
+
+    name = ""
+
+
+def _map(path: str, size: int, create: bool) -> _Segment:
+    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        return _Segment(fd, size)
+    except BaseException:
+        if create:
+            _unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # swept already (its worker ended)
+        pass
+
+
 class _Ring:
     """A worker's reused image segments, one batch each, handed over under new names.
 
-    Grain sends a batch's ``SharedMemoryArray`` by its segment's name, and the
-    main process unlinks that name once it drops the batch (every view of it
-    gone). So each batch goes out under a new name, a hard link to its slot's
-    segment: the slot is free again when its segment has no name but the
-    ring's own (``st_nlink == 1``), and a batch the main process holds, or
-    one still on its way, is never overwritten. The ring's own names are
-    unlinked when the worker exits; a batch's link keeps its memory alive.
+    Each batch goes out under a new name, a hard link to its slot's segment,
+    which the iterating process unlinks once it drops the batch (every view
+    of it gone: ``_open_batch``). A slot is free again when its segment has
+    no name but the ring's own (``st_nlink == 1``), so a batch the iterating
+    process holds, or one still on its way, is never overwritten. The ring's
+    own names are unlinked when the worker exits; a batch's link keeps its
+    memory alive.
     """
 
-    def __init__(self, slots: int = RING_SLOTS, folder: str = _SHM_DIR):
-        self.folder = folder
-        self.segments: list[tuple[shared_memory.SharedMemory, np.ndarray] | None] = [None] * slots
+    def __init__(self, prefix: str, slots: int = RING_SLOTS, folder: str = _SHM_DIR):
+        self.prefix, self.folder = prefix, folder
+        self.segments: list[tuple[str, np.ndarray] | None] = [None] * slots
         self._next = 0
         # read_options may give a worker several read threads: a slot is checked
         # and linked by one at a time, or two batches could share it.
         self._lock = threading.Lock()
 
-    def take(self, shape: tuple[int, ...]) -> np.ndarray:
-        """A ``SharedMemoryArray`` of ``shape`` under a new name: a free slot's, else a new one."""
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    def new_name(self) -> str:
+        return self.prefix + secrets.token_hex(8)
+
+    def take(self, shape: tuple[int, ...]) -> tuple[str, np.ndarray]:
+        """A batch's name and the pixels it names: a free slot's segment, else a new one."""
         with self._lock:
             return self._take(shape)
 
-    def _take(self, shape: tuple[int, ...]) -> np.ndarray:
+    def _take(self, shape: tuple[int, ...]) -> tuple[str, np.ndarray]:
         slots = len(self.segments)
         for step in range(slots):
             slot = (self._next + step) % slots
             segment = self.segments[slot]
-            if segment is not None and self._links(segment[0]) > 1:
+            if segment is not None and os.stat(self.path(segment[0])).st_nlink > 1:
                 continue  # a batch of it is still out
             if segment is None or segment[1].shape != shape:
+                self.segments[slot] = None
                 if segment is not None:
-                    self.segments[slot] = None
-                    self._drop(segment)
+                    _unlink(self.path(segment[0]))
                 segment = self.segments[slot] = self._segment(shape)
             self._next = (slot + 1) % slots
-            return self._hand_over(*segment)
-        return SharedMemoryArray(shape, np.uint8)
+            name = self.new_name()
+            os.link(self.path(segment[0]), self.path(name))
+            return name, segment[1]
+        return self._segment(shape)
 
-    def _links(self, segment: shared_memory.SharedMemory) -> int:
-        return os.stat(os.path.join(self.folder, segment.name)).st_nlink
-
-    @staticmethod
-    def _segment(shape) -> tuple[shared_memory.SharedMemory, np.ndarray]:
-        segment = shared_memory.SharedMemory(create=True, size=math.prod(shape))
-        return segment, np.ndarray(shape, np.uint8, buffer=segment.buf)
-
-    def _hand_over(self, segment: shared_memory.SharedMemory, pixels: np.ndarray) -> np.ndarray:
-        name = f"psm_{secrets.token_hex(8)}"
-        os.link(os.path.join(self.folder, segment.name), os.path.join(self.folder, name))
-        # Opened by the new name only for Grain to read it there; the pixels are
-        # written through the ring's mapping, whose pages are faulted in already.
-        # Opening registers the name with the resource tracker the main process
-        # shares: unlinked there once dropped, by the tracker if it never arrives.
-        handle = shared_memory.SharedMemory(name)
-        batch = pixels.view(SharedMemoryArray)
-        batch.shm = handle
-        return batch
-
-    @staticmethod
-    def _drop(segment) -> None:
-        shm, pixels = segment
-        del segment, pixels
-        shm.unlink()
-        try:
-            shm.close()
-        except BufferError:  # a batch array of it is still here: unmapped with it
-            pass
+    def _segment(self, shape: tuple[int, ...]) -> tuple[str, np.ndarray]:
+        name = self.new_name()
+        segment = _map(self.path(name), math.prod(shape), create=True)
+        return name, np.ndarray(shape, np.uint8, buffer=segment)
 
     def close(self) -> None:
         """Unlinks the ring's own names (the worker's exit)."""
         segments, self.segments = self.segments, [None] * len(self.segments)
-        while segments:
-            segment = segments.pop()
+        for segment in segments:
             if segment is not None:
-                self._drop(segment)
+                _unlink(self.path(segment[0]))
 
 
 _ring: _Ring | None = None  # this worker's, made at its first batch
@@ -168,20 +214,110 @@ def _worker_ring() -> _Ring:
     global _ring
     with _ring_lock:
         if _ring is None:
-            _ring = _Ring()
+            _ring = _Ring(segment_prefix(_owner, os.getpid()))
             multiprocessing.util.Finalize(_ring, _ring.close, exitpriority=10)
         return _ring
 
 
-def _image_array(shape: tuple[int, ...]) -> np.ndarray:
-    """A batch's image array: in shared memory in a worker (Grain passes it on by name,
-    where an ordinary array would be copied there; from the worker's ring where
-    /dev/shm holds the names), else in this process."""
-    if not _in_worker:
-        return np.empty(shape, np.uint8)
-    if os.path.isdir(_SHM_DIR):
-        return _worker_ring().take(shape)
-    return SharedMemoryArray(shape, np.uint8)
+class _SharedBatch:
+    """A worker's batch on its way: pickled as its columns and its images' segment name,
+    which ``_open_batch`` maps in the iterating process (Grain passes an object that
+    is not an array or a container as it is, and copies nothing of it)."""
+
+    def __init__(self, name: str, images: np.ndarray, columns: dict):
+        self.name, self.shape = name, images.shape
+        # The images' key keeps its place in the batch; its array stays out of the pickle.
+        self.columns = {key: None if key == "image" else value for key, value in columns.items()}
+
+    def __reduce__(self):
+        return _open_batch, (self.name, self.shape, self.columns)
+
+
+def _open_batch(name: str, shape: tuple[int, ...], columns: dict, folder: str = _SHM_DIR) -> dict:
+    """A worker's batch in the iterating process: its images mapped from the segment,
+    whose name is unlinked once the last view of them is gone."""
+    path = os.path.join(folder, name)
+    segment = _map(path, math.prod(shape), create=False)
+    segment.name = name
+    weakref.finalize(segment, _unlink, path)
+    images = np.ndarray(shape, np.uint8, buffer=segment)
+    return {key: images if key == "image" else value for key, value in columns.items()}
+
+
+def _live_child(pid: int) -> bool:
+    """Whether ``pid`` is a child of this process that has not exited (per ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return False
+    return fields[0] not in ("Z", "X") and int(fields[1]) == os.getpid()
+
+
+def sweep(folder: str = _SHM_DIR) -> list[str]:
+    """Unlinks the segment names this process's ended workers left, and returns them.
+
+    A worker that ends (closed, failed or killed) may leave the names of batches
+    that never arrived, of batches the loop still holds (its mapping stays), and,
+    if it was killed, its ring's. A live worker's names are left alone.
+    """
+    mine = segment_prefix(os.getpid())
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith(mine)]
+    except FileNotFoundError:
+        return []
+    swept = []
+    for name in names:
+        worker = name[len(mine) :].partition("-")[0]
+        if not (worker.isdigit() and _live_child(int(worker))):
+            _unlink(os.path.join(folder, name))
+            swept.append(name)
+    return swept
+
+
+_sweep_at_exit = None
+
+
+def _sweep_when_done() -> None:
+    """At this process's exit, after Grain's own finalizers have stopped the workers
+    (their priority is 1), the names they left are unlinked."""
+    global _sweep_at_exit
+    if _sweep_at_exit is None:
+        _sweep_at_exit = multiprocessing.util.Finalize(None, sweep, exitpriority=0)
+
+
+class _Sweeping(grain.IterDataset):
+    """The pipeline with worker processes: its iterator unlinks what its workers left
+    once it is closed or ends (or fails: a worker killed, say)."""
+
+    def __init__(self, parent: grain.IterDataset):
+        super().__init__(parent)
+
+    def __iter__(self) -> grain.DatasetIterator:
+        _sweep_when_done()
+        return _SweepingIterator(self._parent.__iter__())
+
+    def __str__(self) -> str:
+        return "imagerecords.grain._Sweeping"
+
+
+class _SweepingIterator(grain.DatasetIterator):
+    def __next__(self):
+        try:
+            return next(self._parent)
+        except BaseException:
+            sweep()
+            raise
+
+    def get_state(self) -> dict:
+        return self._parent.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state)
+
+    def close(self) -> None:
+        super().close()
+        sweep()
 
 
 class GrainBatches:
@@ -200,12 +336,25 @@ class GrainBatches:
     def __len__(self) -> int:
         return self.num_batches
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, index: int) -> dict | _SharedBatch:
         if not 0 <= index < self.num_batches:
             raise IndexError(f"batch {index} of {self.num_batches}")
-        start = index * self.batch_size
-        images = _image_array((self.batch_size, self.size, self.size, 3))
-        columns = self.examples.batch(range(start, start + self.batch_size), images)
+        positions = range(index * self.batch_size, (index + 1) * self.batch_size)
+        shape = (self.batch_size, self.size, self.size, 3)
+        if not _in_worker:
+            return self._columns(positions, np.empty(shape, np.uint8))
+        if not os.path.isdir(_SHM_DIR):  # Grain's own shared memory passes it on by name
+            return self._columns(positions, SharedMemoryArray(shape, np.uint8))
+        ring = _worker_ring()
+        name, images = ring.take(shape)
+        try:
+            return _SharedBatch(name, images, self._columns(positions, images))
+        except BaseException:
+            _unlink(ring.path(name))  # a record that fails: its batch never goes out
+            raise
+
+    def _columns(self, positions: range, images: np.ndarray) -> dict:
+        columns = self.examples.batch(positions, images)
         # Labels int64, masks bool, text fields NumPy strings: what np.stack gives.
         return {
             key: value if key == "image" else np.asarray(value) for key, value in columns.items()
@@ -261,6 +410,16 @@ def dataset(
         read_options: Grain's read threads and buffer per process (by default
             ``default_read_options(num_workers)``).
     """
+    checked = streams.check_arguments(
+        training,
+        batch_size=batch_size,
+        image_size=image_size,
+        seed=seed,
+        num_workers=num_workers,
+        num_epochs=num_epochs,
+    )
+    batch_size, image_size, seed = checked["batch_size"], checked["image_size"], checked["seed"]
+    num_workers, num_epochs = checked["num_workers"], checked["num_epochs"]
     index, count = host(shard_index, shard_count)
     fields = tuple(fields)
     source = streams.open_source(path, split, fields)
@@ -284,8 +443,8 @@ def dataset(
     )
     if workers:
         options = grain.MultiprocessingOptions(num_workers=workers)
-        out = out.mp_prefetch(options, worker_init_fn=_start_worker)
+        out = _Sweeping(out.mp_prefetch(options, worker_init_fn=_start_worker))
     return out
 
 
-__all__ = ["GrainBatches", "dataset", "default_read_options", "host"]
+__all__ = ["GrainBatches", "dataset", "default_read_options", "host", "sweep"]

@@ -35,12 +35,38 @@ def crop_rng(seed: int, epoch: int, record: int) -> np.random.Generator:
     return np.random.default_rng([seed, _CROP, epoch, record])
 
 
-def check_host(index: int, count: int) -> tuple[int, int]:
-    """``(index, count)`` of this host, checked."""
-    if not (isinstance(count, int) and count >= 1 and isinstance(index, int)):
-        raise ValueError(f"host {index!r} of {count!r}: both must be integers, count >= 1")
-    if not 0 <= index < count:
-        raise ValueError(f"host index {index} is not in 0..{count - 1} (of {count} hosts)")
+def check_int(name: str, value, least: int) -> int:
+    """Argument ``name``'s ``value``: an integer (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {least}")
+    return int(value)
+
+
+# The least value of each of the loaders' integer arguments.
+LEAST = {"batch_size": 1, "image_size": 1, "seed": 0, "num_workers": 0, "num_epochs": 1}
+
+
+def check_arguments(training, **values) -> dict[str, int | None]:
+    """The loaders' arguments, checked (``LEAST``'s, given by name; None where it is
+    the default): the values as ints."""
+    if not isinstance(training, bool | np.bool_):
+        raise ValueError(f"training={training!r}: must be True or False")
+    return {
+        name: None
+        if value is None and name in ("num_workers", "num_epochs")
+        else check_int(name, value, LEAST[name])
+        for name, value in values.items()
+    }
+
+
+def check_host(
+    index: int, count: int, names: tuple[str, str] = ("index", "count")
+) -> tuple[int, int]:
+    """``(index, count)`` of this host, checked; ``names`` are the arguments' (in errors)."""
+    count = check_int(names[1], count, 1)
+    index = check_int(names[0], index, 0)
+    if index >= count:
+        raise ValueError(f"{names[0]}={index} is not in 0..{count - 1} ({names[1]}={count})")
     return index, count
 
 

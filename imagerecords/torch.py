@@ -26,7 +26,7 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if (rank is None) != (world_size is None):
         raise ValueError("give both rank and world_size, or neither")
     if rank is not None:
-        return streams.check_host(rank, world_size)
+        return streams.check_host(rank, world_size, ("rank", "world_size"))
     distributed = torch.distributed
     if distributed.is_available() and distributed.is_initialized():
         return distributed.get_rank(), distributed.get_world_size()
@@ -417,6 +417,11 @@ def loader(
         dataloader_args: any other ``DataLoader`` argument
             (``multiprocessing_context``, ``pin_memory``, ``persistent_workers``, ...).
     """
+    checked = streams.check_arguments(
+        training, batch_size=batch_size, image_size=image_size, seed=seed, num_workers=num_workers
+    )
+    batch_size, image_size, seed = checked["batch_size"], checked["image_size"], checked["seed"]
+    num_workers = checked["num_workers"]
     index, count = rank_and_world(rank, world_size)
     fields = tuple(fields)
     source = streams.open_source(path, split, fields)

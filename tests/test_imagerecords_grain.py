@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import pickle
 import sys
 import textwrap
 
@@ -90,9 +91,12 @@ def test_train_order_refuses_less_than_a_batch_per_host():
     [
         (0, 1, None),
         (2, 3, None),
-        (3, 3, "not in 0..2"),
-        (-1, 2, "not in 0..1"),
-        (0, 0, "count >= 1"),
+        (3, 3, r"index=3 is not in 0..2 \(count=3\)"),
+        (-1, 2, "index=-1: must be an integer >= 0"),
+        (0, 0, "count=0: must be an integer >= 1"),
+        (True, 2, "index=True: must be an integer"),  # a bool is not a host
+        (0, 2.0, "count=2.0: must be an integer"),
+        (np.int64(1), 2, None),
     ],
 )
 def test_check_host(index, count, error):
@@ -271,8 +275,36 @@ def test_host_given_or_refused():
     assert imagerecords_grain.host(1, 3) == (1, 3)
     with pytest.raises(ValueError, match="give both shard_index and shard_count"):
         imagerecords_grain.host(1, None)
-    with pytest.raises(ValueError, match="host index 3 is not in 0..2"):
+    with pytest.raises(ValueError, match=r"shard_index=3 is not in 0..2 \(shard_count=3\)"):
         imagerecords_grain.host(3, 3)
+    with pytest.raises(ValueError, match="shard_index=True: must be an integer >= 0"):
+        imagerecords_grain.host(True, 2)
+
+
+@pytest.mark.parametrize(
+    "argument, value, error",
+    [
+        ("batch_size", 0, "batch_size=0: must be an integer >= 1"),
+        ("batch_size", -4, "batch_size=-4: must be an integer >= 1"),
+        ("batch_size", 4.0, "batch_size=4.0: must be an integer >= 1"),
+        ("batch_size", True, "batch_size=True: must be an integer >= 1"),
+        ("image_size", 0, "image_size=0: must be an integer >= 1"),
+        ("image_size", "24", "image_size='24': must be an integer >= 1"),
+        ("seed", -1, "seed=-1: must be an integer >= 0"),
+        ("num_workers", -1, "num_workers=-1: must be an integer >= 0"),
+        ("num_workers", 1.5, "num_workers=1.5: must be an integer >= 0"),
+        ("num_epochs", 0, "num_epochs=0: must be an integer >= 1"),
+        ("training", "false", "training='false': must be True or False"),
+        ("shard_index", True, "shard_index=True: must be an integer >= 0"),
+        ("shard_count", 0, "shard_count=0: must be an integer >= 1"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name_before_the_dataset_is_opened(argument, value, error):
+    kwargs = {"batch_size": 4, "image_size": 24, "training": True, "num_workers": 0}
+    kwargs.update(shard_index=0, shard_count=1)
+    kwargs[argument] = value
+    with pytest.raises(ValueError, match=f"^{error}"):
+        imagerecords_grain.dataset("/no/such/dataset", "train", **kwargs)
 
 
 def test_one_host_warns_only_when_a_launcher_says_more(monkeypatch, caplog):
@@ -330,15 +362,50 @@ def test_serialized_records_give_the_same_batches_as_parsed_ones(dataset):
         assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["label"], b["label"])
 
 
-@pytest.mark.e2e
-def test_a_worker_makes_its_batch_in_shared_memory_that_grain_passes_on_uncopied(
-    dataset, monkeypatch
-):
-    """In a worker process (``_start_worker`` ran) a batch's images lie in shared memory,
-    which Grain's hand-over to the main process sends by name, not by a copy."""
+def _in_a_worker(monkeypatch, batches, index):
+    """Batch ``index`` as a worker process makes it (``_start_worker`` ran), with its ring."""
     import cv2
+
+    threads = cv2.getNumThreads()
+    monkeypatch.setattr(imagerecords_grain, "_in_worker", False)
+    monkeypatch.setattr(imagerecords_grain, "_ring", None)
+    monkeypatch.setattr(imagerecords_grain, "_owner", None)
+    monkeypatch.setattr(imagerecords_grain, "_watch_owner", lambda owner: None)  # not here
+    try:
+        imagerecords_grain._start_worker(0, 2)
+        assert imagerecords_grain._in_worker and cv2.getNumThreads() == 1
+        return batches[index]
+    finally:
+        cv2.setNumThreads(threads)
+
+
+def _hand_over(batch):
+    """What Grain does with a worker's batch: pickled there, unpickled here."""
+    return pickle.loads(pickle.dumps(batch))
+
+
+def _names_in_shm() -> set[str]:
+    """The names this process made as a worker would (``_start_worker`` ran here)."""
+    prefix = imagerecords_grain.segment_prefix(os.getppid(), os.getpid())
+    return {name for name in os.listdir(imagerecords_grain._SHM_DIR) if name.startswith(prefix)}
+
+
+@pytest.fixture
+def as_a_worker():
+    """Unlinks what a test made here as a worker would, even when it fails."""
+    yield
+    for name in _names_in_shm():
+        os.unlink(os.path.join(imagerecords_grain._SHM_DIR, name))
+
+
+@pytest.mark.e2e
+def test_a_worker_makes_its_batch_in_shared_memory_that_goes_over_by_name(
+    dataset, monkeypatch, as_a_worker
+):
+    """In a worker process a batch's images lie in shared memory, which goes to the
+    iterating process by the segment's name, not by a copy; Grain passes the batch
+    on as it is (no copy of any of its arrays into segments of its own)."""
     from grain._src.python.ipc import shared_memory_array
-    from grain.multiprocessing import SharedMemoryArray
 
     source = streams.open_source(dataset.path, "train", ())
     order = streams.TrainOrder(len(source), 4, 0, 1, seed=0)
@@ -346,85 +413,96 @@ def test_a_worker_makes_its_batch_in_shared_memory_that_grain_passes_on_uncopied
     batches = imagerecords_grain.GrainBatches(streams.Examples(source, order, make, 40), 4, 10, 24)
     in_process = batches[3]
     assert type(in_process["image"]) is np.ndarray and in_process["label"].dtype == np.int64
-    threads = cv2.getNumThreads()
-    monkeypatch.setattr(imagerecords_grain, "_in_worker", False)
-    try:
-        imagerecords_grain._start_worker(0, 2)
-        assert imagerecords_grain._in_worker and cv2.getNumThreads() == 1
-        batch = batches[3]
-    finally:
-        cv2.setNumThreads(threads)
-    assert isinstance(batch["image"], SharedMemoryArray)
-    assert np.array_equal(batch["image"], in_process["image"])
-    handed = shared_memory_array.copy_to_shm(batch)
-    assert handed["image"].name == batch["image"].shm.name  # the same memory, by name
-    received = shared_memory_array.open_from_shm(handed)
-    assert np.array_equal(received["image"], in_process["image"])
+    batch = _in_a_worker(monkeypatch, batches, 3)
+    assert shared_memory_array.copy_to_shm(batch) is batch
+    pickled = pickle.dumps(batch)
+    assert len(pickled) < in_process["image"].nbytes
+    received = pickle.loads(pickled)
+    assert list(received) == list(in_process)
+    for key, value in in_process.items():
+        assert np.array_equal(received[key], value) and received[key].dtype == value.dtype
+    name = received["image"].base.name
+    assert name == batch.name and name in _names_in_shm()
+    del received
+    assert name not in _names_in_shm()  # dropped: its name is unlinked
+    imagerecords_grain._ring.close()
+    assert not _names_in_shm()
     with pytest.raises(IndexError, match="batch 10 of 10"):
         batches[10]
+
+
+@pytest.mark.e2e
+def test_a_batch_that_fails_in_a_worker_leaves_its_slot_free(dataset, monkeypatch, as_a_worker):
+    """A record that fails while its batch is made: the batch's name goes, so its slot
+    is not held by a batch that never goes out."""
+    source = streams.open_source(dataset.path, "train", ())
+    order = streams.TrainOrder(len(source), 4, 0, 1, seed=0)
+
+    def broken(record, slot, rng, out=None):
+        raise ValueError("a corrupt record")
+
+    batches = imagerecords_grain.GrainBatches(
+        streams.Examples(source, order, broken, 40), 4, 10, 24
+    )
+    with pytest.raises(ValueError, match="a corrupt record"):
+        _in_a_worker(monkeypatch, batches, 0)
+    ring = imagerecords_grain._ring
+    assert _names_in_shm() == {ring.segments[0][0]}  # the slot's own name only
+    assert os.stat(ring.path(ring.segments[0][0])).st_nlink == 1  # free: no batch of it out
+    ring.close()
 
 
 # ------------------------------------------------------------------ reused image segments
 
 
 def _inode(array) -> int:
-    """The segment under an array's shared-memory name (its name is linked while held)."""
-    return os.stat(os.path.join(imagerecords_grain._SHM_DIR, array.shm.name)).st_ino
+    """The segment a received batch's array lies in (its name is linked while held)."""
+    return os.stat(os.path.join(imagerecords_grain._SHM_DIR, array.base.name)).st_ino
 
 
 def _inodes_in_shm() -> set[int]:  # noqa: D103
     return {entry.inode() for entry in os.scandir(imagerecords_grain._SHM_DIR)}
 
 
-def test_a_ring_slot_is_written_again_only_once_the_main_process_dropped_its_batch(
-    monkeypatch,
-):
+def test_a_ring_slot_is_written_again_only_once_the_main_process_dropped_its_batch(as_a_worker):
     """Each batch goes out under a new name; a slot whose batch is held (a view is
     enough) or on its way is skipped, every slot out gives a new segment, and a slot
-    whose batch the main process dropped (Grain unlinks its name) is reused."""
-    from grain._src.python.ipc import shared_memory_array
-    from grain.multiprocessing import SharedMemoryArray
-
-    # Grain's synchronous unlink (an earlier pipeline here may have started its thread).
-    monkeypatch.setattr(SharedMemoryArray, "_del_thread_pool", None)
-
+    whose batch the iterating process dropped (its name unlinked) is reused."""
     shape = (2, 4, 4, 3)
-    ring = imagerecords_grain._Ring(slots=2)
+    ring = imagerecords_grain._Ring(imagerecords_grain.segment_prefix(os.getppid(), os.getpid()), 2)
 
-    def hand_over():  # what Grain does: by name from the worker, opened in the main process
-        return shared_memory_array.open_from_shm(shared_memory_array.copy_to_shm(ring.take(shape)))
+    def take():
+        name, pixels = ring.take(shape)
+        return imagerecords_grain._SharedBatch(name, pixels, {"image": None})
+
+    def hand_over():  # by name from the worker, mapped here
+        return _hand_over(take())["image"]
 
     first = hand_over()
     first[:] = 7
     slot_0 = _inode(first)
-    on_its_way = ring.take(shape)  # slot 1, not yet opened by the main process
+    on_its_way = take()  # slot 1, not yet mapped here
     fresh = hand_over()
-    assert len({slot_0, _inode(on_its_way), _inode(fresh)}) == 3
+    assert len({slot_0, os.stat(ring.path(on_its_way.name)).st_ino, _inode(fresh)}) == 3
     view = first[1]
     del first
     assert _inode(hand_over()) != slot_0  # the view holds slot 0
     del view
     again = hand_over()
     assert _inode(again) == slot_0
-    assert again.shm.name != on_its_way.shm.name
-    shared_memory_array.unlink_shm(shared_memory_array.copy_to_shm(on_its_way))
-    del on_its_way, again, fresh
+    del again, fresh
     ring.close()
     assert slot_0 not in _inodes_in_shm()
+    # Never mapped here, so its name stays: the sweep's (tests/test_loader_cleanup.py).
+    assert _names_in_shm() == {on_its_way.name}
 
 
 @pytest.mark.e2e
-def test_a_worker_reuses_its_segments_and_never_overwrites_a_held_batch(dataset, monkeypatch):
+def test_a_worker_reuses_its_segments_and_never_overwrites_a_held_batch(dataset):
     """Three epochs through one worker, each batch dropped once the next one comes, but
     the first held to the end: it keeps its pixels and its segment, and the others
-    share segments. Grain unlinks a dropped batch's name at once here (its deleting
-    thread, which an earlier pipeline in this process may have started, would make
-    the reuse depend on that thread's timing); a worker then has at most a few
-    batches out besides the held one, fewer than its six slots, so reuse is
-    certain."""
-    from grain.multiprocessing import SharedMemoryArray
-
-    monkeypatch.setattr(SharedMemoryArray, "_del_thread_pool", None)
+    share segments (a worker has at most a few batches out besides the held one,
+    fewer than its six slots, so reuse is certain)."""
     kwargs = {"training": True, "num_epochs": 3, "seed": 3, "shard_index": 0, "shard_count": 1}
     expected = [batch["image"] for batch in _batches(dataset.path, "train", **kwargs)]
     iterator = iter(
