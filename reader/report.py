@@ -27,9 +27,9 @@ from reader.report_lists import (
     MEMBERS_SHOWN,
     REASONS_SHOWN,
     SECTIONS,
-    Group,
+    ListedGroup,
+    ListedMember,
     ListSection,
-    Member,
     Pictures,
     Rejects,
     Shown,
@@ -122,7 +122,7 @@ window.addEventListener("load", function () {
 POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
 
 
-def _member_html(member: Member, group: Group, rejects: Rejects, pics: Pictures) -> str:
+def _member_html(member: ListedMember, group: ListedGroup, rejects: Rejects, pics: Pictures) -> str:
     reason = rejects.of_shown.get(member.id)
     kept = kept_of(reason)
     picture = pics.by_split.get(member.split, {}).get(member.id)
@@ -150,7 +150,7 @@ def _member_html(member: Member, group: Group, rejects: Rejects, pics: Pictures)
     )
 
 
-def _group_html(number: int, group: Group, rejects: Rejects, pics: Pictures) -> str:
+def _group_html(number: int, group: ListedGroup, rejects: Rejects, pics: Pictures) -> str:
     tags = ("across splits",) * group.across_splits + ("across classes",) * group.across_classes
     head = [f"group {number}: {len(group.members)} images"]
     head += [f'<span class="tag">{t}</span>' for t in tags]

@@ -70,17 +70,17 @@ def _str(value) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Member:
+class ListedMember:
     id: str
     split: str
     label: str
 
 
 @dataclasses.dataclass(frozen=True)
-class Group:
+class ListedGroup:
     """One line of a list: its members and, for near copies, the pairs' distances."""
 
-    members: tuple[Member, ...]
+    members: tuple[ListedMember, ...]
     pairs: tuple[tuple[str, str, int | None], ...] = ()
     digest: str | None = None
 
@@ -93,13 +93,13 @@ class Group:
         return len({m.label for m in self.members}) > 1
 
 
-def group_of(row) -> Group | None:
+def group_of(row) -> ListedGroup | None:
     """A group from a row of ``near_duplicates.jsonl`` or ``duplicates.jsonl``, or None
     for a row that is not one (each value is taken as text; nothing is trusted)."""
     if not isinstance(row, dict) or not isinstance(row.get("members"), list):
         return None
     members = tuple(
-        Member(_str(m.get("id")), _str(m.get("split")), _str(m.get("label")))
+        ListedMember(_str(m.get("id")), _str(m.get("split")), _str(m.get("label")))
         for m in row["members"]
         if isinstance(m, dict)
     )
@@ -109,7 +109,7 @@ def group_of(row) -> Group | None:
         if isinstance(p, dict)
     )
     digest = row.get("sha256")
-    return Group(members, pairs, digest if isinstance(digest, str) else None)
+    return ListedGroup(members, pairs, digest if isinstance(digest, str) else None)
 
 
 def is_int(value) -> bool:
@@ -129,8 +129,8 @@ class ListSection:
     title: str
     about: str
     block: str
-    keep: Callable[[Group], bool]
-    parse: Callable[[object], Group | None] = group_of
+    keep: Callable[[ListedGroup], bool]
+    parse: Callable[[object], ListedGroup | None] = group_of
 
 
 SECTIONS = (
@@ -171,7 +171,7 @@ class Shown:
     """What a section shows: its first groups, and how many it has in all."""
 
     section: ListSection
-    groups: list[Group] = dataclasses.field(default_factory=list)
+    groups: list[ListedGroup] = dataclasses.field(default_factory=list)
     total: int = 0
     problem: str | None = None  # why the list could not be read, in words
 

@@ -136,6 +136,7 @@ def test_workers_install_setup_py_without_tensorflow(template):
             "google-crc32c",
             "protobuf",
             "simplejpeg",  # libjpeg-turbo's strict decode (beam_pipeline/core/jpeg.py)
+            "regex",  # --group_by's time-bounded match (core/groups.py); Beam[gcp] needs it too
             "tqdm",  # the launcher's progress line (beam_pipeline/engines/progress.py); small, pure Python
         }
     )
