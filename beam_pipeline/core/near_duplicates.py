@@ -5,7 +5,10 @@ brightened) has another SHA-256, so ``duplicates.py`` cannot see it. Here an
 image becomes a ``Fingerprint``: a 64-bit perceptual hash (pHash) of the
 whole image plus one of each of 18 sub-windows (a crop of the original is
 close to one of its windows), and its mean chromaticity, a cheap check that keeps a
-grey photo and a colour one of the same layout apart.
+grey photo and a colour one of the same layout apart. The whole hash's first
+bit says whether the image has the texture a hash needs to mean anything
+(``textured``): a flat, gradient, striped, line-art or mostly blank picture
+hashes to nearly the same bits as any other such, so it is paired with nothing.
 
 The search never compares all pairs: each hash is cut into overlapping
 bands (``band_keys``), images that share a band key are candidates (on Beam a
@@ -58,6 +61,29 @@ THRESHOLD = 6
 COLOUR_TOLERANCE = 12
 
 _PHASH_SIDE = 32  # pHash: DCT of a 32x32 thumbnail, the 8x8 lowest frequencies kept
+
+# The texture rule (calibrated by bench/near/texture.py on the low-texture
+# cases and the photo calibration set). The whole image's 63 lowest AC DCT
+# coefficients, in grey levels (a cosine of amplitude A across the image is
+# about A): an image is ``textured`` when their root sum of squares is at
+# least TEXTURE_ENERGY and at least TEXTURE_COEFFICIENTS of them lie more
+# than TEXTURE_MARGIN from their median (the bits a small change cannot
+# flip), and no more than BLANK_SHARE of the fingerprint's base lies within
+# BLANK_LEVELS grey levels of the base's median. Flat images have none of
+# it; gradients, stripes and simple shapes have a handful of strong
+# coefficients (at most 15); a page of a few lines of text is blank where
+# the base's samples miss its thin strokes (95-99%), so a faint hash of
+# its layout would pair it with any other such page. The photos' least are
+# 34 coefficients, energy 11.7 and 89% blank.
+TEXTURE_ENERGY = 10
+TEXTURE_COEFFICIENTS = 24
+TEXTURE_MARGIN = 0.25
+BLANK_SHARE = 0.93
+BLANK_LEVELS = 2
+# The first bit of a pHash compares the DC coefficient with the median of the
+# others: set in every image, so it carries nothing. The whole hash's holds
+# the texture flag instead; the windows' keep theirs.
+TEXTURE_BIT = 1 << (HASH_BITS - 1)
 
 
 class Fingerprint(NamedTuple):
@@ -197,8 +223,9 @@ def _layout(windows: tuple[tuple[float, float, float, float], ...]) -> _Layout:
 
 
 def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndarray]:
-    """``(windows, 8)`` uint8, each window's pHash big-endian, and the ``(3,)``
-    channel sums, of ``(h, w, 3)`` pixels: exact integer products (see above)."""
+    """``(windows, 8)`` uint8, each window's pHash big-endian (the first's first
+    bit its texture flag), and the ``(3,)`` channel sums, of ``(h, w, 3)``
+    pixels: exact integer products (see above)."""
     h, w, _ = pixels.shape
     # Every partial sum is one the grey-first order makes too, regrouped:
     # integers below 2**53 either way, so the same exact values.
@@ -206,7 +233,41 @@ def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndar
     low = (layout.row_transform(h) @ per_row[:, :-3]).ravel().take(layout.take)
     # The median of the 63 coefficients after DC is the 32nd smallest.
     median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
-    return np.packbits(low > median, axis=1), per_row[:, -3:].sum(axis=0)
+    bits = np.packbits(low > median, axis=1)
+    textured = texture_of(low[0, 1:], float(median[0, 0])) and not blank(pixels)
+    flag = np.uint8(0x80) if textured else np.uint8(0)
+    bits[0, 0] = (bits[0, 0] & np.uint8(0x7F)) | flag
+    return bits, per_row[:, -3:].sum(axis=0)
+
+
+# One grey level of a coefficient in the products' units: the two side
+# transforms' scale, the grey weights' thousandths, and the 16 x 16 a cosine
+# of amplitude one sums to over the 32 x 32 bins.
+_GREY_LEVEL = 2 ** (2 * _SCALE_BITS) * 1000 * 256
+# The energy is summed in integers (exact, so the same flag whatever order
+# the sum runs in): each coefficient's magnitude in units of 2**24, below
+# 2**27, so 63 squares stay far below 2**63.
+_ENERGY_UNIT = 2**24
+_MIN_ENERGY_SQUARED = round(TEXTURE_ENERGY * _GREY_LEVEL / _ENERGY_UNIT) ** 2
+_MARGIN = TEXTURE_MARGIN * _GREY_LEVEL
+
+
+def texture_of(ac: np.ndarray, median: float) -> bool:
+    """Whether the 63 AC coefficients of a whole image (the products' exact
+    units) pass the texture rule (``TEXTURE_*``)."""
+    units = (np.abs(ac) // _ENERGY_UNIT).astype(np.int64)
+    if int(units @ units) < _MIN_ENERGY_SQUARED:
+        return False
+    return int(np.count_nonzero(np.abs(ac - median) > _MARGIN)) >= TEXTURE_COEFFICIENTS
+
+
+def blank(pixels: np.ndarray) -> bool:
+    """Whether more than ``BLANK_SHARE`` of ``(h, w, 3)`` pixels lie within
+    ``BLANK_LEVELS`` grey levels of their median (integers in thousandths: exact)."""
+    grey = (pixels @ _GREY_WEIGHTS).ravel()
+    median = np.partition(grey, grey.size // 2)[grey.size // 2]
+    near = np.count_nonzero(np.abs(grey - median) <= BLANK_LEVELS * 1000)
+    return near > BLANK_SHARE * grey.size
 
 
 _DEFAULT_LAYOUT = _Layout(WINDOWS)
@@ -290,6 +351,12 @@ def _chromaticity(sums: np.ndarray) -> tuple[int, int, int]:
     return round(r * scale), round(g * scale), round(b * scale)
 
 
+def textured(fp: Fingerprint) -> bool:
+    """Whether the image has the texture its hashes need to be paired (the flag
+    its whole hash holds)."""
+    return bool(fp.hashes[0] & TEXTURE_BIT)
+
+
 def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
@@ -315,7 +382,10 @@ def verify(
     threshold: int = THRESHOLD,
     tolerance: int = COLOUR_TOLERANCE,
 ) -> int | None:
-    """The pair's distance if they are near copies, else None."""
+    """The pair's distance if they are near copies, else None (always for an
+    image without texture: its hash says too little to pair it)."""
+    if not (textured(a) and textured(b)):
+        return None
     d = distance(a, b)
     return d if d <= threshold and colours_agree(a, b, tolerance) else None
 

@@ -1,7 +1,7 @@
 """The Beam graph's Near duplicates stage (``pipeline.build`` wires it after FindDuplicates).
 
-FindNearDuplicates  RecordBatch -> the near-duplicate groups and oversized buckets
-                    (one element, ``found``); with --dedupe near also the batches
+FindNearDuplicates  RecordBatch -> the near-duplicate groups, oversized buckets
+                    and the count left out for lack of texture (one element, ``found``); with --dedupe near also the batches
                     without the near copies + a Rejection per copy
 
 The steps are stages/near.py's, as the local engine runs them: a
@@ -52,9 +52,11 @@ class _BucketFn(beam.DoFn):
             yield near.to_row(pair)
 
 
-def _found(pairs, oversized) -> near.Found:
+def _found(pairs, oversized, untextured: int) -> near.Found:
     return near.found_of(
-        [near.from_row(row) for row in pairs], [near_search.Oversized(*o) for o in oversized]
+        [near.from_row(row) for row in pairs],
+        [near_search.Oversized(*o) for o in oversized],
+        untextured,
     )
 
 
@@ -111,16 +113,24 @@ class FindNearDuplicates(beam.PTransform):
             | "AllPairs" >> beam.Flatten()
             | "DistinctPairs" >> beam.Distinct()
         )
-        # One element that takes the pairs and the oversized buckets as side
-        # inputs: a list even when empty, without CombineGlobally's KeyWithVoid.
+        # Per batch, its fingerprints the search leaves out (no texture).
+        untextured = batches | "Untextured" >> beam.FlatMap(
+            lambda b: [n] if (n := near.untextured(b)) else []
+        )
+        # One element that takes the pairs, the oversized buckets and the
+        # counts as side inputs: a list even when empty, without
+        # CombineGlobally's KeyWithVoid.
         found = (
             batches.pipeline
             | "OneSearch" >> beam.Create([None], reshuffle=False)
             | "Groups"
             >> beam.Map(
-                lambda _, rows, oversized: _count_pairs(_found(rows, oversized)),
+                lambda _, rows, oversized, left_out: _count_pairs(
+                    _found(rows, oversized, sum(left_out))
+                ),
                 AsList(pairs),
                 AsList(buckets[OVERSIZED]),
+                AsList(untextured),
             )
         )
         if not self._dedupe_near:

@@ -69,7 +69,7 @@ class Finalizer:
         kept = self._check_books(plans, list(shards), rejects)
         placed = place_shards(kept, self._config.output)
         info = self._info(placed, rejects, skipped, groups, census or split_groups.Census())
-        info["near_duplicates"] = near_search.info_block(near.groups, near.oversized)
+        info["near_duplicates"] = near_search.info_block(near.groups, near.oversized, near.untextured)
         if self._config.reuse:
             # Describes the run, not the data: all else is what a full conversion writes.
             info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
@@ -122,7 +122,8 @@ class Finalizer:
         if failure:
             raise BooksDoNotBalance(failure)
         total_listed = sum(plan.listed for plan in plans.values())
-        # Copies dropped by --dedupe were asked for: they are not bad images.
+        # Exact copies dropped by --dedupe are not bad images; near copies count
+        # (RejectKind.bad).
         bad = [r.reason for r in rejects if r.kind.bad]
         if len(bad) / total_listed > config.max_reject_fraction:
             raise errors.too_many_rejects(
