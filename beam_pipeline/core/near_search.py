@@ -193,9 +193,7 @@ def dropped(found: Sequence[Group]) -> dict[str, str]:
     return drops
 
 
-def info_block(
-    found: Sequence[Group], oversized: Sequence[Oversized], untextured: int = 0
-) -> dict:
+def info_block(found: Sequence[Group], oversized: Sequence[Oversized], untextured: int = 0) -> dict:
     """The ``near_duplicates`` block of imagerecords.json (docs/format.md section 7)."""
     return {
         "scheme": SCHEME,
