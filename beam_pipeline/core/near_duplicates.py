@@ -52,11 +52,19 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
 # at the size a conversion stores and the search's cost at 1.28 M images
 # (docs/performance.md): wide bands keep the random candidates few, and a
 # band key that no whole-image hash has needs no window entry either
-# (``band_keys_rows``' ``known``), so the sixth band costs little.
+# (``band_keys_rows``' ``known``), so a band more costs little. Eight bands
+# where six were: with the pair's support (``SUPPORT``) the look-alikes the
+# extra candidates bring are refused, and the calibration set's crops gain.
 BAND_BITS = 23
-BAND_COUNT = 6
+BAND_COUNT = 8
 # Calibrated by bench/near/duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6
+# A pair also needs a second pairing of its hashes within SUPPORT (``support``):
+# a copy lies close to its original under neighbouring windows too (on the
+# calibration set every copy's second distance is 10 or less), where two
+# distinct look-alikes meet under one pairing alone (the one false pair at
+# THRESHOLD there, two tiles of a starfield: 6, then 12).
+SUPPORT = 10
 # Largest difference of mean chromaticity (0-255 scale, per channel) of a pair.
 COLOUR_TOLERANCE = 12
 
@@ -372,6 +380,14 @@ def distance(a: Fingerprint, b: Fingerprint) -> int:
     return min(best, min(hamming(b.hashes[0], h) for h in a.hashes))
 
 
+def support(a: Fingerprint, b: Fingerprint) -> int:
+    """The second least distance of :func:`distance`'s pairings (whole against
+    whole counted once; a fingerprint of the whole image alone has one, its own)."""
+    pairings = [hamming(a.hashes[0], h) for h in b.hashes]
+    pairings += [hamming(b.hashes[0], h) for h in a.hashes[1:]]
+    return sorted(pairings)[min(1, len(pairings) - 1)]
+
+
 def colours_agree(a: Fingerprint, b: Fingerprint, tolerance: int = COLOUR_TOLERANCE) -> bool:
     return max(abs(x - y) for x, y in zip(a.colour, b.colour, strict=True)) <= tolerance
 
@@ -387,17 +403,30 @@ def verify(
     if not (textured(a) and textured(b)):
         return None
     d = distance(a, b)
-    return d if d <= threshold and colours_agree(a, b, tolerance) else None
+    if d > threshold or support(a, b) > SUPPORT:
+        return None
+    return d if colours_agree(a, b, tolerance) else None
 
 
 def distances(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
     """:func:`distance` of each row pair of two ``(pairs, slots)`` uint64 arrays."""
+    return np.bitwise_count(_pairings(hashes_a, hashes_b)).min(axis=1)
+
+
+def supports(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
+    """:func:`support` of each row pair of two ``(pairs, slots)`` uint64 arrays."""
+    counts = np.bitwise_count(_pairings(hashes_a, hashes_b))
+    second = min(1, counts.shape[1] - 1)
+    return np.partition(counts, second, axis=1)[:, second]
+
+
+def _pairings(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
+    """Both directions' XORs side by side, whole against whole once: ``(pairs, 2 * slots - 1)``."""
     slots = hashes_a.shape[1]
-    # Both directions' XORs side by side: one count and one minimum per row.
-    xor = np.empty((len(hashes_a), 2 * slots), np.uint64)
+    xor = np.empty((len(hashes_a), 2 * slots - 1), np.uint64)
     np.bitwise_xor(hashes_a[:, :1], hashes_b, out=xor[:, :slots])
-    np.bitwise_xor(hashes_b[:, :1], hashes_a, out=xor[:, slots:])
-    return np.bitwise_count(xor).min(axis=1)
+    np.bitwise_xor(hashes_b[:, :1], hashes_a[:, 1:], out=xor[:, slots:])
+    return xor
 
 
 def colours_agree_rows(

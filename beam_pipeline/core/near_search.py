@@ -40,6 +40,7 @@ SCHEME_VALUES = {
     "band_bits": near_duplicates.BAND_BITS,
     "band_count": near_duplicates.BAND_COUNT,
     "threshold": near_duplicates.THRESHOLD,
+    "support": near_duplicates.SUPPORT,
     "colour_tolerance": near_duplicates.COLOUR_TOLERANCE,
     "texture": {
         "energy": near_duplicates.TEXTURE_ENERGY,

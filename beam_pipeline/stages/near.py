@@ -349,9 +349,12 @@ def _verified(candidates, images: int, hashes, colours, members) -> list[near_se
         np.take(hashes, i, axis=0, out=a_rows)
         np.take(hashes, j, axis=0, out=b_rows)
         d = near_duplicates.distances(a_rows, b_rows)
-        # The colours of the few within the distance only: most candidates are not.
+        # The support and colours of the few within the distance only: most
+        # candidates are not.
         close = np.flatnonzero(d <= near_duplicates.THRESHOLD)
         i, j, d = i[close], j[close], d[close]
+        held = near_duplicates.supports(a_rows[close], b_rows[close]) <= near_duplicates.SUPPORT
+        i, j, d = i[held], j[held], d[held]
         ok = near_duplicates.colours_agree_rows(colours[i], colours[j])
         for a, b, dist in zip(i[ok].tolist(), j[ok].tolist(), d[ok].tolist(), strict=True):
             ma, mb = members[a], members[b]

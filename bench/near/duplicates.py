@@ -104,8 +104,16 @@ def calibrate(
     split = {n: keys.assign_split(0, n, fractions) for n in names}
     candidates = nd.candidate_pairs(fps, band_bits, band_count)
     # Distance and colour of every candidate, once; each threshold only filters.
+    # The pHash's texture flag is the search's rule too (the other kinds have none).
+    textured = [kind != "phash" or nd.textured(fp) for fp in fps]
     checked = {
-        (i, j): (nd.distance(fps[i], fps[j]), nd.colours_agree(fps[i], fps[j]))
+        (i, j): (
+            nd.distance(fps[i], fps[j]),
+            nd.colours_agree(fps[i], fps[j])
+            and textured[i]
+            and textured[j]
+            and nd.support(fps[i], fps[j]) <= nd.SUPPORT,
+        )
         for i, j in candidates
     }
     rows = []
@@ -124,6 +132,7 @@ def calibrate(
                 cross[0] += hit
                 cross[1] += 1
         hits = sum(v[0] for v in per_kind.values())
+        spanning = _left_spanning(names, split, origin, found)
         rows.append(
             {
                 "threshold": t,
@@ -133,6 +142,8 @@ def calibrate(
                 "false_pairs": false,
                 "false_per_10k": false / len(names) * 10_000,
                 "per_kind": {k: v[0] / v[1] for k, v in sorted(per_kind.items())},
+                "untextured": len(textured) - sum(textured),
+                **spanning,
             }
         )
     copy_pairs = sum(origin[names[i]] == origin[names[j]] for i, j in candidates)
@@ -146,6 +157,28 @@ def calibrate(
         "uniform_candidates": _uniform_candidates(len(names), len(windows), band_bits, band_count),
         "rows": rows,
     }
+
+
+def _left_spanning(names, split, origin, found) -> dict:
+    """What ``--dedupe near`` leaves of the set's true groups (an original and its
+    copies) that span splits: of those, how many still do after each found
+    group keeps only its keeper (``near_search.keeper``)."""
+    from beam_pipeline.core import near_search
+    from beam_pipeline.core.duplicates import Member
+
+    members = [Member(n, split[n], 0) for n in names]
+    dropped = near_search.dropped(
+        [
+            near_search.Group(tuple(members[names.index(i)] for i in g), ())
+            for g in nd.groups((names[i], names[j]) for i, j in found)
+        ]
+    )
+    truth: dict[str, set[str]] = {}
+    for n in names:
+        truth.setdefault(origin[n], set()).add(n)
+    spanning = [g for g in truth.values() if len({split[n] for n in g}) > 1]
+    left = [g for g in spanning if len({split[n] for n in g if n not in dropped}) > 1]
+    return {"groups_spanning": len(spanning), "left_spanning": len(left)}
 
 
 def _uniform_candidates(images: int, slots: int, band_bits: int, band_count: int) -> float:
@@ -193,8 +226,10 @@ def synthetic_hashes(n: int, planted: int, seed: int = 0) -> tuple[np.ndarray, n
     """``(n, len(WINDOWS))`` random uint64 hashes with the DC bit set; the first
     ``planted`` pairs of rows ``(2k, 2k+1)`` are near copies: the whole-image
     hash of ``2k+1`` is ``2k``'s third window's with 0, 2, 4 or 6 of its other
-    bits flipped (a real pair's distance is even: each hash has as many bits
-    above its median). Returns the hashes and the planted pairs."""
+    bits flipped (a textured pair's distance is nearly always even: each hash
+    has as many bits above its median), and ``2k``'s fourth window is its
+    third with 2 bits flipped (the pair's support). Returns the hashes and the
+    planted pairs."""
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 2**63, size=(n, len(nd.WINDOWS)), dtype=np.int64).view(np.uint64)
     hashes |= DC_BIT
@@ -202,6 +237,9 @@ def synthetic_hashes(n: int, planted: int, seed: int = 0) -> tuple[np.ndarray, n
     for k, (a, b) in enumerate(pairs):
         flips = rng.choice(nd.HASH_BITS - 1, size=2 * (k % 4), replace=False)
         hashes[b, 0] = hashes[a, 2] ^ np.uint64(sum(1 << int(f) for f in flips))
+        # A neighbouring window of a photo is close to the window too: the
+        # pair's support (near_duplicates.support), 2 bits further.
+        hashes[a, 3] = hashes[a, 2] ^ np.uint64(0b11 << int(rng.integers(0, 62)))
     return hashes, pairs
 
 
