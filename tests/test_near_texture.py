@@ -79,3 +79,32 @@ def test_dedupe_near_drops_none_of_them(folder, tmp_path, capsys, runner):
         f"near duplicates: {len(CASES)} images have too little texture" in capsys.readouterr().out
     )
     assert json.loads(json.dumps(block))["scheme"] == near_search.SCHEME
+
+
+def _hubble_tile(x: int, y: int):
+    pytest.importorskip("skimage")
+    from PIL import Image
+
+    from bench.common import data
+
+    with Image.open(data.skimage_data_dir() / "hubble_deep_field.jpg") as im:
+        tile = im.convert("RGB").crop((x, y, x + 128, y + 128))
+    return tile.resize((256, 256), Image.Resampling.BICUBIC)  # the size a conversion stores
+
+
+def test_two_look_alike_photos_meeting_under_one_pairing_alone_do_not_pair():
+    # Two tiles of a starfield (the calibration set's one false pair at the
+    # threshold): one pairing of their hashes at 6, the next at 12.
+    a, b = (near_duplicates.fingerprint(_hubble_tile(*at)) for at in ((384, 0), (640, 512)))
+    assert near_duplicates.textured(a) and near_duplicates.textured(b)
+    assert near_duplicates.distance(a, b) <= near_duplicates.THRESHOLD
+    assert near_duplicates.support(a, b) > near_duplicates.SUPPORT
+    assert near_duplicates.verify(a, b) is None
+    # A copy is close under its neighbouring windows too: cropped and brightened.
+    from PIL import ImageEnhance
+
+    original = _hubble_tile(384, 0)
+    copy = ImageEnhance.Brightness(original.crop((10, 6, 246, 250))).enhance(1.08)
+    c = near_duplicates.fingerprint(copy)
+    assert near_duplicates.support(a, c) <= near_duplicates.SUPPORT
+    assert near_duplicates.verify(a, c) is not None
