@@ -349,6 +349,22 @@ def scale(n: int, band_bits: int, band_count: int, baseline_ms: float | None) ->
     }
 
 
+def held_out_rows(cache_dir: Path) -> dict | None:
+    """The chosen scheme at its threshold on the held-out set (``heldout.py``),
+    at the set's size and a stored image's; None where its photos are not installed."""
+    from bench.near import heldout
+
+    try:
+        held = heldout.ensure_heldout_set(cache_dir)
+    except RuntimeError:
+        return None
+    rows = {
+        upscale: calibrate(held, *SCHEMES[CHOSEN], upscale=upscale)["rows"][nd.THRESHOLD]
+        for upscale in (1, STORED_UPSCALE)
+    }
+    return {"originals": len(held.originals), "copies": len(held.copies), "rows": rows}
+
+
 def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...]) -> dict:
     """Every part; the dict ``markdown`` prints and ``near.json`` keeps."""
     near = near_data.ensure_near_set(cache_dir)
@@ -370,6 +386,7 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
             **row,
         }
     stored = calibrate(near, *SCHEMES[CHOSEN], upscale=STORED_UPSCALE)
+    held_out = held_out_rows(cache_dir)
     costs = cost(files, rounds)
     baseline = conversion_cpu_ms()
     baseline_ms = baseline["cpu_ms_per_image"] if baseline else None
@@ -386,6 +403,7 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
         "schemes": schemes,
         "chosen": {name: best_threshold(s["rows"]) for name, s in schemes.items()},
         "stored_size": {"upscale": STORED_UPSCALE, "rows": stored["rows"]},
+        "held_out": held_out,
         "bands": bands,
         "cost": costs,
         "conversion_baseline": baseline,
@@ -393,6 +411,22 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
         "threshold": nd.THRESHOLD,
         "band_layout": f"{nd.BAND_COUNT}x{nd.BAND_BITS}",
     }
+
+
+def _held_out_line(held: dict | None) -> str:
+    if not held:
+        return "Held-out set (bench/near/heldout.py): its photos are not installed."
+    parts = [
+        f"{'as tiled' if up == 1 else f'upscaled {up}x'}: recall {r['recall']:.1%}, "
+        f"cross-split {r['cross_split_recall']:.1%} ({r['cross_split_copies']}), "
+        f"false pairs / 10k {r['false_per_10k']:.1f}, groups left spanning splits by "
+        f"--dedupe near {r['left_spanning']} of {r['groups_spanning']}"
+        for up, r in held["rows"].items()
+    ]
+    return (
+        f"Held-out set ({held['originals']} tiles of other photos, {held['copies']} copies, "
+        f"threshold {nd.THRESHOLD}): " + "; ".join(parts) + "."
+    )
 
 
 def markdown(result: dict) -> str:
@@ -434,6 +468,8 @@ def markdown(result: dict) -> str:
         f"| {r['false_per_10k']:.1f} |"
         for r in stored["rows"][:9]
     ]
+    held = result.get("held_out")
+    lines += ["", _held_out_line(held)]
     c = result["cost"]
     base = result.get("conversion_baseline")
     lines += [
