@@ -1,8 +1,9 @@
 """The Beam graph's Near duplicates stage (``pipeline.build`` wires it after FindDuplicates).
 
-FindNearDuplicates  RecordBatch -> the near-duplicate groups, oversized buckets
-                    and the count left out for lack of texture (one element, ``found``); with --dedupe near also the batches
-                    without the near copies + a Rejection per copy
+FindNearDuplicates  RecordBatch -> the near-duplicate groups, the oversized
+                    buckets and how many were left out for lack of texture
+                    (one element, ``found``); with --dedupe near also the
+                    batches without the near copies + a Rejection per copy
 
 The steps are stages/near.py's, as the local engine runs them: a
 ``GroupByKey`` on each record's fingerprint (its copies joined to the first

@@ -69,7 +69,9 @@ class Finalizer:
         kept = self._check_books(plans, list(shards), rejects)
         placed = place_shards(kept, self._config.output)
         info = self._info(placed, rejects, skipped, groups, census or split_groups.Census())
-        info["near_duplicates"] = near_search.info_block(near.groups, near.oversized, near.untextured)
+        info["near_duplicates"] = near_search.info_block(
+            near.groups, near.oversized, near.untextured
+        )
         if self._config.reuse:
             # Describes the run, not the data: all else is what a full conversion writes.
             info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
