@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 
+import numpy as np
 import pytest
 
 from beam_pipeline.__main__ import main
@@ -108,3 +109,40 @@ def test_two_look_alike_photos_meeting_under_one_pairing_alone_do_not_pair():
     c = near_duplicates.fingerprint(copy)
     assert near_duplicates.support(a, c) <= near_duplicates.SUPPORT
     assert near_duplicates.verify(a, c) is not None
+
+
+@pytest.mark.parametrize(
+    ("levels", "blank"),
+    [
+        ([255] * 100, True),  # flat
+        ([255] * 94 + [0] * 6, True),  # a few lines of text: 94% background
+        ([255] * 92 + [0] * 8, False),
+        ([250, 251, 252, 253, 254] * 20, True),  # noise within 2 levels of the median
+        (list(range(100)), False),  # a ramp
+    ],
+)
+def test_blank_is_the_share_within_two_levels_of_the_median(levels, blank):
+    from beam_pipeline.core import near_texture
+
+    grey = np.array(levels, dtype=np.float64) * 1000  # thousandths, as the base's
+    assert near_texture.blank(grey) is blank
+
+
+@pytest.mark.parametrize(
+    ("amplitudes", "textured"),
+    [
+        ([0.0] * 63, False),  # flat
+        ([40.0] * 4 + [0.0] * 59, False),  # a gradient: a few strong, the rest at the median
+        ([3.0] * 63, True),  # energy 23.8, every coefficient away from the median (0)
+        ([1.0] * 63, False),  # steady, but energy 7.9 < 10
+        ([2.0] * 30 + [0.1] * 33, True),  # 30 steady, energy 11
+        ([2.0] * 20 + [0.1] * 43, False),  # 20 steady < 24
+    ],
+)
+def test_the_texture_test_needs_energy_and_steady_coefficients(amplitudes, textured):
+    from beam_pipeline.core import near_texture
+
+    level = 1000.0 * 2**22 * 256  # one grey level in the products' units
+    signs = np.resize([1.0, -1.0], 63)
+    ac = np.round(np.array(amplitudes) * signs * level)
+    assert near_texture.passes(ac, 0.0, level) is textured

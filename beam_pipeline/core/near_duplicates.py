@@ -31,6 +31,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
+from beam_pipeline.core import near_texture
+
 HASH_BITS = 64
 # Sub-windows hashed besides the whole image, as (left, top, right, bottom)
 # fractions: squares of 96% and 92% of each side, each at the nine offsets
@@ -70,24 +72,6 @@ COLOUR_TOLERANCE = 12
 
 _PHASH_SIDE = 32  # pHash: DCT of a 32x32 thumbnail, the 8x8 lowest frequencies kept
 
-# The texture rule (calibrated by bench/near/texture.py on the low-texture
-# cases and the photo calibration set). The whole image's 63 lowest AC DCT
-# coefficients, in grey levels (a cosine of amplitude A across the image is
-# about A): an image is ``textured`` when their root sum of squares is at
-# least TEXTURE_ENERGY and at least TEXTURE_COEFFICIENTS of them lie more
-# than TEXTURE_MARGIN from their median (the bits a small change cannot
-# flip), and no more than BLANK_SHARE of the fingerprint's base lies within
-# BLANK_LEVELS grey levels of the base's median. Flat images have none of
-# it; gradients, stripes and simple shapes have a handful of strong
-# coefficients (at most 15); a page of a few lines of text is blank where
-# the base's samples miss its thin strokes (95-99%), so a faint hash of
-# its layout would pair it with any other such page. The photos' least are
-# 34 coefficients, energy 11.7 and 89% blank.
-TEXTURE_ENERGY = 10
-TEXTURE_COEFFICIENTS = 24
-TEXTURE_MARGIN = 0.25
-BLANK_SHARE = 0.93
-BLANK_LEVELS = 2
 # The first bit of a pHash compares the DC coefficient with the median of the
 # others: set in every image, so it carries nothing. The whole hash's holds
 # the texture flag instead; the windows' keep theirs.
@@ -242,43 +226,20 @@ def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndar
     # The median of the 63 coefficients after DC is the 32nd smallest.
     median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
     bits = np.packbits(low > median, axis=1)
-    textured = texture_of(low[0, 1:], float(median[0, 0])) and not blank(pixels)
+    # The blank test on every other pixel of every other row: a quarter of the
+    # cost, the same answer for a page or a photo.
+    textured = near_texture.passes(low[0, 1:], float(median[0, 0]), _GREY_LEVEL) and not (
+        near_texture.blank((pixels[::2, ::2] @ _GREY_WEIGHTS).ravel())
+    )
     flag = np.uint8(0x80) if textured else np.uint8(0)
     bits[0, 0] = (bits[0, 0] & np.uint8(0x7F)) | flag
     return bits, per_row[:, -3:].sum(axis=0)
 
 
-# One grey level of a coefficient in the products' units: the two side
-# transforms' scale, the grey weights' thousandths, and the 16 x 16 a cosine
-# of amplitude one sums to over the 32 x 32 bins.
+# One grey level of a coefficient in the products' units (``near_texture``):
+# the two side transforms' scale, the grey weights' thousandths, and the
+# 16 x 16 a cosine of amplitude one sums to over the 32 x 32 bins.
 _GREY_LEVEL = 2 ** (2 * _SCALE_BITS) * 1000 * 256
-# The energy is summed on integers (exact, so the same flag whatever order
-# the product adds in): each AC coefficient's magnitude (below 2**50) in
-# whole units of 2**27, so 63 squares stay below 2**53.
-_ENERGY_UNIT = 2.0**27
-_MIN_ENERGY_SQUARED = round(TEXTURE_ENERGY * _GREY_LEVEL / _ENERGY_UNIT) ** 2
-_MARGIN = TEXTURE_MARGIN * _GREY_LEVEL
-
-
-def texture_of(ac: np.ndarray, median: float) -> bool:
-    """Whether the 63 AC coefficients of a whole image (the products' exact
-    units) pass the texture rule (``TEXTURE_*``)."""
-    units = np.abs(ac) // _ENERGY_UNIT
-    if units @ units < _MIN_ENERGY_SQUARED:
-        return False
-    return int(np.count_nonzero(np.abs(ac - median) > _MARGIN)) >= TEXTURE_COEFFICIENTS
-
-
-def blank(pixels: np.ndarray) -> bool:
-    """Whether more than ``BLANK_SHARE`` of ``(h, w, 3)`` pixels lie within
-    ``BLANK_LEVELS`` grey levels of their median: of every other pixel of every
-    other row, a quarter of the cost and the same answer for a page or a photo
-    (integers in thousandths: exact)."""
-    grey = (pixels[::2, ::2] @ _GREY_WEIGHTS).ravel()
-    middle = grey.size // 2
-    median = np.partition(grey, middle)[middle]
-    near = np.count_nonzero(np.abs(grey - median) <= BLANK_LEVELS * 1000)
-    return near > BLANK_SHARE * grey.size
 
 
 _DEFAULT_LAYOUT = _Layout(WINDOWS)

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from beam_pipeline.core import near_duplicates
+from beam_pipeline.core import near_duplicates, near_texture
 from beam_pipeline.core.duplicates import Member
 from beam_pipeline.core.elements import RejectKind
 from imagerecords import codec
@@ -43,11 +43,11 @@ SCHEME_VALUES = {
     "support": near_duplicates.SUPPORT,
     "colour_tolerance": near_duplicates.COLOUR_TOLERANCE,
     "texture": {
-        "energy": near_duplicates.TEXTURE_ENERGY,
-        "coefficients": near_duplicates.TEXTURE_COEFFICIENTS,
-        "margin": near_duplicates.TEXTURE_MARGIN,
-        "blank_share": near_duplicates.BLANK_SHARE,
-        "blank_levels": near_duplicates.BLANK_LEVELS,
+        "energy": near_texture.TEXTURE_ENERGY,
+        "coefficients": near_texture.TEXTURE_COEFFICIENTS,
+        "margin": near_texture.TEXTURE_MARGIN,
+        "blank_share": near_texture.BLANK_SHARE,
+        "blank_levels": near_texture.BLANK_LEVELS,
     },
 }
 # A bucket of more images than this is not paired all against all: random
