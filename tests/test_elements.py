@@ -69,6 +69,7 @@ def test_the_reasons_of_the_other_kinds_are_the_text_rejects_jsonl_holds():
         (RejectKind.TIMED_OUT, True, True),
         (RejectKind.CRASHED, False, True),
         (RejectKind.DUPLICATE, False, False),
+        (RejectKind.NEAR_DUPLICATE, False, True),  # a judgement: it counts
     ],
 )
 def test_which_rejections_a_resumed_run_retries_and_which_count_as_bad(kind, transient, bad):

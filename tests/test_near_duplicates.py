@@ -459,6 +459,8 @@ def test_distances_and_colours_of_arrays_are_each_pair_s():
     colours = np.array([fp.colour for fp in prints], dtype=np.uint8)
     got = nd.distances(hashes[i], hashes[j]).tolist()
     assert got == [nd.distance(prints[a], prints[b]) for a, b in pairs]
+    second = nd.supports(hashes[i], hashes[j]).tolist()
+    assert second == [nd.support(prints[a], prints[b]) for a, b in pairs]
     assert min(got) <= 3  # the planted copies are there to compare
     agree = nd.colours_agree_rows(colours[i], colours[j]).tolist()
     assert agree == [nd.colours_agree(prints[a], prints[b]) for a, b in pairs]

@@ -99,8 +99,13 @@ class RejectKind(enum.Enum):
 
     @property
     def bad(self) -> bool:
-        """Whether it counts towards --max_reject_fraction (copies --dedupe drops do not)."""
-        return self not in (RejectKind.DUPLICATE, RejectKind.NEAR_DUPLICATE)
+        """Whether it counts towards --max_reject_fraction.
+
+        Exact copies --dedupe drops do not: their bytes are the kept image's.
+        Near copies do: a drop is the search's judgement, and a run whose
+        near drops pass the limit is one to look at before it is trusted.
+        """
+        return self is not RejectKind.DUPLICATE
 
 
 class Rejection(NamedTuple):

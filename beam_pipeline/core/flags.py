@@ -397,11 +397,12 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "dedupe",
-        "Keep one image of each group of duplicates; reject the others (they do not count "
-        "towards --max_reject_fraction). --dedupe (or exact): groups of identical source "
-        "files, keeping the smallest ID, the others 'duplicate of <id>'; --dedupe near: near "
-        "copies too (resized, re-encoded, lightly cropped), keeping the one in the first split "
-        "(train, val, test) with the smallest ID, the others 'near duplicate of <id>'. Groups "
+        "Keep one image of each group of duplicates; reject the others. --dedupe (or exact): "
+        "groups of identical source files, keeping the smallest ID, the others 'duplicate of "
+        "<id>' (not counted towards --max_reject_fraction); --dedupe near: near copies too "
+        "(resized, re-encoded, lightly cropped), keeping the one in the first split (train, "
+        "val, test) with the smallest ID, the others 'near duplicate of <id>' (counted towards "
+        "--max_reject_fraction: a near drop is a judgement, not a certainty). Groups "
         "are always reported in duplicates.jsonl and near_duplicates.jsonl (default {default})",
         default="off",
         check=one_of((*duplicates.DEDUPE_MODES, *BOOLEAN_WORDS)),

@@ -1,8 +1,9 @@
 """Near duplicates: perceptual hashes of a decoded image, their band keys, the pairs.
 
 A ``Fingerprint`` is a pHash of the image and of 18 sub-windows plus its mean
-chromaticity; how the search uses them: docs/architecture.md, "Near-duplicate search".
-Pure: numpy and Pillow only.
+chromaticity; the whole hash's first bit says whether the image has the texture a hash
+needs (``textured``). How the search uses them: docs/architecture.md, "Near-duplicate
+search". Pure: numpy and Pillow only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
+
+from beam_pipeline.core import near_texture
 
 HASH_BITS = 64
 # Sub-windows hashed besides the whole image, as (left, top, right, bottom)
@@ -36,15 +39,28 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
 # at the size a conversion stores and the search's cost at 1.28 M images
 # (docs/performance.md): wide bands keep the random candidates few, and a
 # band key that no whole-image hash has needs no window entry either
-# (``band_keys_rows``' ``known``), so the sixth band costs little.
+# (``band_keys_rows``' ``known``), so a band more costs little. Eight bands
+# where six were: with the pair's support (``SUPPORT``) the look-alikes the
+# extra candidates bring are refused, and the calibration set's crops gain.
 BAND_BITS = 23
-BAND_COUNT = 6
+BAND_COUNT = 8
 # Calibrated by bench/near/duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6
+# A pair also needs a second pairing of its hashes within SUPPORT (``support``):
+# a copy lies close to its original under neighbouring windows too (on the
+# calibration set every copy's second distance is 10 or less), where two
+# distinct look-alikes meet under one pairing alone (the one false pair at
+# THRESHOLD there, two tiles of a starfield: 6, then 12).
+SUPPORT = 10
 # Largest difference of mean chromaticity (0-255 scale, per channel) of a pair.
 COLOUR_TOLERANCE = 12
 
 _PHASH_SIDE = 32  # pHash: DCT of a 32x32 thumbnail, the 8x8 lowest frequencies kept
+
+# The first bit of a pHash compares the DC coefficient with the median of the
+# others: set in every image, so it carries nothing. The whole hash's holds
+# the texture flag instead; the windows' keep theirs.
+TEXTURE_BIT = 1 << (HASH_BITS - 1)
 
 
 class Fingerprint(NamedTuple):
@@ -184,8 +200,9 @@ def _layout(windows: tuple[tuple[float, float, float, float], ...]) -> _Layout:
 
 
 def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndarray]:
-    """``(windows, 8)`` uint8, each window's pHash big-endian, and the ``(3,)``
-    channel sums, of ``(h, w, 3)`` pixels: exact integer products (see above)."""
+    """``(windows, 8)`` uint8, each window's pHash big-endian (the first's first
+    bit its texture flag), and the ``(3,)`` channel sums, of ``(h, w, 3)``
+    pixels: exact integer products (see above)."""
     h, w, _ = pixels.shape
     # Every partial sum is one the grey-first order makes too, regrouped:
     # integers below 2**53 either way, so the same exact values.
@@ -193,7 +210,21 @@ def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndar
     low = (layout.row_transform(h) @ per_row[:, :-3]).ravel().take(layout.take)
     # The median of the 63 coefficients after DC is the 32nd smallest.
     median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
-    return np.packbits(low > median, axis=1), per_row[:, -3:].sum(axis=0)
+    bits = np.packbits(low > median, axis=1)
+    # The blank test on every other pixel of every other row: a quarter of the
+    # cost, the same answer for a page or a photo.
+    textured = near_texture.passes(low[0, 1:], float(median[0, 0]), _GREY_LEVEL) and not (
+        near_texture.blank((pixels[::2, ::2] @ _GREY_WEIGHTS).ravel())
+    )
+    flag = np.uint8(0x80) if textured else np.uint8(0)
+    bits[0, 0] = (bits[0, 0] & np.uint8(0x7F)) | flag
+    return bits, per_row[:, -3:].sum(axis=0)
+
+
+# One grey level of a coefficient in the products' units (``near_texture``):
+# the two side transforms' scale, the grey weights' thousandths, and the
+# 16 x 16 a cosine of amplitude one sums to over the 32 x 32 bins.
+_GREY_LEVEL = 2 ** (2 * _SCALE_BITS) * 1000 * 256
 
 
 _DEFAULT_LAYOUT = _Layout(WINDOWS)
@@ -277,6 +308,12 @@ def _chromaticity(sums: np.ndarray) -> tuple[int, int, int]:
     return round(r * scale), round(g * scale), round(b * scale)
 
 
+def textured(fp: Fingerprint) -> bool:
+    """Whether the image has the texture its hashes need to be paired (the flag
+    its whole hash holds)."""
+    return bool(fp.hashes[0] & TEXTURE_BIT)
+
+
 def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
@@ -292,6 +329,14 @@ def distance(a: Fingerprint, b: Fingerprint) -> int:
     return min(best, min(hamming(b.hashes[0], h) for h in a.hashes))
 
 
+def support(a: Fingerprint, b: Fingerprint) -> int:
+    """The second least distance of :func:`distance`'s pairings (whole against
+    whole counted once; a fingerprint of the whole image alone has one, its own)."""
+    pairings = [hamming(a.hashes[0], h) for h in b.hashes]
+    pairings += [hamming(b.hashes[0], h) for h in a.hashes[1:]]
+    return sorted(pairings)[min(1, len(pairings) - 1)]
+
+
 def colours_agree(a: Fingerprint, b: Fingerprint, tolerance: int = COLOUR_TOLERANCE) -> bool:
     return max(abs(x - y) for x, y in zip(a.colour, b.colour, strict=True)) <= tolerance
 
@@ -302,19 +347,35 @@ def verify(
     threshold: int = THRESHOLD,
     tolerance: int = COLOUR_TOLERANCE,
 ) -> int | None:
-    """The pair's distance if they are near copies, else None."""
+    """The pair's distance if they are near copies, else None (always for an
+    image without texture: its hash says too little to pair it)."""
+    if not (textured(a) and textured(b)):
+        return None
     d = distance(a, b)
-    return d if d <= threshold and colours_agree(a, b, tolerance) else None
+    if d > threshold or support(a, b) > SUPPORT:
+        return None
+    return d if colours_agree(a, b, tolerance) else None
 
 
 def distances(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
     """:func:`distance` of each row pair of two ``(pairs, slots)`` uint64 arrays."""
+    return np.bitwise_count(_pairings(hashes_a, hashes_b)).min(axis=1)
+
+
+def supports(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
+    """:func:`support` of each row pair of two ``(pairs, slots)`` uint64 arrays."""
+    counts = np.bitwise_count(_pairings(hashes_a, hashes_b))
+    second = min(1, counts.shape[1] - 1)
+    return np.partition(counts, second, axis=1)[:, second]
+
+
+def _pairings(hashes_a: np.ndarray, hashes_b: np.ndarray) -> np.ndarray:
+    """Both directions' XORs side by side, whole against whole once: ``(pairs, 2 * slots - 1)``."""
     slots = hashes_a.shape[1]
-    # Both directions' XORs side by side: one count and one minimum per row.
-    xor = np.empty((len(hashes_a), 2 * slots), np.uint64)
+    xor = np.empty((len(hashes_a), 2 * slots - 1), np.uint64)
     np.bitwise_xor(hashes_a[:, :1], hashes_b, out=xor[:, :slots])
-    np.bitwise_xor(hashes_b[:, :1], hashes_a, out=xor[:, slots:])
-    return np.bitwise_count(xor).min(axis=1)
+    np.bitwise_xor(hashes_b[:, :1], hashes_a[:, 1:], out=xor[:, slots:])
+    return xor
 
 
 def colours_agree_rows(

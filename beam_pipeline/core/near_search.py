@@ -11,7 +11,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from beam_pipeline.core import near_duplicates
+from beam_pipeline.core import near_duplicates, near_texture
 from beam_pipeline.core.duplicates import Member
 from beam_pipeline.core.elements import RejectKind
 from imagerecords import codec
@@ -20,8 +20,9 @@ NEAR_FILE = codec.NEAR_DUPLICATES_FILE
 # The scheme a dataset's fingerprints and pairs were made with: its name says
 # what it is, its version changes with any of the hash (the base it is taken
 # from included), the windows, the bands (width and count), which buckets
-# pair or the threshold (a resume or --reuse with another refuses or redoes).
-SCHEME = "phash19-v3"
+# pair, the threshold or the texture rule (a resume or --reuse with another
+# refuses or redoes).
+SCHEME = "phash19-v4"
 # Its name among the image settings (the resume key, imagerecords.json's image block).
 SCHEME_SETTING = "near_scheme"
 # The values the scheme stands for, recorded beside its name in imagerecords.json.
@@ -31,7 +32,15 @@ SCHEME_VALUES = {
     "band_bits": near_duplicates.BAND_BITS,
     "band_count": near_duplicates.BAND_COUNT,
     "threshold": near_duplicates.THRESHOLD,
+    "support": near_duplicates.SUPPORT,
     "colour_tolerance": near_duplicates.COLOUR_TOLERANCE,
+    "texture": {
+        "energy": near_texture.TEXTURE_ENERGY,
+        "coefficients": near_texture.TEXTURE_COEFFICIENTS,
+        "margin": near_texture.TEXTURE_MARGIN,
+        "blank_share": near_texture.BLANK_SHARE,
+        "blank_levels": near_texture.BLANK_LEVELS,
+    },
 }
 # A bucket of more images than this is not paired all against all: random
 # collisions of a band key stay far below it (about 370 images at 1.28 M with
@@ -52,6 +61,12 @@ def pack_image(img) -> bytes:
     hash bits (the converter's path: no tuple of ints in between)."""
     hashes, colour = near_duplicates.packed(img)
     return hashes + bytes(colour)
+
+
+def searched(packed: bytes) -> bool:
+    """Whether the search takes a packed fingerprint: its whole hash's texture
+    flag (``near_duplicates.textured``) is set."""
+    return bool(packed[0] & (near_duplicates.TEXTURE_BIT >> (near_duplicates.HASH_BITS - 8)))
 
 
 def features(packed: bytes) -> tuple[bytes, bytes]:
@@ -171,7 +186,7 @@ def dropped(found: Sequence[Group]) -> dict[str, str]:
     return drops
 
 
-def info_block(found: Sequence[Group], oversized: Sequence[Oversized]) -> dict:
+def info_block(found: Sequence[Group], oversized: Sequence[Oversized], untextured: int = 0) -> dict:
     """The ``near_duplicates`` block of imagerecords.json (docs/format.md section 7)."""
     return {
         "scheme": SCHEME,
@@ -183,6 +198,7 @@ def info_block(found: Sequence[Group], oversized: Sequence[Oversized]) -> dict:
         "bucket_limit": MAX_BUCKET,
         "oversized_buckets": len(oversized),
         "images_in_oversized_buckets": sum(o.images for o in oversized),
+        "untextured": untextured,
         "file": NEAR_FILE,
     }
 
@@ -217,5 +233,10 @@ def summary_lines(block: dict) -> list[str]:
         lines.append(
             f"near duplicates: {block['oversized_buckets']} band keys shared by more than "
             f"{block['bucket_limit']} images each (flat or blank images) were not paired"
+        )
+    if block.get("untextured"):
+        lines.append(
+            f"near duplicates: {block['untextured']} images have too little texture to "
+            "pair (flat, gradients, simple shapes, mostly blank pages) and were not searched"
         )
     return lines

@@ -1,8 +1,9 @@
 """The Beam graph's Near duplicates stage (``pipeline.build`` wires it after FindDuplicates).
 
-``FindNearDuplicates``: RecordBatch -> the groups and oversized buckets (``found``); with
---dedupe near also the batches without the copies and a Rejection per copy. The
-steps are ``stages/near.py``'s, gathered with ``GroupByKey``.
+``FindNearDuplicates``: RecordBatch -> the groups, the oversized buckets and how many
+were left out for lack of texture (``found``); with --dedupe near also the batches
+without the copies and a Rejection per copy. The steps are ``stages/near.py``'s,
+gathered with ``GroupByKey``.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ class _BucketFn(beam.DoFn):
             yield near.to_row(pair)
 
 
-def _found(pairs, oversized) -> near.Found:
+def _found(pairs, oversized, untextured: int) -> near.Found:
     return near.found_of(
-        [near.from_row(row) for row in pairs], [near_search.Oversized(*o) for o in oversized]
+        [near.from_row(row) for row in pairs],
+        [near_search.Oversized(*o) for o in oversized],
+        untextured,
     )
 
 
@@ -103,16 +106,24 @@ class FindNearDuplicates(beam.PTransform):
             | "AllPairs" >> beam.Flatten()
             | "DistinctPairs" >> beam.Distinct()
         )
-        # One element that takes the pairs and the oversized buckets as side
-        # inputs: a list even when empty, without CombineGlobally's KeyWithVoid.
+        # Per batch, its fingerprints the search leaves out (no texture).
+        untextured = batches | "Untextured" >> beam.FlatMap(
+            lambda b: [n] if (n := near.untextured(b)) else []
+        )
+        # One element that takes the pairs, the oversized buckets and the
+        # counts as side inputs: a list even when empty, without
+        # CombineGlobally's KeyWithVoid.
         found = (
             batches.pipeline
             | "OneSearch" >> beam.Create([None], reshuffle=False)
             | "Groups"
             >> beam.Map(
-                lambda _, rows, oversized: _count_pairs(_found(rows, oversized)),
+                lambda _, rows, oversized, left_out: _count_pairs(
+                    _found(rows, oversized, sum(left_out))
+                ),
                 AsList(pairs),
                 AsList(buckets[OVERSIZED]),
+                AsList(untextured),
             )
         )
         if not self._dedupe_near:

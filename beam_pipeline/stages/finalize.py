@@ -69,7 +69,9 @@ class Finalizer:
         kept = self._check_books(plans, list(shards), rejects)
         placed = place_shards(kept, self._config.output)
         info = self._info(placed, rejects, skipped, groups, census or split_groups.Census())
-        info["near_duplicates"] = near_search.info_block(near.groups, near.oversized)
+        info["near_duplicates"] = near_search.info_block(
+            near.groups, near.oversized, near.untextured
+        )
         conflicts = self._label_conflicts(groups, near)
         if conflicts:  # only then: a dataset without one is what it was before the block
             info["label_conflicts"] = conflicts
@@ -137,7 +139,8 @@ class Finalizer:
         if failure:
             raise BooksDoNotBalance(failure)
         total_listed = sum(plan.listed for plan in plans.values())
-        # Copies dropped by --dedupe were asked for: they are not bad images.
+        # Exact copies dropped by --dedupe are not bad images; near copies count
+        # (RejectKind.bad).
         bad = [r.reason for r in rejects if r.kind.bad]
         if len(bad) / total_listed > config.max_reject_fraction:
             raise errors.too_many_rejects(

@@ -27,10 +27,17 @@ PairRow = tuple[str, str, int, str, str, int, int]
 
 
 def fingerprints(batch: RecordBatch) -> Iterator[tuple[bytes, Member]]:
-    """RecordBatch -> (packed fingerprint, Member) for every record that has one."""
+    """RecordBatch -> (packed fingerprint, Member) for every record the search takes:
+    those with a fingerprint (every converted record; hand-made test entries
+    may lack one) that has texture (``near_search.searched``)."""
     for e in batch.entries:
-        if e.near:  # every converted record has one; hand-made test entries may not
+        if e.near and near_search.searched(e.near):
             yield e.near, Member(e.image_id, batch.split, e.label)
+
+
+def untextured(batch: RecordBatch) -> int:
+    """How many of the batch's fingerprints lack texture: the search leaves them out."""
+    return sum(1 for e in batch.entries if e.near and not near_search.searched(e.near))
 
 
 def twins(
@@ -108,11 +115,12 @@ class Found(NamedTuple):
 
     groups: list[near_search.Group] = []
     oversized: list[near_search.Oversized] = []  # buckets left unpaired, sorted
+    untextured: int = 0  # images left out of the search (``near_search.searched``)
 
 
-def found_of(pairs: Iterable[near_search.Pair], oversized) -> Found:
+def found_of(pairs: Iterable[near_search.Pair], oversized, untextured: int = 0) -> Found:
     """The groups of the pairs (distinct or not) and the oversized buckets, sorted."""
-    return Found(near_search.report(pairs), sorted(set(oversized)))
+    return Found(near_search.report(pairs), sorted(set(oversized)), untextured)
 
 
 def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
@@ -129,6 +137,7 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     members = _Members()
     packed = bytearray()
     width = 0
+    left_out = 0
     for batch in batches:
         hashed = [e for e in batch.entries if e.near]
         if not hashed:
@@ -140,10 +149,15 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
                 f"{odd.image_id}: a fingerprint of {len(odd.near)} bytes among ones of "
                 f"{width} (records of two near-duplicate schemes in one search)"
             )
+        kept = [e for e in hashed if near_search.searched(e.near)]
+        left_out += len(hashed) - len(kept)
+        hashed = kept
+        if not hashed:
+            continue
         members.add(batch.split, hashed)
         packed += b"".join(e.near for e in hashed)
     if not members:
-        return found_of([], [])
+        return found_of([], [], left_out)
     hashes, colours = _fingerprint_arrays(packed, width)
     del packed
     searched, pairs = _first_of_twins(hashes, colours, members)
@@ -159,7 +173,7 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
             pairs += _verified(candidates, len(members), hashes, colours, members)
     finally:
         shutil.rmtree(runs, ignore_errors=True)
-    return found_of(pairs, oversized)
+    return found_of(pairs, oversized, left_out)
 
 
 class _Members:
@@ -325,9 +339,12 @@ def _verified(candidates, images: int, hashes, colours, members) -> list[near_se
         np.take(hashes, i, axis=0, out=a_rows)
         np.take(hashes, j, axis=0, out=b_rows)
         d = near_duplicates.distances(a_rows, b_rows)
-        # The colours of the few within the distance only: most candidates are not.
+        # The support and colours of the few within the distance only: most
+        # candidates are not.
         close = np.flatnonzero(d <= near_duplicates.THRESHOLD)
         i, j, d = i[close], j[close], d[close]
+        held = near_duplicates.supports(a_rows[close], b_rows[close]) <= near_duplicates.SUPPORT
+        i, j, d = i[held], j[held], d[held]
         ok = near_duplicates.colours_agree_rows(colours[i], colours[j])
         for a, b, dist in zip(i[ok].tolist(), j[ok].tolist(), d[ok].tolist(), strict=True):
             ma, mb = members[a], members[b]

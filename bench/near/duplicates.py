@@ -104,8 +104,16 @@ def calibrate(
     split = {n: keys.assign_split(0, n, fractions) for n in names}
     candidates = nd.candidate_pairs(fps, band_bits, band_count)
     # Distance and colour of every candidate, once; each threshold only filters.
+    # The pHash's texture flag is the search's rule too (the other kinds have none).
+    textured = [kind != "phash" or nd.textured(fp) for fp in fps]
     checked = {
-        (i, j): (nd.distance(fps[i], fps[j]), nd.colours_agree(fps[i], fps[j]))
+        (i, j): (
+            nd.distance(fps[i], fps[j]),
+            nd.colours_agree(fps[i], fps[j])
+            and textured[i]
+            and textured[j]
+            and nd.support(fps[i], fps[j]) <= nd.SUPPORT,
+        )
         for i, j in candidates
     }
     rows = []
@@ -124,6 +132,7 @@ def calibrate(
                 cross[0] += hit
                 cross[1] += 1
         hits = sum(v[0] for v in per_kind.values())
+        spanning = _left_spanning(names, split, origin, found)
         rows.append(
             {
                 "threshold": t,
@@ -133,6 +142,8 @@ def calibrate(
                 "false_pairs": false,
                 "false_per_10k": false / len(names) * 10_000,
                 "per_kind": {k: v[0] / v[1] for k, v in sorted(per_kind.items())},
+                "untextured": len(textured) - sum(textured),
+                **spanning,
             }
         )
     copy_pairs = sum(origin[names[i]] == origin[names[j]] for i, j in candidates)
@@ -146,6 +157,28 @@ def calibrate(
         "uniform_candidates": _uniform_candidates(len(names), len(windows), band_bits, band_count),
         "rows": rows,
     }
+
+
+def _left_spanning(names, split, origin, found) -> dict:
+    """What ``--dedupe near`` leaves of the set's true groups (an original and its
+    copies) that span splits: of those, how many still do after each found
+    group keeps only its keeper (``near_search.keeper``)."""
+    from beam_pipeline.core import near_search
+    from beam_pipeline.core.duplicates import Member
+
+    members = [Member(n, split[n], 0) for n in names]
+    dropped = near_search.dropped(
+        [
+            near_search.Group(tuple(members[names.index(i)] for i in g), ())
+            for g in nd.groups((names[i], names[j]) for i, j in found)
+        ]
+    )
+    truth: dict[str, set[str]] = {}
+    for n in names:
+        truth.setdefault(origin[n], set()).add(n)
+    spanning = [g for g in truth.values() if len({split[n] for n in g}) > 1]
+    left = [g for g in spanning if len({split[n] for n in g if n not in dropped}) > 1]
+    return {"groups_spanning": len(spanning), "left_spanning": len(left)}
 
 
 def _uniform_candidates(images: int, slots: int, band_bits: int, band_count: int) -> float:
@@ -193,8 +226,10 @@ def synthetic_hashes(n: int, planted: int, seed: int = 0) -> tuple[np.ndarray, n
     """``(n, len(WINDOWS))`` random uint64 hashes with the DC bit set; the first
     ``planted`` pairs of rows ``(2k, 2k+1)`` are near copies: the whole-image
     hash of ``2k+1`` is ``2k``'s third window's with 0, 2, 4 or 6 of its other
-    bits flipped (a real pair's distance is even: each hash has as many bits
-    above its median). Returns the hashes and the planted pairs."""
+    bits flipped (a textured pair's distance is nearly always even: each hash
+    has as many bits above its median), and ``2k``'s fourth window is its
+    third with 2 bits flipped (the pair's support). Returns the hashes and the
+    planted pairs."""
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 2**63, size=(n, len(nd.WINDOWS)), dtype=np.int64).view(np.uint64)
     hashes |= DC_BIT
@@ -202,6 +237,9 @@ def synthetic_hashes(n: int, planted: int, seed: int = 0) -> tuple[np.ndarray, n
     for k, (a, b) in enumerate(pairs):
         flips = rng.choice(nd.HASH_BITS - 1, size=2 * (k % 4), replace=False)
         hashes[b, 0] = hashes[a, 2] ^ np.uint64(sum(1 << int(f) for f in flips))
+        # A neighbouring window of a photo is close to the window too: the
+        # pair's support (near_duplicates.support), 2 bits further.
+        hashes[a, 3] = hashes[a, 2] ^ np.uint64(0b11 << int(rng.integers(0, 62)))
     return hashes, pairs
 
 
@@ -311,6 +349,22 @@ def scale(n: int, band_bits: int, band_count: int, baseline_ms: float | None) ->
     }
 
 
+def held_out_rows(cache_dir: Path) -> dict | None:
+    """The chosen scheme at its threshold on the held-out set (``heldout.py``),
+    at the set's size and a stored image's; None where its photos are not installed."""
+    from bench.near import heldout
+
+    try:
+        held = heldout.ensure_heldout_set(cache_dir)
+    except RuntimeError:
+        return None
+    rows = {
+        upscale: calibrate(held, *SCHEMES[CHOSEN], upscale=upscale)["rows"][nd.THRESHOLD]
+        for upscale in (1, STORED_UPSCALE)
+    }
+    return {"originals": len(held.originals), "copies": len(held.copies), "rows": rows}
+
+
 def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...]) -> dict:
     """Every part; the dict ``markdown`` prints and ``near.json`` keeps."""
     near = near_data.ensure_near_set(cache_dir)
@@ -332,6 +386,7 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
             **row,
         }
     stored = calibrate(near, *SCHEMES[CHOSEN], upscale=STORED_UPSCALE)
+    held_out = held_out_rows(cache_dir)
     costs = cost(files, rounds)
     baseline = conversion_cpu_ms()
     baseline_ms = baseline["cpu_ms_per_image"] if baseline else None
@@ -348,6 +403,7 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
         "schemes": schemes,
         "chosen": {name: best_threshold(s["rows"]) for name, s in schemes.items()},
         "stored_size": {"upscale": STORED_UPSCALE, "rows": stored["rows"]},
+        "held_out": held_out,
         "bands": bands,
         "cost": costs,
         "conversion_baseline": baseline,
@@ -355,6 +411,22 @@ def run(cache_dir: Path, quick: bool, rounds: int, scale_sizes: tuple[int, ...])
         "threshold": nd.THRESHOLD,
         "band_layout": f"{nd.BAND_COUNT}x{nd.BAND_BITS}",
     }
+
+
+def _held_out_line(held: dict | None) -> str:
+    if not held:
+        return "Held-out set (bench/near/heldout.py): its photos are not installed."
+    parts = [
+        f"{'as tiled' if up == 1 else f'upscaled {up}x'}: recall {r['recall']:.1%}, "
+        f"cross-split {r['cross_split_recall']:.1%} ({r['cross_split_copies']}), "
+        f"false pairs / 10k {r['false_per_10k']:.1f}, groups left spanning splits by "
+        f"--dedupe near {r['left_spanning']} of {r['groups_spanning']}"
+        for up, r in held["rows"].items()
+    ]
+    return (
+        f"Held-out set ({held['originals']} tiles of other photos, {held['copies']} copies, "
+        f"threshold {nd.THRESHOLD}): " + "; ".join(parts) + "."
+    )
 
 
 def markdown(result: dict) -> str:
@@ -396,6 +468,8 @@ def markdown(result: dict) -> str:
         f"| {r['false_per_10k']:.1f} |"
         for r in stored["rows"][:9]
     ]
+    held = result.get("held_out")
+    lines += ["", _held_out_line(held)]
     c = result["cost"]
     base = result.get("conversion_baseline")
     lines += [
