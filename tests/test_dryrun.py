@@ -339,3 +339,19 @@ def test_a_partial_sample_spreads_drops_by_each_splits_own_rate():
     config = JobConfig(layout=None, output="o", splits={"train": 0.5, "val": 0.5})
     train, val = dryrun.estimate_splits(census, sample, copies, ["train", "val"], config, False)
     assert (train.records, train.drops, val.records, val.drops) == (10, 0, 5, 5)
+
+
+@pytest.mark.e2e
+def test_the_dry_run_warns_when_near_drops_would_pass_the_reject_limit(copies, tmp_path, capsys):
+    """Near drops count towards --max_reject_fraction in the run: the forecast says so too."""
+    flags = ["--dedupe", "near", "--max_reject_fraction", "0.2"]
+    out = str(tmp_path / "o")
+    estimate = run(["--input", copies, "--output", out, "--dry_run", *flags])
+    printed = capsys.readouterr().out
+    assert estimate["whole"]
+    dropped = estimate["duplicates"]["dropped_near"]
+    bad = estimate["reject_rate"] * estimate["sampled"]
+    assert bad / estimate["sampled"] <= 0.2 < (bad + dropped) / estimate["sampled"]
+    assert "rejected (near drops included) is above --max_reject_fraction 0.2" in printed
+    assert "the job would fail" in printed
+    assert main(["--input", copies, "--output", out, "--quiet", *flags]) != 0

@@ -74,6 +74,11 @@ class RunForecast:
     def reject_rate(self) -> float:
         return len(self.rejections) / max(1, self.sampled)
 
+    @property
+    def limit_rate(self) -> float:
+        """What --max_reject_fraction is held to: bad images and near drops (RejectKind.bad)."""
+        return (len(self.rejections) + self.copies.dropped_near) / max(1, self.sampled)
+
     def numbers(self) -> dict:
         """The forecast as plain values (for tests and tools)."""
         return {
@@ -194,6 +199,7 @@ def _sample_lines(f: RunForecast) -> list[str]:
         )
     lines += _reject_lines(f)
     lines += _copies_lines(f)
+    lines += _limit_line(f)
     return lines
 
 
@@ -209,13 +215,19 @@ def _reject_lines(f: RunForecast) -> list[str]:
         example = next(r.image_id for r in f.rejections if reason_kind(r.reason) == kind)
         count = f"{n:,}" if f.whole else f"~{n / f.sampled * f.images:,.0f}"
         lines.append(f"  {count} {kind} (e.g. {example})")
-    if f.reject_rate > f.max_reject_fraction:
-        likely = "" if f.whole else "~"
-        lines.append(
-            f"warning: {likely}{f.reject_rate:.1%} rejected is above --max_reject_fraction "
-            f"{f.max_reject_fraction:g}: the job would {'' if f.whole else 'likely '}fail"
-        )
     return lines
+
+
+def _limit_line(f: RunForecast) -> list[str]:
+    """The warning that the run would stop at --max_reject_fraction, near drops counted."""
+    if f.limit_rate <= f.max_reject_fraction:
+        return []
+    likely = "" if f.whole else "~"
+    near = " (near drops included)" if f.copies.dropped_near else ""
+    return [
+        f"warning: {likely}{f.limit_rate:.1%} rejected{near} is above --max_reject_fraction "
+        f"{f.max_reject_fraction:g}: the job would {'' if f.whole else 'likely '}fail"
+    ]
 
 
 def _groups(n: int, of: str = "") -> str:

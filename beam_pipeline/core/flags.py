@@ -372,8 +372,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "overwrite",
-        "Replace a finished dataset (or other files) in --output; not needed to resume an "
-        "unfinished run (default {default})",
+        "Replace a finished dataset in --output (a folder holding anything else is refused); "
+        "not needed to resume an unfinished run (default {default})",
         kind="bool",
         default=False,
         template=Template("Overwrite"),
