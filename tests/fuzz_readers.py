@@ -6,7 +6,7 @@ values, types, numbers, nesting, names, templates, ``.idx`` lines, special
 files; drawn from ``random.Random(SEED)``), then runs RecordSource,
 ``reader.make_dataset`` (one batch), ``reader.inspect --verify`` and the
 ``--reuse`` scan on it. Per mutation and reader it prints ``start N READER``,
-then ``done N READER OUTCOME MAXRSS_KB`` (or ``bad N READER ...`` and the
+then ``done N READER MAXRSS_KB OUTCOME`` (or ``bad N READER ...`` and the
 traceback, for an error of any other type), flushed: the test watches these
 lines for hangs. OUTSIDE holds the sentinel files the mutations point at.
 """
@@ -335,6 +335,9 @@ def main(argv: list[str]) -> int:
         shutil.copytree(pristine, ds)
         clean, outcome = run_one(reader, ds)
         print(f"warm {reader} {clean} {outcome.splitlines()[0]}", flush=True)
+    # What the readers hold once warm (TensorFlow alone is 0.6-1.6 GB, by its build and
+    # oneDNN): the parent holds each mutation to its growth past this.
+    print(f"baseline {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", flush=True)
     rng = random.Random(seed)
     for number in range(count):
         shutil.rmtree(ds, ignore_errors=True)
