@@ -212,4 +212,7 @@ def test_a_bad_gcs_timeout_is_refused(tmp_path, capsys):
 
     argv = ["--input", str(tmp_path), "--output", str(tmp_path / "o"), "--gcs_timeout_s", "0"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == "error: --gcs_timeout_s must be above 0 and at most 86400, got 0"
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --gcs_timeout_s must be above 0 and at most 86400, got 0"
+    )
