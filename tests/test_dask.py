@@ -312,7 +312,7 @@ def test_label_conflicts_on_dask_are_what_the_local_engine_writes(dask_cluster, 
     root = near_fixtures.near_folder(str(tmp_path / "images"))
     shutil.copy(os.path.join(root, "train/a/coffee.jpg"), os.path.join(root, "train/b/mug.jpg"))
     on_dask = ["--runner", "DaskRunner", "--dask_client_address", dask_cluster]
-    common = ["--input", root, "--quiet", "--dedupe", "near"]
+    common = ["--input", root, "--quiet", "--dedupe", "near", "--max_reject_fraction", "0.6"]
     for out, extra in [("local", []), ("dask", on_dask)]:
         assert main([*common, "--output", str(tmp_path / out), *extra]) == 0
     capsys.readouterr()

@@ -83,7 +83,7 @@ def conflicted(tmp_path_factory):
 @pytest.mark.e2e
 def test_both_engines_report_the_conflicts_and_write_the_same_bytes(conflicted, tmp_path):
     outs = [str(tmp_path / "local"), str(tmp_path / "beam")]
-    common = ["--input", conflicted, "--quiet", "--dedupe", "near"]
+    common = ["--input", conflicted, "--quiet", "--dedupe", "near", "--max_reject_fraction", "0.6"]
     assert main([*common, "--output", outs[0]]) == 0
     assert main([*common, "--output", outs[1], "--runner", "DirectRunner"]) == 0
     assert contract.all_files(outs[0]) == contract.all_files(outs[1])

@@ -164,7 +164,7 @@ def ensure_near_set(cache_dir: Path) -> NearSet:
     if stamp_path.exists() and out_dir.is_dir():
         stamp = json.loads(stamp_path.read_text())
         if stamp.get("params") == wanted:
-            return _near_set(out_dir, stamp)
+            return load_near_set(out_dir, stamp)
     tmp_dir = root / ".near.tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -172,10 +172,10 @@ def ensure_near_set(cache_dir: Path) -> NearSet:
     stamp = {"params": wanted, **_generate(tmp_dir)}
     tmp_dir.rename(out_dir)  # a half-written set is never mistaken for a finished one
     stamp_path.write_text(json.dumps(stamp, indent=1))
-    return _near_set(out_dir, stamp)
+    return load_near_set(out_dir, stamp)
 
 
-def _near_set(path: Path, stamp: dict) -> NearSet:
+def load_near_set(path: Path, stamp: dict) -> NearSet:
     return NearSet(
         path=path,
         originals=tuple(stamp["originals"]),

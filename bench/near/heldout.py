@@ -127,7 +127,7 @@ def ensure_heldout_set(cache_dir: Path) -> calibration.NearSet:
     if stamp_path.exists() and out_dir.is_dir():
         stamp = json.loads(stamp_path.read_text())
         if stamp.get("params") == wanted:
-            return calibration._near_set(out_dir, stamp)
+            return calibration.load_near_set(out_dir, stamp)
     if not wanted["sources"]:
         raise RuntimeError("no held-out photos installed: pip install --no-deps scikit-learn ...")
     tmp_dir = root / ".near-heldout.tmp"
@@ -136,4 +136,4 @@ def ensure_heldout_set(cache_dir: Path) -> calibration.NearSet:
     stamp = {"params": wanted, **_generate(tmp_dir)}
     tmp_dir.rename(out_dir)
     stamp_path.write_text(json.dumps(stamp, indent=1))
-    return calibration._near_set(out_dir, stamp)
+    return calibration.load_near_set(out_dir, stamp)
