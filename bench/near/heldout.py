@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -121,19 +119,12 @@ def _generate(out_dir: Path) -> dict:
 
 def ensure_heldout_set(cache_dir: Path) -> calibration.NearSet:
     """The cached set, generated first if missing or of another recipe."""
-    root = cache_dir / "data"
-    out_dir, stamp_path = root / "near-heldout", root / "near-heldout.json"
     wanted = {"recipe": RECIPE_VERSION, "seed": SEED, "tile": TILE, "sources": len(source_paths())}
-    if stamp_path.exists() and out_dir.is_dir():
-        stamp = json.loads(stamp_path.read_text())
-        if stamp.get("params") == wanted:
-            return calibration.load_near_set(out_dir, stamp)
-    if not wanted["sources"]:
-        raise RuntimeError("no held-out photos installed: pip install --no-deps scikit-learn ...")
-    tmp_dir = root / ".near-heldout.tmp"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    stamp = {"params": wanted, **_generate(tmp_dir)}
-    tmp_dir.rename(out_dir)
-    stamp_path.write_text(json.dumps(stamp, indent=1))
-    return calibration.load_near_set(out_dir, stamp)
+
+    def check() -> None:
+        if not wanted["sources"]:
+            raise RuntimeError(
+                "no held-out photos installed: pip install --no-deps scikit-learn ..."
+            )
+
+    return calibration.cached_set(cache_dir / "data", "near-heldout", wanted, _generate, check)
