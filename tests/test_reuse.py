@@ -30,7 +30,9 @@ from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
 from beam_pipeline.core import errors, images, metadata, settings, tfds_metadata
 from beam_pipeline.core.elements import ImageRef
-from beam_pipeline.stages import convert, reuse, reuse_scan
+from beam_pipeline.features.reuse import scan as reuse_scan
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import convert
 from imagerecords import codec
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo

@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 import resource
 
-from beam_pipeline.core import duplicates, groups, images, near_search, settings
+from beam_pipeline.core import groups, images, settings
 from beam_pipeline.core.counters import NAMESPACE, RESUMED
+from beam_pipeline.features.dedupe import duplicates
+from beam_pipeline.features.near import search as near_search
 
 # The summary's last line: "counters: bytes_read=288368, images_converted=60, ...".
 COUNTERS_PREFIX = "counters: "

@@ -12,8 +12,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from beam_pipeline.core import duplicates, groups, keys, tfds_metadata
+from beam_pipeline.core import groups, keys, tfds_metadata
 from beam_pipeline.core.digit_ranges import int_range_regex
+from beam_pipeline.features.dedupe import duplicates
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
 # --resample's names; each is the Pillow filter of that name (images.py).

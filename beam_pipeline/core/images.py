@@ -12,8 +12,10 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
-from beam_pipeline.core import colour, flags, jpeg, near_duplicates, near_search, settings
+from beam_pipeline.core import colour, flags, jpeg, settings
 from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import search as near_search
 
 RESIZE_MODES = flags.RESIZE_MODES
 # --resample: the downscaling filter, each Pillow's of its name. Bicubic is the

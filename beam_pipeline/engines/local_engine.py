@@ -14,16 +14,11 @@ from collections import Counter
 from beam_pipeline.core import counters, groups
 from beam_pipeline.core.elements import Converted, ImageRef, RecordBatch, Rejection
 from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.stages import (
-    convert,
-    dedupe,
-    list_images,
-    near,
-    outcomes,
-    plan,
-    reuse,
-    reuse_scan,
-)
+from beam_pipeline.features.dedupe import stage as dedupe
+from beam_pipeline.features.near import stage as near
+from beam_pipeline.features.reuse import scan as reuse_scan
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import convert, list_images, outcomes, plan
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import WrittenShard, by_shard, sort_entries, write_shard

@@ -33,8 +33,11 @@ from beam_pipeline.core.elements import (
     ShardEntry,
 )
 from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.engines.near_graph import FindNearDuplicates
-from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
+from beam_pipeline.features.dedupe import stage as dedupe
+from beam_pipeline.features.near.beam import FindNearDuplicates
+from beam_pipeline.features.reuse import scan as reuse_scan
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import list_images, outcomes, plan
 from beam_pipeline.stages.convert import SpillTask, convert_ref
 from beam_pipeline.stages.finalize import Finalizer
 from beam_pipeline.stages.job_config import JobConfig

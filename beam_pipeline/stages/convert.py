@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from beam_pipeline.core import deadline, images, keys, near_search, spill
+from beam_pipeline.core import deadline, images, keys, spill
 from beam_pipeline.core.elements import (
     Converted,
     ImageRef,
@@ -20,7 +20,8 @@ from beam_pipeline.core.elements import (
     ShardEntry,
     SpillLocation,
 )
-from beam_pipeline.stages import reuse
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.reuse import stage as reuse
 from beam_pipeline.storage import gcs
 from beam_pipeline.storage.reading import hash_source, read_bytes
 from imagerecords import codec

@@ -9,20 +9,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from beam_pipeline.core import (
-    books,
-    duplicates,
-    errors,
-    keys,
-    metadata,
-    near_search,
-    settings,
-    tfds_metadata,
-)
+from beam_pipeline.core import books, errors, keys, metadata, settings, tfds_metadata
 from beam_pipeline.core import groups as split_groups  # "groups" here: of identical sources
 from beam_pipeline.core.errors import BooksDoNotBalance
+from beam_pipeline.features.dedupe import duplicates
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near.stage import Found
 from beam_pipeline.stages.job_config import JobConfig, output_path
-from beam_pipeline.stages.near import Found
 from beam_pipeline.stages.shards import WrittenShard, check_shards, place_shards
 from beam_pipeline.storage import listing
 from beam_pipeline.storage import output as output_files

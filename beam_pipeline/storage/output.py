@@ -14,8 +14,9 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from beam_pipeline.core import duplicates, errors, metadata, spill, tfds_metadata
+from beam_pipeline.core import errors, metadata, spill, tfds_metadata
 from beam_pipeline.core.metadata import LOCK
+from beam_pipeline.features.dedupe import duplicates
 from beam_pipeline.storage import listing, paths
 
 # The job's marker (resume.py): the last file a successful run deletes.

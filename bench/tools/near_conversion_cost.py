@@ -31,7 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from beam_pipeline.core import images, near_duplicates, near_search
+from beam_pipeline.core import images
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import search as near_search
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache"
 
@@ -84,7 +86,7 @@ def convert_cost(count: int, rounds: int, image_set: str = "web") -> dict:
 
 def _search_child(count: int) -> None:
     from beam_pipeline.core.elements import RecordBatch, ShardEntry
-    from beam_pipeline.stages import near
+    from beam_pipeline.features.near import stage as near
 
     rng = random.Random(1)
     windows = len(near_duplicates.WINDOWS)

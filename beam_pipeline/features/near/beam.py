@@ -12,9 +12,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsList, AsSingleton, TaggedOutput
 
-from beam_pipeline.core import counters, near_search
+from beam_pipeline.core import counters
 from beam_pipeline.core.elements import RecordBatch
-from beam_pipeline.stages import near
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near import stage as near
 
 OVERSIZED = "oversized"
 TWINS = "twins"

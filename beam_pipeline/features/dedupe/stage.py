@@ -9,8 +9,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Iterator
 
-from beam_pipeline.core import duplicates
 from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind
+from beam_pipeline.features.dedupe import duplicates
 
 Group = tuple[str, list[duplicates.Member]]  # (sha256, every image with that source)
 
