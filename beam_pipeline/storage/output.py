@@ -16,7 +16,6 @@ from typing import BinaryIO
 
 from beam_pipeline.core import errors, metadata, spill, tfds_metadata
 from beam_pipeline.core.metadata import LOCK
-from beam_pipeline.features.dedupe import duplicates
 from beam_pipeline.storage import listing, paths
 
 # The job's marker (resume.py): the last file a successful run deletes.
@@ -30,7 +29,7 @@ _FILES = (
     metadata.REJECTS_FILE,
     metadata.SKIPPED_FILE,
     metadata.NEAR_DUPLICATES_FILE,
-    duplicates.DUPLICATES_FILE,
+    metadata.DUPLICATES_FILE,
     *tfds_metadata.FILES,
 )
 OURS = re.compile(
