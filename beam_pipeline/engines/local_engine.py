@@ -49,7 +49,8 @@ def run(
     counted: Counter = Counter()
     books, skipped, census = plan.Books(), [], groups.Census()
     processes = config.conversion_processes
-    converter = pooled.PoolConverter(convert.SpillTask.of(config), processes, pool)
+    task = convert.SpillTask.of(config, reuse_feature.take_or_convert)
+    converter = pooled.PoolConverter(task, processes, pool)
     try:
         # List and Convert, interleaved (listing runs as fast as conversion pulls it)
         old = _read_old(config, converter, shown, counted) if config.reuse else None

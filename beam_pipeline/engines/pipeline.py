@@ -34,8 +34,8 @@ from beam_pipeline.core.elements import (
 from beam_pipeline.engines import local_pool, pooled, progress
 from beam_pipeline.features.dedupe import beam as dedupe_beam
 from beam_pipeline.features.near import beam as near_beam
+from beam_pipeline.features.reuse import beam as reuse_beam
 from beam_pipeline.features.reuse import feature as reuse_feature
-from beam_pipeline.features.reuse import scan as reuse_scan
 from beam_pipeline.features.reuse import stage as reuse
 from beam_pipeline.stages import list_images, outcomes, plan
 from beam_pipeline.stages.convert import SpillTask, convert_ref
@@ -228,7 +228,7 @@ class _ConvertFn(beam.DoFn):
 
     def process(self, element):
         ref, old = _candidate(element)
-        yield from self._emit(convert_ref(ref, *self._args, old))
+        yield from self._emit(convert_ref(ref, *self._args, old, reuse_feature.take_or_convert))
 
     def _emit(self, outcome: Outcome, how: Origin = Origin.CONVERTED):
         """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
@@ -278,7 +278,7 @@ class _PooledConvertFn(_ConvertFn):
     ):
         super().__init__(config, shown)
         self._processes = processes
-        self._task = SpillTask.of(config)
+        self._task = SpillTask.of(config, reuse_feature.take_or_convert)
         self._pool = pool  # pickled as a handle: the same Pool in this process
 
     def setup(self):
@@ -311,59 +311,6 @@ class _PooledConvertFn(_ConvertFn):
             converter.close()
 
 
-def _pair_with_old(element):
-    """(image ID, {"ref": [ImageRef], "old": [OldRecord]}) -> reuse.Candidate per ref."""
-    _, found = element
-    olds = list(found["old"])
-    for ref in found["ref"]:
-        yield reuse.Candidate(ref, olds[0] if olds else None)
-
-
-class _ScanOldShard(beam.DoFn):
-    """reuse_scan.OldShard -> (image ID, OldRecord) per record, once the shard passed its
-    check; a shard that failed counts its records as distrusted."""
-
-    def __init__(self):
-        super().__init__()
-        self._distrusted = _counter(counters.OLD_DISTRUSTED)
-
-    def process(self, shard):
-        scanned = reuse_scan.scan_records(reuse_scan.OldShard(*shard))
-        if scanned.distrusted:
-            self._distrusted.inc(scanned.distrusted)
-            reuse_scan.warn(scanned.problem)
-        yield from scanned.records
-
-
-class MatchOld(beam.PTransform):
-    """ImageRef -> reuse.Candidate: each image with --reuse's record of its ID, if any.
-
-    OLD's shards are scanned on the workers, one element per shard (nothing of
-    OLD passes through the launching machine), and joined to the listed
-    images by ID: ~150 bytes an image through the shuffle, not the records,
-    which the conversion step reads from OLD only for the images unchanged.
-    """
-
-    def __init__(self, old: reuse.OldDataset):
-        super().__init__()
-        self._old = old
-
-    def expand(self, refs):
-        old = (
-            refs.pipeline
-            | "OldShards" >> beam.Create(list(self._old.shards), reshuffle=False)
-            | "SpreadShards" >> beam.Reshuffle()
-            # (shard, bytes) -> (image ID, OldRecord) per record
-            | "ScanShard" >> beam.ParDo(_ScanOldShard())
-        )
-        by_id = refs | "ById" >> beam.Map(lambda ref: (ref.image_id, ref))
-        return (
-            {"ref": by_id, "old": old}
-            | "JoinById" >> beam.CoGroupByKey()
-            | "PairWithOld" >> beam.FlatMap(_pair_with_old)
-        )
-
-
 class ConvertImages(beam.PTransform):
     """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output (and, under
     --reuse, per bundle the number of records taken from OLD on ``reused``)."""
@@ -387,7 +334,7 @@ class ConvertImages(beam.PTransform):
             else _ConvertFn(self._config, self._shown)
         )
         if self._config.reuse:
-            refs = refs | "MatchOld" >> MatchOld(reuse.open_again(self._config.reuse))
+            refs = refs | "MatchOld" >> reuse_beam.MatchOld(reuse.open_again(self._config.reuse))
         return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, REUSED, main="batches")
 
 
