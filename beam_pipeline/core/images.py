@@ -344,6 +344,11 @@ def near_fingerprint(image: Image.Image) -> bytes:
     return near_search.pack_image(image)
 
 
+def near_features(packed: bytes) -> tuple[bytes, bytes]:
+    """The record's ``image/near/*`` features of a fingerprint :func:`convert` made."""
+    return near_search.features(packed)
+
+
 # The scale a pass-through JPEG is check-decoded at: the smallest that covers
 # the fingerprint's base, so the check's pixels are the ones hashed and a small
 # image is not decoded twice (the largest scale-down, 1/8, for most).

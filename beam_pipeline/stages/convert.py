@@ -21,7 +21,6 @@ from beam_pipeline.core.elements import (
     ShardEntry,
     SpillLocation,
 )
-from beam_pipeline.features.near import search as near_search
 from beam_pipeline.storage import gcs
 from beam_pipeline.storage.reading import read_bytes
 from imagerecords import codec
@@ -94,7 +93,7 @@ def finish(ref: ImageRef, decoded: Conversion, seed: int, classes) -> Outcome:
         classes[label],
         image_id,
         decoded.sha256,
-        near_search.features(converted.near),
+        images.near_features(converted.near),
     )
     framed = codec.frame_record(payload)
     key = keys.order_key(seed, image_id)
