@@ -1,4 +1,4 @@
-"""near_duplicates.py: hashes of real photos, band keys, verification, groups."""
+"""features/near/hashes.py: hashes of real photos, band keys, verification, groups."""
 
 import itertools
 import random

@@ -12,7 +12,7 @@ returns nothing, and a pass-through JPEG's check decoded at 1/8 scale, all the
 check itself needs, rather than at ``images.PASS_THROUGH_CHECK``, the scale
 the fingerprint needs): CPU seconds per image, best of the rounds.
 
-Search (``--search N``): ``stages/near.find_local`` over N fingerprints in a
+Search (``--search N``): ``features/near/stage.find_local`` over N fingerprints in a
 child process (its wall time and peak RSS); the fingerprints are of random
 bits, so the buckets hold what random collisions give, the search's floor
 at that size, not a folder full of copies.
