@@ -31,4 +31,11 @@ def blocks(config, results) -> list[Block]:
     return [Block("duplicates", info, ((duplicates.DUPLICATES_FILE, listed),))]
 
 
+def summary_lines(info: dict) -> list[str]:
+    """The end-of-run lines of imagerecords.json's ``duplicates`` block."""
+    first = duplicates.first_split(list(info["splits"]))
+    deduped = bool(info.get("config", {}).get("dedupe"))
+    return duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
+
+
 LOCAL = LocalStep(NAME, run_local, blocks)

@@ -40,4 +40,10 @@ def blocks(config, results) -> list[Block]:
     ]
 
 
+def summary_lines(info: dict) -> list[str]:
+    """The end-of-run lines of the ``label_conflicts`` and ``near_duplicates`` blocks."""
+    conflicts = duplicates.conflict_lines(info.get("label_conflicts"))
+    return conflicts + search.summary_lines(info.get("near_duplicates") or {})
+
+
 LOCAL = LocalStep(NAME, run_local, blocks)
