@@ -2,7 +2,7 @@
 and label conflicts (a picture in two classes, identical or near copies).
 
 A group is every converted image whose source has the same SHA-256; resized or
-re-encoded copies are near duplicates (``near_duplicates.py``). Pure.
+re-encoded copies are near duplicates (``features/near/``). Pure.
 """
 
 from __future__ import annotations
