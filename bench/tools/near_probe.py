@@ -43,6 +43,8 @@ LAYOUTS = (
     ("64 x 24 exact", (64, 24), None),
     ("8 x 23 exact + 2 x 26 one-flip", (nd.BAND_COUNT, nd.BAND_BITS), (2, 26)),
     ("8 x 23 exact + 4 x 26 one-flip", (nd.BAND_COUNT, nd.BAND_BITS), (4, 26)),
+    ("6 x 27 one-flip", None, (6, 27)),
+    ("7 x 27 one-flip", None, (7, 27)),
     ("6 x 28 one-flip", None, (6, 28)),
     ("8 x 28 one-flip", None, (8, 28)),
     ("8 x 27 one-flip", None, (8, 27)),
