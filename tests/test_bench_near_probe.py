@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from beam_pipeline.core import near_duplicates as nd
+from beam_pipeline.features.near import hashes as nd
 from bench.tools import near_probe
 
 

@@ -28,9 +28,9 @@ import time
 import numpy as np
 
 from beam_pipeline.core import keys
-from beam_pipeline.core import near_duplicates as nd
-from beam_pipeline.core.duplicates import Member
-from beam_pipeline.stages import near
+from beam_pipeline.features.dedupe.duplicates import Member
+from beam_pipeline.features.near import hashes as nd
+from beam_pipeline.features.near import stage as near
 from bench.common.settings import CACHE_DIR
 from bench.near import calibration, heldout
 from bench.near import duplicates as bench_near
