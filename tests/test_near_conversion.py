@@ -66,15 +66,20 @@ def test_an_oversized_bucket_is_reported_not_paired():
     # it and is never searched: a crowd like this is rare, but possible).
     one = near_duplicates.TEXTURE_BIT
     flat = near_search.pack(near_duplicates.Fingerprint((one,) * 19, (85, 85, 85)))
+    key = 0  # the hash's key in band 0 (its low 27 bits), probed and filed under
     entries = [
-        near_search.Entry(Member(f"{n:05d}", "train", 0), True, flat)
+        near_search.Entry(Member(f"{n:05d}", "train", 0), probe, flat)
         for n in range(near_search.MAX_BUCKET + 1)
+        for probe in (False, True)
     ]
-    assert near_search.bucket(7, entries) == near_search.Oversized(7, near_search.MAX_BUCKET + 1)
-    assert len(near_search.bucket(7, entries[:3])) == 3  # a small one: every pair at distance 0
-    # No whole hash has the key: nothing to pair, at any size, and nothing reported.
-    windows = [e._replace(whole=False) for e in entries]
-    assert near_search.bucket(7, windows) == [] and near_search.bucket(7, windows[:3]) == []
+    images = near_search.MAX_BUCKET + 1  # each image twice: a probe and a home
+    assert near_search.bucket(key, entries) == near_search.Oversized(key, images)
+    assert len(near_search.bucket(key, entries[:6])) == 3  # a small one: every pair at distance 0
+    # No probe looks the key up, or no hash has it: nothing to pair, at any
+    # size, and nothing reported.
+    for probe in (False, True):
+        alone = [e._replace(probe=probe) for e in entries]
+        assert near_search.bucket(key, alone) == [] and near_search.bucket(key, alone[:6]) == []
 
 
 def _batches(prints: dict[str, tuple[str, bytes]]) -> list[RecordBatch]:
@@ -138,11 +143,12 @@ def test_the_local_search_in_partitions_finds_what_the_beam_graph_finds(tmp_path
     assert os.listdir(tmp_path / "work") == []  # the run files are gone
     groups = [[m.image_id for m in g.members] for g in local.groups]
     assert len(groups) == 4 and all(not g[0].startswith("flat/") for g in groups)
-    # The flat images share every band key: each bucket of their whole hash
-    # reported, none paired (their windows' keys alone pair nothing).
+    # The flat images share every band key: each bucket their whole hash probes
+    # and a hash of theirs is filed under reported, none paired.
     flat = near_search.unpack(_pack(Image.new("RGB", (64, 64), (90, 90, 90))))
     flat = flat._replace(hashes=(flat.hashes[0] | near_duplicates.TEXTURE_BIT, *flat.hashes[1:]))
-    assert len(local.oversized) == sum(whole for _, whole in near_duplicates.band_keys(flat))
+    homes = {key for key, _ in near_duplicates.band_keys(flat)}
+    assert len(local.oversized) == len(homes & set(near_duplicates.probe_keys(flat)))
     # (a real photo may share one band with them: a bucket of one more)
     assert all(o.images > near_search.MAX_BUCKET for o in local.oversized)
     _assert_the_beam_graph_finds(batches, local)

@@ -32,18 +32,18 @@ WINDOWS: tuple[tuple[float, float, float, float], ...] = ((0.0, 0.0, 1.0, 1.0),)
     for y in (0.0, 0.5, 1.0)
 )
 # The band index: BAND_COUNT bands of BAND_BITS bits, evenly spaced around the
-# hash read as a ring (``band_offsets``), so bands overlap. Each bit of width
-# halves the random candidates, which grow as the square of the images; each
-# band more wins back copies whose few differing bits fell in every other
-# band. Chosen with bench/near/duplicates.py against the cross-split recall
-# at the size a conversion stores and the search's cost at 1.28 M images
-# (docs/performance.md): wide bands keep the random candidates few, and a
-# band key that no whole-image hash has needs no window entry either
-# (``band_keys_rows``' ``known``), so a band more costs little. Eight bands
-# where six were: with the pair's support (``SUPPORT``) the look-alikes the
-# extra candidates bring are refused, and the calibration set's crops gain.
-BAND_BITS = 23
-BAND_COUNT = 8
+# hash read as a ring (``band_offsets``), so bands overlap. Every hash of an
+# image is filed under its band keys (its "homes"); the whole hash also looks
+# up its keys with up to PROBE_FLIPS bits flipped (its "probes"), and a probe
+# that meets a home keeps the pair only when that pairing (the whole hash
+# against the home's hash) is within THRESHOLD (``meets``). Six differing bits
+# leave an exact 23-bit band clean for 6% of pairings; a 27-bit band holding
+# at most one of them is 19%, so one-flip probes of wide bands find the crops
+# exact bands lose (bench/results/2026-12-03-near-recall.md: the held-out
+# set reaches the fingerprint's ceiling at 6 x 27, for 1.4x today's search).
+BAND_BITS = 27
+BAND_COUNT = 6
+PROBE_FLIPS = 1
 # Calibrated by bench/near/duplicates.py on real photos (docs/performance.md).
 THRESHOLD = 6
 # A pair also needs a second pairing of its hashes within SUPPORT (``support``):
@@ -390,94 +390,68 @@ def key_bits(band_bits: int = BAND_BITS, band_count: int = BAND_COUNT) -> int:
     return band_bits + max(1, int(band_count - 1).bit_length())
 
 
+def band_rows(hashes: np.ndarray, offset: int, band_bits: int = BAND_BITS) -> np.ndarray:
+    """:func:`band_of` of every hash of a uint64 array (any shape), as uint64."""
+    ring = hashes >> np.uint64(offset)
+    if offset:
+        ring |= hashes << np.uint64(HASH_BITS - offset)
+    return ring & np.uint64((1 << band_bits) - 1)
+
+
 def band_key_grid(
     hashes: np.ndarray, band_bits: int = BAND_BITS, band_count: int = BAND_COUNT
 ) -> np.ndarray:
     """``(images, bands, slots)`` uint64: the band key of every hash of an
     ``(images, slots)`` uint64 array in every band (``band_keys``' keys, not deduplicated)."""
     images, slots = hashes.shape
-    mask = np.uint64((1 << band_bits) - 1)
     keys = np.empty((images, band_count, slots), np.uint64)
     for band, offset in enumerate(band_offsets(band_count)):
-        ring = hashes >> np.uint64(offset)
-        if offset:
-            ring |= hashes << np.uint64(HASH_BITS - offset)
-        keys[:, band] = (ring & mask) | np.uint64(band << band_bits)
+        keys[:, band] = band_rows(hashes, offset, band_bits) | np.uint64(band << band_bits)
     return keys
 
 
+def flip_masks(band_bits: int = BAND_BITS, flips: int = PROBE_FLIPS) -> np.ndarray:
+    """uint64 XOR masks of a probe: no bit, then every set of up to ``flips`` bits."""
+    masks = [
+        sum(1 << b for b in bits)
+        for r in range(flips + 1)
+        for bits in itertools.combinations(range(band_bits), r)
+    ]
+    return np.array(masks, np.uint64)
+
+
 class KnownKeys:
-    """The band keys some whole-image hash has, one bit a key (``band_keys_rows``'
-    ``known``): 8 MB at 23-bit bands where a bool a key took 64 MB, and a
-    lookup in it stays in cache far more often."""
+    """A set of keys below ``2**bits``, one bit a key (the local search's index of
+    which band keys some hash has, or some probe looks up): 16 MB at 27 bits,
+    and a lookup in it stays in cache far more often than a bool a key."""
+
+    # Keys are set through a bool table of this many keys at most (64 MB): a
+    # wider space is filled in pieces, a pass over the keys each.
+    PIECE_BITS = 26
 
     def __init__(self, bits: np.ndarray):
         self.bits = bits  # uint8, little-endian: key k is bit k % 8 of byte k // 8
 
     @classmethod
-    def of(
-        cls,
-        key_chunks: Iterable[np.ndarray],
-        band_bits: int = BAND_BITS,
-        band_count: int = BAND_COUNT,
-    ) -> KnownKeys:
-        """The set of every key in ``key_chunks`` (uint64 arrays of band keys)."""
-        seen = np.zeros(1 << key_bits(band_bits, band_count), bool)
-        for keys in key_chunks:
-            seen[keys.ravel()] = True
-        return cls(np.packbits(seen, bitorder="little"))
+    def of(cls, key_chunks: Callable[[], Iterable[np.ndarray]], bits: int) -> KnownKeys:
+        """The set of every key in the chunks ``key_chunks()`` yields (uint64 arrays)."""
+        piece = 1 << min(bits, cls.PIECE_BITS)
+        parts = []
+        for low in range(0, 1 << bits, piece):
+            seen = np.zeros(piece, bool)
+            for keys in key_chunks():
+                keys = keys.ravel()
+                if piece < 1 << bits:
+                    keys = keys[(keys >> np.uint64(cls.PIECE_BITS)) == np.uint64(low // piece)]
+                    keys = keys - np.uint64(low)
+                seen[keys] = True
+            parts.append(np.packbits(seen, bitorder="little"))
+        return cls(np.concatenate(parts))
 
     def has(self, keys: np.ndarray) -> np.ndarray:
         """A bool per key of a uint64 array (any shape): is it in the set."""
         at = keys.view(np.int64)
         return ((self.bits[at >> 3] >> (at & 7).astype(np.uint8)) & 1).astype(bool)
-
-
-def band_keys_rows(
-    hashes: np.ndarray,
-    band_bits: int = BAND_BITS,
-    band_count: int = BAND_COUNT,
-    known: KnownKeys | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`band_keys` of every row of an ``(images, slots)`` uint64 array:
-    ``(image row, key, whole)`` arrays, by row and then key, each row's keys distinct.
-
-    ``known``: the keys some image's whole hash has. A window's entry under
-    any other key is left out: a bucket pairs only with a whole entry in it
-    (``bucket_pairs``), so it changes no pair, and with wide bands most
-    window keys are such.
-    """
-    images, slots = hashes.shape
-    keys = band_key_grid(hashes, band_bits, band_count)
-    row_bits = max(1, int(images - 1).bit_length())
-    width = key_bits(band_bits, band_count)
-    if row_bits + width + 1 > 64:
-        raise ValueError(f"{images} images at once do not fit one sort key")
-    if known is None:
-        rows, _, slots_of = np.indices(keys.shape, dtype=np.uint64).reshape(3, -1)
-        keys = keys.ravel()
-    else:
-        kept = known.has(keys)
-        kept[:, :, 0] = True
-        # One flat index per kept entry (one nonzero, not one per axis).
-        at = np.flatnonzero(kept).astype(np.uint64)
-        rows = at // np.uint64(band_count * slots)
-        slots_of = at % np.uint64(slots)
-        keys = keys.ravel()[at]
-    # One sortable number per entry: row, key, then 0 for a whole hash's entry,
-    # so that of an image's entries under one key the first says whether any is whole.
-    window = (slots_of != 0).astype(np.uint64)
-    packed = np.sort((rows << np.uint64(width) | keys) << np.uint64(1) | window)
-    entry = packed >> np.uint64(1)
-    first = np.ones(len(entry), bool)
-    first[1:] = entry[1:] != entry[:-1]
-    packed = packed[first]
-    key_mask = np.uint64((1 << width) - 1)
-    return (
-        (packed >> np.uint64(width + 1)).astype(np.int64),
-        (packed >> np.uint64(1)) & key_mask,
-        (packed & np.uint64(1)) == 0,
-    )
 
 
 def band_offsets(band_count: int = BAND_COUNT) -> tuple[int, ...]:
@@ -494,14 +468,11 @@ def band_of(h: int, offset: int, band_bits: int) -> int:
 def band_keys(
     fp: Fingerprint, band_bits: int = BAND_BITS, band_count: int = BAND_COUNT
 ) -> list[tuple[int, bool]]:
-    """The keys under which an image meets its candidates: ``(key, whole)``, sorted.
+    """The keys an image is filed under (its homes): ``(key, whole)``, sorted.
 
     A key is a band's index and its bits. The whole image's hash and the
     windows' share one key space, since a copy's whole image matches its
-    original's window; ``whole`` says the whole image's hash has that band,
-    and a bucket pairs only entries of which one at least is whole (two
-    windows are never compared, ``distance``), which keeps the candidates
-    to about one image's hash against every hash rather than all against all.
+    original's window; ``whole`` says the whole image's hash has that band.
     """
     found: dict[int, bool] = {}
     for band, offset in enumerate(band_offsets(band_count)):
@@ -511,26 +482,74 @@ def band_keys(
     return sorted(found.items())
 
 
+def probe_keys(
+    fp: Fingerprint,
+    band_bits: int = BAND_BITS,
+    band_count: int = BAND_COUNT,
+    flips: int = PROBE_FLIPS,
+) -> list[int]:
+    """The keys an image's whole hash looks up (its probes): in each band its own
+    key and that key with up to ``flips`` bits flipped, sorted."""
+    masks = flip_masks(band_bits, flips).tolist()
+    return sorted(
+        (band << band_bits) | (band_of(fp.hashes[0], offset, band_bits) ^ m)
+        for band, offset in enumerate(band_offsets(band_count))
+        for m in masks
+    )
+
+
+def meets(
+    prober: Fingerprint,
+    home: Fingerprint,
+    key: int,
+    band_bits: int = BAND_BITS,
+    band_count: int = BAND_COUNT,
+    threshold: int = THRESHOLD,
+) -> bool:
+    """Whether ``prober``'s whole hash, looking up ``key``, meets ``home`` there: a
+    hash of ``home`` has the key and is within ``threshold`` of that whole hash.
+
+    Only the pairing that met counts: a far pairing that shares a key by luck
+    brings no candidate (the verification's distance is the pair's best).
+    """
+    offset = band_offsets(band_count)[key >> band_bits]
+    bits = key & ((1 << band_bits) - 1)
+    whole = prober.hashes[0]
+    return any(
+        band_of(h, offset, band_bits) == bits and hamming(whole, h) <= threshold
+        for h in home.hashes
+    )
+
+
 def bucket_pairs(members: Sequence[tuple[int, bool]]) -> Iterable[tuple[int, int]]:
-    """The candidate pairs ``(i, j)``, ``i < j``, of one band key's bucket of ``(index, whole)``."""
-    for (a, whole_a), (b, whole_b) in itertools.combinations(members, 2):
-        if (whole_a or whole_b) and a != b:
-            yield (a, b) if a < b else (b, a)
+    """The meetings ``(prober, home)`` of one key's bucket of ``(index, probe)``
+    entries: each probe against each home of another image."""
+    for a, probe_a in members:
+        if probe_a:
+            for b, probe_b in members:
+                if not probe_b and a != b:
+                    yield a, b
 
 
 def candidate_pairs(
     fingerprints: Sequence[Fingerprint],
     band_bits: int = BAND_BITS,
     band_count: int = BAND_COUNT,
+    flips: int = PROBE_FLIPS,
 ) -> set[tuple[int, int]]:
-    """Index pairs ``(i, j)``, ``i < j``, that share a band key (the in-memory GroupByKey)."""
+    """Index pairs ``(i, j)``, ``i < j``, whose probe and home meet (``meets``): the
+    in-memory GroupByKey."""
     buckets: dict[int, list[tuple[int, bool]]] = {}
     for index, fp in enumerate(fingerprints):
-        for key, whole in band_keys(fp, band_bits, band_count):
-            buckets.setdefault(key, []).append((index, whole))
+        for key, _ in band_keys(fp, band_bits, band_count):
+            buckets.setdefault(key, []).append((index, False))
+        for key in probe_keys(fp, band_bits, band_count, flips):
+            buckets.setdefault(key, []).append((index, True))
     pairs: set[tuple[int, int]] = set()
-    for members in buckets.values():
-        pairs.update(bucket_pairs(members))
+    for key, members in buckets.items():
+        for a, b in bucket_pairs(members):
+            if meets(fingerprints[a], fingerprints[b], key, band_bits, band_count):
+                pairs.add((min(a, b), max(a, b)))
     return pairs
 
 

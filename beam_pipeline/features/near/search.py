@@ -23,7 +23,7 @@ NEAR_FILE = codec.NEAR_DUPLICATES_FILE
 # from included), the windows, the bands (width and count), which buckets
 # pair, the threshold or the texture rule (a resume or --reuse with another
 # refuses or redoes).
-SCHEME = "phash19-v4"
+SCHEME = "phash19-v5"
 # Its name among the image settings (the resume key, imagerecords.json's image block).
 SCHEME_SETTING = "near_scheme"
 # The values the scheme stands for, recorded beside its name in imagerecords.json.
@@ -32,6 +32,7 @@ SCHEME_VALUES = {
     "windows": len(near_duplicates.WINDOWS),
     "band_bits": near_duplicates.BAND_BITS,
     "band_count": near_duplicates.BAND_COUNT,
+    "probe_flips": near_duplicates.PROBE_FLIPS,
     "threshold": near_duplicates.THRESHOLD,
     "support": near_duplicates.SUPPORT,
     "colour_tolerance": near_duplicates.COLOUR_TOLERANCE,
@@ -44,9 +45,9 @@ SCHEME_VALUES = {
     },
 }
 # A bucket of more images than this is not paired all against all: random
-# collisions of a band key stay far below it (about 370 images at 1.28 M with
-# 16-bit bands), so a bucket this large is flat or blank images sharing one
-# hash, reported in the block instead.
+# collisions of a band key stay far below it (a few images at 1.28 M with
+# 27-bit bands), so a bucket this large is images sharing one hash, reported
+# in the block instead.
 MAX_BUCKET = 4096
 COLOUR_BYTES = 3
 HASH_BYTES = near_duplicates.HASH_BITS // 8
@@ -84,18 +85,21 @@ def unpack(packed: bytes) -> near_duplicates.Fingerprint:
 
 
 class Entry(NamedTuple):
-    """What one image brings to a bucket: who it is, whether its whole hash has the
-    key, and its packed fingerprint."""
+    """What one image brings to a bucket: who it is, whether it probes the key
+    (its whole hash's key, a few bits flipped) or is filed under it (a hash of
+    it has the key), and its packed fingerprint."""
 
     member: Member
-    whole: bool
+    probe: bool
     packed: bytes
 
 
 def keyed(member: Member, packed: bytes) -> list[tuple[int, Entry]]:
-    """``(band key, Entry)`` for each of an image's distinct band keys."""
+    """``(band key, Entry)`` for each of an image's distinct homes and probes."""
     fp = unpack(packed)
-    return [(key, Entry(member, whole, packed)) for key, whole in near_duplicates.band_keys(fp)]
+    homes = [(key, Entry(member, False, packed)) for key, _ in near_duplicates.band_keys(fp)]
+    probes = [(key, Entry(member, True, packed)) for key in near_duplicates.probe_keys(fp)]
+    return homes + probes
 
 
 class Pair(NamedTuple):
@@ -114,28 +118,34 @@ class Oversized(NamedTuple):
 
 
 def bucket(key: int, entries: Sequence[Entry]) -> list[Pair] | Oversized:
-    """One band key's verified pairs, or :class:`Oversized` past :data:`MAX_BUCKET`.
+    """One band key's verified pairs, or :class:`Oversized` past :data:`MAX_BUCKET`
+    images.
 
-    The entries are sorted first, so the pairs do not depend on the order
-    the engine gathered them in. A bucket with no whole-image entry pairs
-    nothing (``near_duplicates.bucket_pairs``), whatever its size, so it is
-    neither paired nor reported: the local engine never writes its entries.
+    Each probe meets each home of another image (``near_duplicates.bucket_pairs``)
+    and a meeting within the threshold (``near_duplicates.meets``) is
+    verified. A bucket without both a probe and a home pairs nothing, whatever
+    its size, so it is neither paired nor reported: the local engine never
+    writes its entries. The entries are sorted first, so the pairs do not
+    depend on the order the engine gathered them in.
     """
-    if not any(e.whole for e in entries):
+    if not (any(e.probe for e in entries) and any(not e.probe for e in entries)):
         return []
-    if len(entries) > MAX_BUCKET:
-        return Oversized(key, len(entries))
+    images = len({e.member for e in entries})
+    if images > MAX_BUCKET:
+        return Oversized(key, images)
     ordered = sorted(entries)
     prints = [unpack(e.packed) for e in ordered]
     found = []
-    for i, j in near_duplicates.bucket_pairs([(i, e.whole) for i, e in enumerate(ordered)]):
+    for i, j in near_duplicates.bucket_pairs([(i, e.probe) for i, e in enumerate(ordered)]):
         a, b = ordered[i].member, ordered[j].member
         if a.image_id == b.image_id:
             continue  # one image under two entries cannot happen; never pair it with itself
+        if not near_duplicates.meets(prints[i], prints[j], key):
+            continue
         d = near_duplicates.verify(prints[i], prints[j])
         if d is not None:
             found.append(Pair(a, b, d) if a < b else Pair(b, a, d))
-    return found
+    return sorted(set(found))  # two images may meet both ways
 
 
 class Group(NamedTuple):

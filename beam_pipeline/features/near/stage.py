@@ -96,9 +96,9 @@ def drop_all_near(
 
 # ------------------------------------------------------------- the local engine
 
-PARTITIONS = 64  # run files: one partition's keys are 1/64 of every image's
-# A run file's entry: one uint64 of (band key, image, 0 if the whole hash has
-# the key else 1), so that a plain sort orders a partition by key, then image.
+PARTITIONS = 64  # run files of one band: one partition's keys are 1/64 of the band's
+# A run file's entry: one uint64 of (band key, image, 0 for a probe, 1 for a
+# home), so that a plain sort orders a partition by key, then image.
 _IMAGE_BITS = 32
 _KEY_SHIFT = _IMAGE_BITS + 1
 _KEY_BITS = near_duplicates.key_bits()
@@ -125,12 +125,13 @@ def found_of(pairs: Iterable[near_search.Pair], oversized, untextured: int = 0) 
 
 
 def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
-    """The search in one process, its memory bounded by one partition of keys.
+    """The search in one process, its memory bounded by one band's two key sets
+    (16 MB each at 27 bits) and one partition of its keys.
 
     The same pairs and oversized buckets as :func:`bucket` over every band
-    key (the Beam graph's), on arrays: a pair's distance depends on its two
-    images only, so the candidates of a partition's buckets are deduplicated
-    first and each verified once.
+    key (the Beam graph's), on arrays, a band at a time: a pair's distance
+    depends on its two images only, so the candidates of a partition's
+    buckets are deduplicated first and each verified once.
 
     ``work_dir``: a local folder for the run files (a temporary folder is made
     in it and removed on every way out).
@@ -163,17 +164,18 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     del packed
     searched, pairs = _first_of_twins(hashes, colours, members)
     os.makedirs(work_dir, exist_ok=True)
-    runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
-    try:
-        _write_runs(hashes, runs, searched)
-        oversized = []
-        for partition in range(PARTITIONS):
-            entries = np.fromfile(_run_path(runs, partition), dtype=np.uint64)
-            candidates, too_big = partition_candidates(entries, len(members))
-            oversized += too_big
-            pairs += _verified(candidates, len(members), hashes, colours, members)
-    finally:
-        shutil.rmtree(runs, ignore_errors=True)
+    oversized = []
+    for band in range(near_duplicates.BAND_COUNT):
+        runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
+        try:
+            _write_runs(hashes, runs, searched, band)
+            for partition in range(PARTITIONS):
+                entries = np.fromfile(_run_path(runs, partition), dtype=np.uint64)
+                candidates, too_big = partition_candidates(entries, hashes)
+                oversized += too_big
+                pairs += _verified(candidates, len(members), hashes, colours, members)
+        finally:
+            shutil.rmtree(runs, ignore_errors=True)
     return found_of(pairs, oversized, left_out)
 
 
@@ -245,32 +247,55 @@ def _run_path(runs: str, partition: int) -> str:
     return os.path.join(runs, f"{partition:03d}.run")
 
 
-def whole_keys(hashes: np.ndarray, searched: np.ndarray) -> near_duplicates.KnownKeys:
-    """The band keys that the whole hash of an image ``searched`` says has
-    (``near_duplicates.band_keys_rows``' ``known``)."""
-    return near_duplicates.KnownKeys.of(
-        near_duplicates.band_key_grid(
-            hashes[start : start + _CHUNK, :1][searched[start : start + _CHUNK]]
-        )
-        for start in range(0, len(hashes), _CHUNK)
-    )
+def _chunks(hashes: np.ndarray, searched: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first row, rows)`` of the images ``searched`` says, a chunk at a time."""
+    for start in range(0, len(hashes), _CHUNK):
+        rows = np.flatnonzero(searched[start : start + _CHUNK]) + start
+        if len(rows):
+            yield start, rows
 
 
-def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray) -> None:
-    """The keyed entries of every image ``searched`` says, appended to its key's
+def band_sets(
+    hashes: np.ndarray, searched: np.ndarray, band: int
+) -> tuple[near_duplicates.KnownKeys, near_duplicates.KnownKeys]:
+    """The band's bits (no band index) that some hash of a searched image has
+    (homes), and that some whole hash looks up (probes)."""
+    offset = near_duplicates.band_offsets()[band]
+    masks = near_duplicates.flip_masks()
+
+    def homes():
+        for _, rows in _chunks(hashes, searched):
+            yield near_duplicates.band_rows(hashes[rows], offset)
+
+    def probes():
+        for _, rows in _chunks(hashes, searched):
+            yield near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
+
+    bits = near_duplicates.BAND_BITS
+    return near_duplicates.KnownKeys.of(homes, bits), near_duplicates.KnownKeys.of(probes, bits)
+
+
+def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray, band: int) -> None:
+    """One band's entries of every image ``searched`` says, appended to its key's
     partition a chunk of images at a time (what is held is one chunk's entries,
-    not every image's), less the window entries under keys no whole hash has."""
-    known = whole_keys(hashes, searched)
+    not every image's): its probes under keys some hash has, its homes (one per
+    distinct key) under keys some probe looks up. An entry under any other key
+    meets nothing (``near_search.bucket``), so leaving it out changes no pair."""
+    homes, probes = band_sets(hashes, searched, band)
+    offset = near_duplicates.band_offsets()[band]
+    masks = near_duplicates.flip_masks()
+    band_key = np.uint64(band << near_duplicates.BAND_BITS)
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
-        for start in range(0, len(hashes), _CHUNK):
-            rows, keys, whole = near_duplicates.band_keys_rows(
-                hashes[start : start + _CHUNK], known=known
-            )
-            kept = searched[rows + start]
-            rows, keys, whole = rows[kept], keys[kept], whole[kept]
-            entries = run_entries(keys, rows + start, whole)
-            parts = (keys % PARTITIONS).astype(np.uint8)
+        for _, rows in _chunks(hashes, searched):
+            home = near_duplicates.band_rows(hashes[rows], offset)
+            at = np.nonzero(probes.has(home))
+            home_entries = np.unique(run_entries(home[at] | band_key, rows[at[0]], False))
+            probe = near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
+            at = np.nonzero(homes.has(probe))
+            probe_entries = run_entries(probe[at] | band_key, rows[at[0]], True)
+            entries = np.concatenate([home_entries, probe_entries])
+            parts = ((entries >> np.uint64(_KEY_SHIFT)) % np.uint64(PARTITIONS)).astype(np.uint8)
             order = np.argsort(parts, kind="stable")  # a radix sort of bytes
             entries, parts = entries[order], parts[order]
             bounds = np.searchsorted(parts, np.arange(PARTITIONS + 1))
@@ -280,51 +305,79 @@ def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray) -> None:
                     files[partition].write(entries[low:high].tobytes())
 
 
-def run_entries(keys: np.ndarray, images: np.ndarray, whole: np.ndarray) -> np.ndarray:
-    """Run-file entries of band keys, image indexes and whole flags."""
+def run_entries(keys: np.ndarray, images: np.ndarray, probe: bool) -> np.ndarray:
+    """Run-file entries of band keys and image indexes, all probes or all homes."""
     if len(images) and int(images.max()) >> _IMAGE_BITS:
         raise ValueError(f"more than 2**{_IMAGE_BITS} images in one near-duplicate search")
-    tag = (~whole).astype(np.uint64)
+    tag = np.uint64(0 if probe else 1)
     return keys.astype(np.uint64) << np.uint64(_KEY_SHIFT) | images.astype(np.uint64) << 1 | tag
 
 
 def partition_candidates(
-    entries: np.ndarray, images: int
+    entries: np.ndarray, hashes: np.ndarray
 ) -> tuple[np.ndarray, list[near_search.Oversized]]:
     """One partition's run entries -> its distinct candidate pairs as ``i * images + j``
     (``i < j``, sorted) and its oversized buckets.
 
-    ``near_duplicates.bucket_pairs``' rule on arrays: the entries sorted (by
-    key), each whole entry of a key's run meets every other entry of the run
-    (a pair of two whole entries once), never two windows; a run past
-    ``near_search.MAX_BUCKET`` is reported instead, like ``near_search.bucket``.
+    ``near_search.bucket``'s rule on arrays: the entries sorted (by key), each
+    probe of a key's run meets every home of another image in the run, and
+    the meeting is kept when it is within the threshold
+    (``near_duplicates.meets``); a run of a probe and a home past
+    ``near_search.MAX_BUCKET`` images is reported instead.
     """
+    images = len(hashes)
+    if not len(entries):
+        return np.zeros(0, np.int64), []
     entries = np.sort(entries)
     keys = entries >> np.uint64(_KEY_SHIFT)
     image = ((entries >> np.uint64(1)) & np.uint64((1 << _IMAGE_BITS) - 1)).astype(np.int64)
-    whole = (entries & np.uint64(1)) == 0
+    probe = (entries & np.uint64(1)) == 0
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     sizes = np.diff(np.r_[starts, len(keys)])
-    big = sizes > near_search.MAX_BUCKET
+    probes = np.add.reduceat(probe.astype(np.int64), starts)
+    both = (probes > 0) & (probes < sizes)
+    # An image both probes a key and is filed under it: one image of the bucket.
+    new_image = np.r_[True, (entries[1:] >> np.uint64(1)) != (entries[:-1] >> np.uint64(1))]
+    distinct = np.add.reduceat(new_image.astype(np.int64), starts)
+    big = both & (distinct > near_search.MAX_BUCKET)
     oversized = [
         near_search.Oversized(int(k), int(c))
-        for k, c in zip(keys[starts[big]].tolist(), sizes[big].tolist(), strict=True)
+        for k, c in zip(keys[starts[big]].tolist(), distinct[big].tolist(), strict=True)
     ]
     run = np.repeat(np.arange(len(starts)), sizes)
-    meets = np.flatnonzero(whole & ~big[run] & (sizes[run] >= 2))
-    # Each whole entry against every position of its run: a ragged arange.
+    meets = np.flatnonzero(probe & both[run] & ~big[run])
+    # Each probe against every position of its run: a ragged arange.
     first, count = starts[run[meets]], sizes[run[meets]]
     into = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
     at, other = np.repeat(meets, count), np.repeat(first, count) + into
-    keep = (other != at) & (~whole[other] | (other > at))
+    keep = ~probe[other] & (image[other] != image[at])
+    at, other = at[keep], other[keep]
+    keep = _within(hashes, image[at], image[other], keys[at])
     a, b = image[at[keep]], image[other[keep]]
-    keep = a != b
-    a, b = a[keep], b[keep]
     pairs = np.sort(np.minimum(a, b) * images + np.maximum(a, b))
     return pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs, oversized
 
 
 _VERIFY_CHUNK = 1 << 14  # candidates whose hashes are gathered at once (in cache)
+
+
+def _within(hashes: np.ndarray, probers, homes, keys) -> np.ndarray:
+    """``near_duplicates.meets`` of each (prober, home, key) on arrays."""
+    bits = near_duplicates.BAND_BITS
+    offsets = np.array(near_duplicates.band_offsets(), np.uint64)
+    kept = np.zeros(len(probers), bool)
+    for low in range(0, len(probers), _VERIFY_CHUNK):
+        part = slice(low, low + _VERIFY_CHUNK)
+        home = hashes[homes[part]]
+        key = keys[part]
+        offset = offsets[(key >> np.uint64(bits)).astype(np.int64)][:, None]
+        back = (np.uint64(near_duplicates.HASH_BITS) - offset) % np.uint64(64)  # offset 0: no wrap
+        ring = ((home >> offset) | (home << back)) & np.uint64((1 << bits) - 1)
+        close = np.bitwise_count(hashes[probers[part], :1] ^ home) <= near_duplicates.THRESHOLD
+        kept[part] = ((ring == (key & np.uint64((1 << bits) - 1))[:, None]) & close).any(axis=1)
+    return kept
+
+
 
 
 def _verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
