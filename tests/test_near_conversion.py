@@ -557,3 +557,35 @@ def test_the_local_search_refuses_fingerprints_of_two_widths(tmp_path):
     prints["val/0001"] = (split, packed[8:])
     with pytest.raises(ValueError, match="val/0001: a fingerprint of 147 bytes among ones of 155"):
         near.find_local(_batches(prints), str(tmp_path))
+
+
+_H = 0x0123_4567_89AB_CDEF | near_duplicates.TEXTURE_BIT
+
+
+@pytest.mark.parametrize(
+    "flipped, found",
+    [
+        # Six bits apart, every 27-bit band holding one at least (no exact key
+        # in common), the bands at 43 and 53 only one: a one-flip probe meets.
+        ((10, 20, 30, 35, 40, 50), True),
+        # Seven: one pairing past the threshold, though a probe meets.
+        ((10, 20, 25, 30, 35, 40, 50), False),
+    ],
+)
+def test_both_engines_find_a_pair_that_shares_only_a_one_flip_key(tmp_path, flipped, found):
+    grey = (85, 85, 85)
+    other = _H ^ sum(1 << b for b in flipped)
+    prints = {
+        "train/a": ("train", near_search.pack(near_duplicates.Fingerprint((_H,), grey))),
+        "test/b": ("test", near_search.pack(near_duplicates.Fingerprint((other,), grey))),
+    }
+    a, b = (near_search.unpack(p) for _, p in prints.values())
+    assert not {k for k, _ in near_duplicates.band_keys(a)} & {
+        k for k, _ in near_duplicates.band_keys(b)
+    }
+    batches = _batches(prints)
+    local = near.find_local(batches, str(tmp_path))
+    assert [[m.image_id for m in g.members] for g in local.groups] == (
+        [["test/b", "train/a"]] if found else []
+    )
+    _assert_the_beam_graph_finds(batches, local)

@@ -182,13 +182,74 @@ def test_a_key_both_hashes_have_is_whole():
     "members, expected",
     [
         ([(0, True), (1, False)], [(0, 1)]),
-        ([(3, False), (1, False)], []),  # two windows never meet
-        ([(2, False), (1, True), (0, False)], [(1, 2), (0, 1)]),
+        ([(3, False), (1, False)], []),  # two homes never meet
+        ([(3, True), (1, True)], []),  # nor two probes
+        ([(2, False), (1, True), (0, False)], [(1, 2), (1, 0)]),
         ([(1, True), (1, False)], []),  # an image does not pair with itself
     ],
 )
 def test_bucket_pairs(members, expected):
     assert list(nd.bucket_pairs(members)) == expected
+
+
+def test_probe_keys_are_each_band_s_whole_key_and_its_one_bit_flips():
+    keys = nd.probe_keys(FP, band_bits=16, band_count=4)
+    assert keys == sorted(keys) and len(set(keys)) == 4 * 17
+    assert (0 << 16 | 0xCDEF) in keys and (0 << 16 | 0xCDEF ^ 1 << 15) in keys
+    assert (3 << 16 | 0x0123 ^ 1) in keys
+    assert not any(k >> 16 == 0 and (k ^ 0xCDEF).bit_count() > 1 for k in keys)
+    assert nd.probe_keys(FP, 16, 4, flips=0) == [
+        0xCDEF,
+        1 << 16 | 0x89AB,
+        2 << 16 | 0x4567,
+        3 << 16 | 0x0123,
+    ]
+
+
+# A whole hash and the bands of 27 bits at offsets 0, 11, 21, 32, 43, 53 (6 bands).
+_H = 0x0123_4567_89AB_CDEF
+
+
+def _bits_at(*positions: int) -> int:
+    return sum(1 << p for p in positions)
+
+
+@pytest.mark.parametrize(
+    "flipped, found",
+    [
+        # Six bits apart, placed so that every 27-bit band holds at least
+        # one (no exact key in common) and the bands at 43 and 53 only one.
+        ((10, 20, 30, 35, 40, 50), True),
+        # Seven bits apart: beyond the threshold, whatever meets.
+        ((10, 20, 25, 30, 35, 40, 50), False),
+        # Six bits, three in every band: no band within one flip.
+        ((0, 11, 21, 32, 43, 53), False),
+    ],
+)
+def test_a_pair_that_shares_only_a_one_flip_key_is_found_within_the_threshold(flipped, found):
+    a = Fingerprint((_H | nd.TEXTURE_BIT,), (85, 85, 85))
+    b = Fingerprint(((_H ^ _bits_at(*flipped)) | nd.TEXTURE_BIT,), (85, 85, 85))
+    assert nd.band_offsets() == (0, 11, 21, 32, 43, 53) and nd.BAND_BITS == 27
+    exact = {k for k, _ in nd.band_keys(a)} & {k for k, _ in nd.band_keys(b)}
+    assert not exact  # no band key in common: today's exact index missed it
+    assert (nd.candidate_pairs([a, b]) == {(0, 1)}) is found
+    assert (nd.find_pairs([a, b]) != []) is found
+
+
+def test_a_meeting_at_a_pairing_beyond_the_threshold_is_not_a_candidate():
+    # b's window shares a's whole key in band 0 but is 10 bits away; b's whole
+    # hash is 6 bits from a's but in bands none of a's probes reach.
+    grey = (85, 85, 85)
+    far = _H ^ _bits_at(30, 35, 40, 45, 50, 55, 60, 62, 28, 33)
+    near = _H ^ _bits_at(0, 11, 21, 32, 43, 53)  # every band holds three of them
+    assert nd.hamming(_H, far) == 10 and nd.band_of(far, 0, 27) == nd.band_of(_H, 0, 27)
+    a = Fingerprint((_H | nd.TEXTURE_BIT,), grey)
+    b = Fingerprint((near | nd.TEXTURE_BIT, far), grey)
+    key = nd.band_of(_H, 0, 27)
+    assert key in nd.probe_keys(a) and key in {k for k, _ in nd.band_keys(b)}
+    assert not nd.meets(a, b, key)  # the pairing that met is 10 apart
+    assert nd.distance(a, b) <= nd.THRESHOLD  # though the pair is close by another
+    assert nd.candidate_pairs([a, b]) == set()
 
 
 @pytest.mark.parametrize(
@@ -391,58 +452,23 @@ def _hash_array(prints: list[Fingerprint]) -> np.ndarray:
     return np.array([fp.hashes for fp in prints], dtype=np.uint64)
 
 
-def test_band_keys_of_an_array_are_each_row_s_band_keys():
-    prints = _random_prints(40, 3)
-    # Rows that repeat a hash: one key under two slots, whole when either is slot 0.
-    prints[1] = Fingerprint((prints[1].hashes[1],) + prints[1].hashes[1:], prints[1].colour)
-    prints[2] = Fingerprint(prints[2].hashes[:5] + (prints[2].hashes[4],) * 14, prints[2].colour)
-    rows, keys, whole = nd.band_keys_rows(_hash_array(prints))
-    got = list(zip(rows.tolist(), keys.tolist(), whole.tolist(), strict=True))
-    expected = [(r, k, w) for r, fp in enumerate(prints) for k, w in nd.band_keys(fp)]
-    assert got == expected
-
-
-def test_known_keys_leave_out_only_window_entries_under_keys_no_whole_hash_has():
-    prints = _random_prints(60, 4)
-    # Near copies: another row's whole hash is this row's window, so some window
-    # keys are known and their entries must stay.
-    for n in range(0, 60, 4):
-        prints[n + 1] = Fingerprint(
-            prints[n + 1].hashes[:3] + (prints[n].hashes[0],) + prints[n + 1].hashes[4:],
-            prints[n + 1].colour,
-        )
-    hashes = _hash_array(prints)
-    whole_keys = set(nd.band_key_grid(hashes[:, :1]).ravel().tolist())
-    known = nd.KnownKeys.of([nd.band_key_grid(hashes[:, :1])])
-    every = list(zip(*(a.tolist() for a in nd.band_keys_rows(hashes)), strict=True))
-    kept = list(zip(*(a.tolist() for a in nd.band_keys_rows(hashes, known=known)), strict=True))
-    assert kept == [(r, k, w) for r, k, w in every if w or k in whole_keys]
-    assert any(not w for _, _, w in kept)  # the planted windows are there
-    assert len(kept) < len(every) / 4  # most random window keys are no whole hash's
-    # The pairs are the same: a bucket pairs only with a whole entry in it.
-    assert set(_array_candidates(*nd.band_keys_rows(hashes, known=known))) == set(
-        _array_candidates(*nd.band_keys_rows(hashes))
-    )
-
-
 def test_known_keys_hold_exactly_the_keys_given():
     rng = np.random.default_rng(7)
-    top = 1 << nd.key_bits()
-    # Both ends of the key space, neighbours of each other, and random keys.
-    given = np.array([0, 1, 7, 8, 9, top - 1, top - 8] + rng.integers(0, top, 500).tolist())
-    known = nd.KnownKeys.of([given[:300].astype(np.uint64), given[300:].astype(np.uint64)])
+    bits = nd.KnownKeys.PIECE_BITS + 1  # filled in two pieces
+    top = 1 << bits
+    # Both ends of the key space and of its pieces, neighbours of each other, and random keys.
+    half = top // 2
+    given = np.array(
+        [0, 1, 7, 8, 9, half - 1, half, top - 1, top - 8] + rng.integers(0, top, 500).tolist()
+    )
+    known = nd.KnownKeys.of(
+        lambda: [given[:300].astype(np.uint64), given[300:].astype(np.uint64)], bits
+    )
     asked = np.concatenate([given, given + 1, given - 1, rng.integers(0, top, 2000)])
     asked = asked[(asked >= 0) & (asked < top)].astype(np.uint64).reshape(-1, 1)
     given_set = set(given.tolist())
     assert known.has(asked).tolist() == [[k in given_set] for k in asked.ravel().tolist()]
     assert known.bits.nbytes == top // 8
-
-
-def _array_candidates(rows, keys, whole):
-    buckets: dict[int, list[tuple[int, bool]]] = {}
-    for r, k, w in zip(rows.tolist(), keys.tolist(), whole.tolist(), strict=True):
-        buckets.setdefault(k, []).append((r, w))
-    return [pair for members in buckets.values() for pair in nd.bucket_pairs(members)]
 
 
 def test_distances_and_colours_of_arrays_are_each_pair_s():

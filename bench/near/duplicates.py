@@ -257,12 +257,14 @@ def search(
     band_bits: int = nd.BAND_BITS,
     band_count: int = nd.BAND_COUNT,
     chunk: int = 50_000,
+    flips: int = nd.PROBE_FLIPS,
 ):
     """The band index over an ``(n, slots)`` array of hashes, slot 0 the whole image's.
 
     Per band (``band_keys``' layout), every hash's key is sorted (what a
-    GroupByKey on the band key does) and each whole-image hash meets every
-    hash of its bucket (``band_keys``' rule: a pair needs one whole hash),
+    GroupByKey on the band key does) and each whole-image hash's probes (its
+    key, up to ``flips`` bits flipped: ``probe_keys``) meet every hash of their
+    buckets,
     ``chunk`` whole hashes at a time so memory stays bounded. A candidate is
     verified on the pair of hashes that met (one popcount);
     ``near_duplicates.distance`` also tries the image's other windows, which
@@ -278,6 +280,7 @@ def search(
         raise ValueError(f"{flat.size} hashes with {band_bits}-bit bands do not pack in 64 bits")
     shift, entry_mask = np.uint64(entry_bits), np.uint64((1 << entry_bits) - 1)
     found, candidates = [], 0
+    masks = nd.flip_masks(band_bits, flips)
     for offset in nd.band_offsets(band_count):
         key = _band_of(flat, offset, band_bits)
         whole_key = key[::slots].copy()
@@ -290,9 +293,10 @@ def search(
         key >>= shift
         key_sorted = key
         for lo in range(0, n, chunk):
-            q = np.arange(lo, min(n, lo + chunk))
-            start = np.searchsorted(key_sorted, whole_key[q], "left")
-            count = np.searchsorted(key_sorted, whole_key[q], "right") - start
+            q = np.repeat(np.arange(lo, min(n, lo + chunk)), len(masks))
+            probe = whole_key[q] ^ np.tile(masks, len(q) // len(masks))
+            start = np.searchsorted(key_sorted, probe, "left")
+            count = np.searchsorted(key_sorted, probe, "right") - start
             a = np.repeat(q, count)
             base = np.repeat(start - np.cumsum(count) + count, count)
             entry = order[base + np.arange(len(a))]

@@ -378,8 +378,6 @@ def _within(hashes: np.ndarray, probers, homes, keys) -> np.ndarray:
     return kept
 
 
-
-
 def _verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
     """The candidates that ``near_duplicates.verify`` accepts, as Pairs."""
     pairs = []
