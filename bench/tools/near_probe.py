@@ -9,10 +9,10 @@ Two parts, printed as markdown:
   exact bands, and wider bands whose whole-hash key is also probed with each
   one-bit flip (a meeting kept only when its own pairing is within the
   threshold), against every pair verified (the ceiling no band index passes);
-- **cost**: the local engine's search (``stages/near.py``'s runs, candidates
-  and verification) against :func:`probe_search`, a NumPy prototype of the
-  one-flip index, on synthetic hashes (``bench/near/duplicates.py``'s),
-  alternating rounds, best CPU of each.
+- **cost**: the local engine's search (``near/stage.py``'s runs, candidates and
+  verification) of this tree against another's (``--baseline-tree``: a
+  checkout of phash19-v4), each in a child process on the same synthetic
+  hashes (``bench/near/duplicates.py``'s), alternating rounds, best CPU of each.
 
 A measurement, not the engine: nothing here changes what a conversion pairs.
 """
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -37,18 +39,19 @@ from bench.near import duplicates as bench_near
 
 # (name, exact bands (count, bits), one-flip bands (count, bits)); None: every pair.
 LAYOUTS = (
-    ("today: 8 x 23 exact", (nd.BAND_COUNT, nd.BAND_BITS), None),
+    ("phash19-v4: 8 x 23 exact", (8, 23), None),
     ("12 x 23 exact", (12, 23), None),
     ("16 x 24 exact", (16, 24), None),
     ("64 x 24 exact", (64, 24), None),
-    ("8 x 23 exact + 2 x 26 one-flip", (nd.BAND_COUNT, nd.BAND_BITS), (2, 26)),
-    ("8 x 23 exact + 4 x 26 one-flip", (nd.BAND_COUNT, nd.BAND_BITS), (4, 26)),
+    ("8 x 23 exact + 2 x 26 one-flip", (8, 23), (2, 26)),
+    ("8 x 23 exact + 4 x 26 one-flip", (8, 23), (4, 26)),
     ("6 x 27 one-flip", None, (6, 27)),
     ("7 x 27 one-flip", None, (7, 27)),
     ("6 x 28 one-flip", None, (6, 28)),
     ("8 x 28 one-flip", None, (8, 28)),
     ("8 x 27 one-flip", None, (8, 27)),
     ("8 x 26 one-flip", None, (8, 26)),
+    ("phash19-v5: the product's candidate_pairs (6 x 27 one-flip)", "product", None),
     ("every pair verified", "all", None),
 )
 
@@ -79,10 +82,27 @@ def flip_candidates(fps, count: int, bits: int, shift: int = 0) -> set[tuple[int
     return pairs
 
 
+def exact_candidates(fps, count: int, bits: int) -> set[tuple[int, int]]:
+    """phash19-v4's rule: pairs sharing a band key, a whole hash's at least (the
+    meeting pairing not checked)."""
+    buckets: dict[int, list[tuple[int, bool]]] = {}
+    for index, fp in enumerate(fps):
+        for key, whole in nd.band_keys(fp, bits, count):
+            buckets.setdefault(key, []).append((index, whole))
+    return {
+        (a, b) if a < b else (b, a)
+        for members in buckets.values()
+        for (a, wa), (b, wb) in itertools.combinations(members, 2)
+        if (wa or wb) and a != b
+    }
+
+
 def layout_candidates(fps, exact, flips) -> set[tuple[int, int]]:
     if exact == "all":
         return set(itertools.combinations(range(len(fps)), 2))
-    found = nd.candidate_pairs(fps, exact[1], exact[0]) if exact else set()
+    if exact == "product":
+        return nd.candidate_pairs(fps)
+    found = exact_candidates(fps, *exact) if exact else set()
     if flips:
         # Between the exact bands' offsets where both are used.
         found |= flip_candidates(fps, *flips, shift=4 if exact else 0)
@@ -114,60 +134,6 @@ def recall(near_set: calibration.NearSet, upscale: int, exact, flips) -> dict:
     }
 
 
-def _ring(hashes: np.ndarray, offset: int, bits: int) -> np.ndarray:
-    ring = hashes >> np.uint64(offset)
-    if offset:
-        ring |= hashes << np.uint64(nd.HASH_BITS - offset)
-    return ring & np.uint64((1 << bits) - 1)
-
-
-def probe_search(hashes: np.ndarray, bits: int, count: int, chunk: int = 1 << 16) -> np.ndarray:
-    """The one-flip index over ``(images, slots)`` hashes, per band: a table of
-    the keys every hash has, the whole hashes' probes (the key and its ``bits``
-    one-bit flips) that hit it, a table of those, the index entries it keeps,
-    then each kept probe meets its key's entries and the meeting is kept when
-    its pairing is within the threshold. Returns the pairs as ``i * images + j``."""
-    n, slots = hashes.shape
-    whole, flat = hashes[:, 0].copy(), hashes.reshape(-1)
-    flips = np.array([0] + [1 << b for b in range(bits)], np.uint64)
-    entry_bits = int(n * slots - 1).bit_length()
-    shift, mask = np.uint64(entry_bits), np.uint64((1 << entry_bits) - 1)
-    seen = np.zeros(1 << bits, bool)
-    found = []
-    for offset in nd.band_offsets(count):
-        seen[:] = False
-        for low in range(0, n, chunk):
-            seen[_ring(hashes[low : low + chunk], offset, bits).ravel()] = True
-        whole_key = _ring(whole, offset, bits)
-        probes = []
-        for low in range(0, n, chunk):
-            keys_ = whole_key[low : low + chunk, None] ^ flips[None, :]
-            hit = seen[keys_]
-            image = np.nonzero(hit)[0].astype(np.uint64) + np.uint64(low)
-            probes.append(keys_[hit] << shift | image)
-        probe = np.sort(np.concatenate(probes))
-        probe_key = probe >> shift
-        seen[:] = False
-        seen[probe_key] = True
-        kept = []
-        for low in range(0, n, chunk):
-            keys_ = _ring(hashes[low : low + chunk], offset, bits).ravel()
-            at = np.flatnonzero(seen[keys_])
-            kept.append(keys_[at] << shift | (at.astype(np.uint64) + np.uint64(low * slots)))
-        index = np.sort(np.concatenate(kept))
-        index_key = index >> shift
-        start = np.searchsorted(index_key, probe_key, "left")
-        many = np.searchsorted(index_key, probe_key, "right") - start
-        a = np.repeat((probe & mask).astype(np.int64), many)
-        into = np.arange(many.sum()) - np.repeat(np.cumsum(many) - many, many)
-        entry = (index[np.repeat(start, many) + into] & mask).astype(np.int64)
-        close = np.bitwise_count(whole[a] ^ flat[entry]) <= nd.THRESHOLD
-        a, b = a[close], entry[close] // slots
-        a, b = a[a != b], b[a != b]
-        found.append(np.minimum(a, b) * n + np.maximum(a, b))
-    return np.unique(np.concatenate(found))
-
-
 class _Members:
     def __init__(self, n: int):
         self.n = n
@@ -181,50 +147,93 @@ class _Members:
 
 def local_search(hashes: np.ndarray, colours: np.ndarray, work_dir: str) -> int:
     """``near.find_local`` after its input is read: its runs, candidates and
-    verification, every image searched. Returns the pairs (not distinct)."""
+    verification, every image searched, a band at a time. Returns the pairs
+    (not distinct)."""
     n = len(hashes)
     members = _Members(n)
-    runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
-    try:
-        near._write_runs(hashes, runs, np.ones(n, bool))
-        pairs = 0
-        for p in range(near.PARTITIONS):
-            entries = np.fromfile(near._run_path(runs, p), dtype=np.uint64)
-            candidates, _ = near.partition_candidates(entries, n)
-            pairs += len(near._verified(candidates, n, hashes, colours, members))
-        return pairs
-    finally:
-        shutil.rmtree(runs, ignore_errors=True)
+    pairs = 0
+    for band in range(nd.BAND_COUNT):
+        runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
+        try:
+            near._write_runs(hashes, runs, np.ones(n, bool), band)
+            for p in range(near.PARTITIONS):
+                entries = np.fromfile(near._run_path(runs, p), dtype=np.uint64)
+                candidates, _ = near.partition_candidates(entries, hashes)
+                pairs += len(near._verified(candidates, n, hashes, colours, members))
+        finally:
+            shutil.rmtree(runs, ignore_errors=True)
+    return pairs
 
 
-def cost(images: int, rounds: int, layouts: list[tuple[int, int]]) -> list[dict]:
-    """CPU seconds of each search, rounds alternating (each round's order turns)."""
-    hashes, _ = bench_near.synthetic_hashes(images, bench_near.PLANTED)
-    colours = np.full((images, 3), 85, np.uint8)
-    runs = {"today (local engine)": lambda: local_search(hashes, colours, work)}
-    for bits, count in layouts:
-        runs[f"{count} x {bits} one-flip (prototype)"] = lambda bits=bits, count=count: len(
-            probe_search(hashes, bits, count)
-        )
-    best = {name: float("inf") for name in runs}
-    with tempfile.TemporaryDirectory() as work:
-        for r in range(rounds):
-            names = list(runs) if r % 2 == 0 else list(runs)[::-1]
-            for name in names:
-                start = time.process_time()
-                runs[name]()
-                best[name] = min(best[name], time.process_time() - start)
-    base = best["today (local engine)"]
-    return [{"search": k, "cpu_s": v, "of_today": v / base} for k, v in best.items()]
+# Runs in a child with a tree on its path: ``local_search`` there is that
+# tree's engine (phash19-v4's tool had one of the same signature).
+_ONE_SEARCH = """
+import resource, sys, tempfile, time
+import numpy as np
+from bench.near import duplicates as b
+from bench.tools import near_probe as p
+n = int(sys.argv[1])
+hashes, _ = b.synthetic_hashes(n, b.PLANTED)
+colours = np.full((n, 3), 85, np.uint8)
+with tempfile.TemporaryDirectory() as work:
+    start = time.process_time()
+    pairs = p.local_search(hashes, colours, work)
+    cpu = time.process_time() - start
+print(cpu, pairs, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def cost(images: int, rounds: int, trees: dict[str, str]) -> list[dict]:
+    """CPU seconds of each tree's local search, rounds alternating (each round's
+    order turns); also its pairs and the child's peak RSS (MB)."""
+    best = {name: (float("inf"), 0, 0) for name in trees}
+    for r in range(rounds):
+        names = list(trees) if r % 2 == 0 else list(trees)[::-1]
+        for name in names:
+            env = dict(os.environ, PYTHONPATH=trees[name])
+            out = subprocess.run(
+                [sys.executable, "-c", _ONE_SEARCH, str(images)],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=trees[name],
+            ).stdout.split()
+            cpu, pairs, rss = float(out[0]), int(out[1]), int(out[2])
+            best[name] = min(best[name], (cpu, pairs, max(rss, best[name][2])))
+    base = best[next(iter(trees))][0]
+    return [
+        {"search": k, "cpu_s": v[0], "pairs": v[1], "rss_mb": v[2], "of_first": v[0] / base}
+        for k, v in best.items()
+    ]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--cost-layouts", default="27x8", help="bitsxcount, comma-separated")
+    parser.add_argument("--baseline-tree", help="a checkout to time against (phash19-v4)")
     parser.add_argument("--no-cost", action="store_true")
+    parser.add_argument("--no-recall", action="store_true")
+    parser.add_argument("--layout", action="append", help="only layouts whose name has this")
     args = parser.parse_args(argv)
+    if not args.no_recall:
+        _recall_table(args.layout)
+    if not args.no_cost:
+        trees = {"baseline": args.baseline_tree} if args.baseline_tree else {}
+        trees["this tree"] = os.getcwd()
+        print(f"\nSearch CPU at {args.images:,} synthetic images, best of {args.rounds}:\n")
+        print("| search | CPU s | of the first | pairs | peak RSS MB |\n|---|---|---|---|---|")
+        for row in cost(args.images, args.rounds, trees):
+            print(
+                f"| {row['search']} | {row['cpu_s']:.1f} | {row['of_first']:.2f}x "
+                f"| {row['pairs']} | {row['rss_mb']} |",
+                flush=True,
+            )
+    return 0
+
+
+def _recall_table(only: list[str] | None) -> None:
     sets = {
         "calibration": calibration.ensure_near_set(CACHE_DIR),
         "held-out": heldout.ensure_heldout_set(CACHE_DIR),
@@ -236,6 +245,8 @@ def main(argv=None) -> int:
     )
     print("|---" * (1 + 2 * len(sets)) + "|")
     for name, exact, flips in LAYOUTS:
+        if only and not any(o in name for o in only):
+            continue
         cells = []
         for near_set in sets.values():
             for upscale in (1, bench_near.STORED_UPSCALE):
@@ -245,13 +256,6 @@ def main(argv=None) -> int:
                     f"(left {r['left_spanning']})"
                 )
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
-    if not args.no_cost:
-        layouts = [tuple(int(x) for x in s.split("x")) for s in args.cost_layouts.split(",")]
-        print(f"\nSearch CPU at {args.images:,} synthetic images, best of {args.rounds}:\n")
-        print("| search | CPU s | of today |\n|---|---|---|")
-        for row in cost(args.images, args.rounds, layouts):
-            print(f"| {row['search']} | {row['cpu_s']:.1f} | {row['of_today']:.2f}x |", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
