@@ -454,16 +454,11 @@ def _hash_array(prints: list[Fingerprint]) -> np.ndarray:
 
 def test_known_keys_hold_exactly_the_keys_given():
     rng = np.random.default_rng(7)
-    bits = nd.KnownKeys.PIECE_BITS + 1  # filled in two pieces
+    bits = nd.BAND_BITS
     top = 1 << bits
-    # Both ends of the key space and of its pieces, neighbours of each other, and random keys.
-    half = top // 2
-    given = np.array(
-        [0, 1, 7, 8, 9, half - 1, half, top - 1, top - 8] + rng.integers(0, top, 500).tolist()
-    )
-    known = nd.KnownKeys.of(
-        lambda: [given[:300].astype(np.uint64), given[300:].astype(np.uint64)], bits
-    )
+    # Both ends of the key space, neighbours of each other, and random keys.
+    given = np.array([0, 1, 7, 8, 9, top - 1, top - 8] + rng.integers(0, top, 500).tolist())
+    known = nd.KnownKeys.of([given[:300].astype(np.uint64), given[300:].astype(np.uint64)], bits)
     asked = np.concatenate([given, given + 1, given - 1, rng.integers(0, top, 2000)])
     asked = asked[(asked >= 0) & (asked < top)].astype(np.uint64).reshape(-1, 1)
     given_set = set(given.tolist())

@@ -425,28 +425,17 @@ class KnownKeys:
     which band keys some hash has, or some probe looks up): 16 MB at 27 bits,
     and a lookup in it stays in cache far more often than a bool a key."""
 
-    # Keys are set through a bool table of this many keys at most (64 MB): a
-    # wider space is filled in pieces, a pass over the keys each.
-    PIECE_BITS = 26
-
     def __init__(self, bits: np.ndarray):
         self.bits = bits  # uint8, little-endian: key k is bit k % 8 of byte k // 8
 
     @classmethod
-    def of(cls, key_chunks: Callable[[], Iterable[np.ndarray]], bits: int) -> KnownKeys:
-        """The set of every key in the chunks ``key_chunks()`` yields (uint64 arrays)."""
-        piece = 1 << min(bits, cls.PIECE_BITS)
-        parts = []
-        for low in range(0, 1 << bits, piece):
-            seen = np.zeros(piece, bool)
-            for keys in key_chunks():
-                keys = keys.ravel()
-                if piece < 1 << bits:
-                    keys = keys[(keys >> np.uint64(cls.PIECE_BITS)) == np.uint64(low // piece)]
-                    keys = keys - np.uint64(low)
-                seen[keys] = True
-            parts.append(np.packbits(seen, bitorder="little"))
-        return cls(np.concatenate(parts))
+    def of(cls, key_chunks: Iterable[np.ndarray], bits: int) -> KnownKeys:
+        """The set of every key in ``key_chunks`` (uint64 arrays), through a bool
+        table of ``2**bits`` held while it is made (128 MB at 27 bits)."""
+        seen = np.zeros(1 << bits, bool)
+        for keys in key_chunks:
+            seen[keys.ravel()] = True
+        return cls(np.packbits(seen, bitorder="little"))
 
     def has(self, keys: np.ndarray) -> np.ndarray:
         """A bool per key of a uint64 array (any shape): is it in the set."""

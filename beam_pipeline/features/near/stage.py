@@ -263,14 +263,13 @@ def band_sets(
     offset = near_duplicates.band_offsets()[band]
     masks = near_duplicates.flip_masks()
 
-    def homes():
-        for _, rows in _chunks(hashes, searched):
-            yield near_duplicates.band_rows(hashes[rows], offset)
-
-    def probes():
-        for _, rows in _chunks(hashes, searched):
-            yield near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
-
+    homes = (
+        near_duplicates.band_rows(hashes[rows], offset) for _, rows in _chunks(hashes, searched)
+    )
+    probes = (
+        near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
+        for _, rows in _chunks(hashes, searched)
+    )
     bits = near_duplicates.BAND_BITS
     return near_duplicates.KnownKeys.of(homes, bits), near_duplicates.KnownKeys.of(probes, bits)
 
@@ -279,7 +278,7 @@ def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray, band: int) 
     """One band's entries of every image ``searched`` says, appended to its key's
     partition a chunk of images at a time (what is held is one chunk's entries,
     not every image's): its probes under keys some hash has, its homes (one per
-    distinct key) under keys some probe looks up. An entry under any other key
+    key) under keys some probe looks up. An entry under any other key
     meets nothing (``near_search.bucket``), so leaving it out changes no pair."""
     homes, probes = band_sets(hashes, searched, band)
     offset = near_duplicates.band_offsets()[band]
@@ -290,7 +289,8 @@ def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray, band: int) 
         for _, rows in _chunks(hashes, searched):
             home = near_duplicates.band_rows(hashes[rows], offset)
             at = np.nonzero(probes.has(home))
-            home_entries = np.unique(run_entries(home[at] | band_key, rows[at[0]], False))
+            # (two hashes of an image under one key: two entries, one image in the bucket)
+            home_entries = run_entries(home[at] | band_key, rows[at[0]], False)
             probe = near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
             at = np.nonzero(homes.has(probe))
             probe_entries = run_entries(probe[at] | band_key, rows[at[0]], True)
@@ -367,14 +367,16 @@ def _within(hashes: np.ndarray, probers, homes, keys) -> np.ndarray:
     offsets = np.array(near_duplicates.band_offsets(), np.uint64)
     kept = np.zeros(len(probers), bool)
     for low in range(0, len(probers), _VERIFY_CHUNK):
-        part = slice(low, low + _VERIFY_CHUNK)
+        part = np.arange(low, min(low + _VERIFY_CHUNK, len(probers)))
         home = hashes[homes[part]]
-        key = keys[part]
+        close = np.bitwise_count(hashes[probers[part], :1] ^ home) <= near_duplicates.THRESHOLD
+        # The band of the few with a hash within the threshold only: most are not.
+        some = np.flatnonzero(close.any(axis=1))
+        home, close, key = home[some], close[some], keys[part[some]]
         offset = offsets[(key >> np.uint64(bits)).astype(np.int64)][:, None]
         back = (np.uint64(near_duplicates.HASH_BITS) - offset) % np.uint64(64)  # offset 0: no wrap
         ring = ((home >> offset) | (home << back)) & np.uint64((1 << bits) - 1)
-        close = np.bitwise_count(hashes[probers[part], :1] ^ home) <= near_duplicates.THRESHOLD
-        kept[part] = ((ring == (key & np.uint64((1 << bits) - 1))[:, None]) & close).any(axis=1)
+        kept[part[some]] = ((ring == (key & np.uint64((1 << bits) - 1))[:, None]) & close).any(1)
     return kept
 
 
