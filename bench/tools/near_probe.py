@@ -158,7 +158,7 @@ def local_search(hashes: np.ndarray, colours: np.ndarray, work_dir: str) -> int:
             near._write_runs(hashes, runs, np.ones(n, bool), band)
             for p in range(near.PARTITIONS):
                 entries = np.fromfile(near._run_path(runs, p), dtype=np.uint64)
-                candidates, _ = near.partition_candidates(entries, hashes)
+                candidates, _ = near.partition_candidates(entries, hashes, band)
                 pairs += len(near._verified(candidates, n, hashes, colours, members))
         finally:
             shutil.rmtree(runs, ignore_errors=True)

@@ -97,12 +97,15 @@ def drop_all_near(
 # ------------------------------------------------------------- the local engine
 
 PARTITIONS = 64  # run files of one band: one partition's keys are 1/64 of the band's
-# A run file's entry: one uint64 of (band key, image, 0 for a probe, 1 for a
-# home), so that a plain sort orders a partition by key, then image.
+# A run file's entry: one uint64 of (the band's bits, image, slot), the slot
+# the hash filed under the key or PROBE_SLOT for a probe, so that a plain
+# sort orders a partition by key, then image.
+_SLOT_BITS = 5
+PROBE_SLOT = (1 << _SLOT_BITS) - 1
 _IMAGE_BITS = 32
-_KEY_SHIFT = _IMAGE_BITS + 1
-_KEY_BITS = near_duplicates.key_bits()
-assert _KEY_BITS + _KEY_SHIFT <= 64, "band keys too wide for a run entry"
+_KEY_SHIFT = _IMAGE_BITS + _SLOT_BITS
+assert near_duplicates.BAND_BITS + _KEY_SHIFT <= 64, "band keys too wide for a run entry"
+assert len(near_duplicates.WINDOWS) < PROBE_SLOT, "too many hashes for a run entry's slot"
 _CHUNK = 8192  # images whose keyed entries are sorted into the partitions at once
 
 
@@ -171,7 +174,7 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
             _write_runs(hashes, runs, searched, band)
             for partition in range(PARTITIONS):
                 entries = np.fromfile(_run_path(runs, partition), dtype=np.uint64)
-                candidates, too_big = partition_candidates(entries, hashes)
+                candidates, too_big = partition_candidates(entries, hashes, band)
                 oversized += too_big
                 pairs += _verified(candidates, len(members), hashes, colours, members)
         finally:
@@ -255,93 +258,98 @@ def _chunks(hashes: np.ndarray, searched: np.ndarray) -> Iterator[tuple[int, np.
             yield start, rows
 
 
-def band_sets(
-    hashes: np.ndarray, searched: np.ndarray, band: int
-) -> tuple[near_duplicates.KnownKeys, near_duplicates.KnownKeys]:
-    """The band's bits (no band index) that some hash of a searched image has
-    (homes), and that some whole hash looks up (probes)."""
-    offset = near_duplicates.band_offsets()[band]
-    masks = near_duplicates.flip_masks()
-
-    homes = (
-        near_duplicates.band_rows(hashes[rows], offset) for _, rows in _chunks(hashes, searched)
-    )
-    probes = (
-        near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
-        for _, rows in _chunks(hashes, searched)
-    )
-    bits = near_duplicates.BAND_BITS
-    return near_duplicates.KnownKeys.of(homes, bits), near_duplicates.KnownKeys.of(probes, bits)
-
-
 def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray, band: int) -> None:
-    """One band's entries of every image ``searched`` says, appended to its key's
+    """One band's entries of every image ``searched`` says, appended to their key's
     partition a chunk of images at a time (what is held is one chunk's entries,
-    not every image's): its probes under keys some hash has, its homes (one per
-    key) under keys some probe looks up. An entry under any other key
-    meets nothing (``near_search.bucket``), so leaving it out changes no pair."""
-    homes, probes = band_sets(hashes, searched, band)
+    not every image's): first its probes under keys some hash has, then its
+    homes under keys those probes look up. An entry under any other key meets
+    nothing (``near_search.bucket``), so leaving it out changes no pair.
+
+    The homes' keys are a bit a key (16 MB at 27 bits); the written probes'
+    keys a bool a key (128 MB), set for those probes only.
+    """
     offset = near_duplicates.band_offsets()[band]
     masks = near_duplicates.flip_masks()
-    band_key = np.uint64(band << near_duplicates.BAND_BITS)
+    slots = np.arange(hashes.shape[1], dtype=np.uint64)
+
+    def homes_of(rows):
+        return near_duplicates.band_rows(hashes[rows], offset)
+
+    filed = near_duplicates.KnownKeys.of(
+        (homes_of(rows) for _, rows in _chunks(hashes, searched)), near_duplicates.BAND_BITS
+    )
+    probed = np.zeros(1 << near_duplicates.BAND_BITS, bool)
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
         for _, rows in _chunks(hashes, searched):
-            home = near_duplicates.band_rows(hashes[rows], offset)
-            at = np.nonzero(probes.has(home))
-            # (two hashes of an image under one key: two entries, one image in the bucket)
-            home_entries = run_entries(home[at] | band_key, rows[at[0]], False)
             probe = near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
-            at = np.nonzero(homes.has(probe))
-            probe_entries = run_entries(probe[at] | band_key, rows[at[0]], True)
-            entries = np.concatenate([home_entries, probe_entries])
-            parts = ((entries >> np.uint64(_KEY_SHIFT)) % np.uint64(PARTITIONS)).astype(np.uint8)
-            order = np.argsort(parts, kind="stable")  # a radix sort of bytes
-            entries, parts = entries[order], parts[order]
-            bounds = np.searchsorted(parts, np.arange(PARTITIONS + 1))
-            for partition in range(PARTITIONS):
-                low, high = bounds[partition], bounds[partition + 1]
-                if low < high:
-                    files[partition].write(entries[low:high].tobytes())
+            at = np.nonzero(filed.has(probe))
+            probed[probe[at]] = True
+            _append(files, run_entries(probe[at], rows[at[0]], np.uint64(PROBE_SLOT)))
+        del filed
+        for _, rows in _chunks(hashes, searched):
+            home = homes_of(rows)
+            at = np.nonzero(probed[home])
+            _append(files, run_entries(home[at], rows[at[0]], slots[at[1]]))
 
 
-def run_entries(keys: np.ndarray, images: np.ndarray, probe: bool) -> np.ndarray:
-    """Run-file entries of band keys and image indexes, all probes or all homes."""
+def _append(files, entries: np.ndarray) -> None:
+    """Run entries appended to their partitions' files."""
+    parts = ((entries >> np.uint64(_KEY_SHIFT)) % np.uint64(PARTITIONS)).astype(np.uint8)
+    order = np.argsort(parts, kind="stable")  # a radix sort of bytes
+    entries, parts = entries[order], parts[order]
+    bounds = np.searchsorted(parts, np.arange(PARTITIONS + 1))
+    for partition in range(PARTITIONS):
+        low, high = bounds[partition], bounds[partition + 1]
+        if low < high:
+            files[partition].write(entries[low:high].tobytes())
+
+
+def run_entries(keys: np.ndarray, images: np.ndarray, slots) -> np.ndarray:
+    """Run-file entries of a band's bits, image indexes and slots (``PROBE_SLOT``: a probe)."""
     if len(images) and int(images.max()) >> _IMAGE_BITS:
         raise ValueError(f"more than 2**{_IMAGE_BITS} images in one near-duplicate search")
-    tag = np.uint64(0 if probe else 1)
-    return keys.astype(np.uint64) << np.uint64(_KEY_SHIFT) | images.astype(np.uint64) << 1 | tag
+    return (
+        keys.astype(np.uint64) << np.uint64(_KEY_SHIFT)
+        | images.astype(np.uint64) << np.uint64(_SLOT_BITS)
+        | slots
+    )
 
 
 def partition_candidates(
-    entries: np.ndarray, hashes: np.ndarray
+    entries: np.ndarray, hashes: np.ndarray, band: int
 ) -> tuple[np.ndarray, list[near_search.Oversized]]:
-    """One partition's run entries -> its distinct candidate pairs as ``i * images + j``
-    (``i < j``, sorted) and its oversized buckets.
+    """One band's partition of run entries -> its distinct candidate pairs as
+    ``i * images + j`` (``i < j``, sorted) and its oversized buckets.
 
     ``near_search.bucket``'s rule on arrays: the entries sorted (by key), each
     probe of a key's run meets every home of another image in the run, and
-    the meeting is kept when it is within the threshold
-    (``near_duplicates.meets``); a run of a probe and a home past
-    ``near_search.MAX_BUCKET`` images is reported instead.
+    the meeting is kept when the whole hash and the home's hash are within
+    the threshold (``near_duplicates.meets``); a run of a probe and a home
+    past ``near_search.MAX_BUCKET`` images is reported instead.
     """
     images = len(hashes)
     if not len(entries):
         return np.zeros(0, np.int64), []
     entries = np.sort(entries)
     keys = entries >> np.uint64(_KEY_SHIFT)
-    image = ((entries >> np.uint64(1)) & np.uint64((1 << _IMAGE_BITS) - 1)).astype(np.int64)
-    probe = (entries & np.uint64(1)) == 0
+    image = ((entries >> np.uint64(_SLOT_BITS)) & np.uint64((1 << _IMAGE_BITS) - 1)).astype(
+        np.int64
+    )
+    slot = (entries & np.uint64(PROBE_SLOT)).astype(np.int64)
+    probe = slot == PROBE_SLOT
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     sizes = np.diff(np.r_[starts, len(keys)])
     probes = np.add.reduceat(probe.astype(np.int64), starts)
     both = (probes > 0) & (probes < sizes)
-    # An image both probes a key and is filed under it: one image of the bucket.
-    new_image = np.r_[True, (entries[1:] >> np.uint64(1)) != (entries[:-1] >> np.uint64(1))]
-    distinct = np.add.reduceat(new_image.astype(np.int64), starts)
+    # An image with two entries under a key (a probe and a home, or two
+    # homes): one image of the bucket.
+    imaged = entries >> np.uint64(_SLOT_BITS)
+    distinct = np.add.reduceat(np.r_[True, imaged[1:] != imaged[:-1]].astype(np.int64), starts)
     big = both & (distinct > near_search.MAX_BUCKET)
+    band_key = band << near_duplicates.BAND_BITS
     oversized = [
-        near_search.Oversized(int(k), int(c))
+        near_search.Oversized(band_key | int(k), int(c))
         for k, c in zip(keys[starts[big]].tolist(), distinct[big].tolist(), strict=True)
     ]
     run = np.repeat(np.arange(len(starts)), sizes)
@@ -351,33 +359,15 @@ def partition_candidates(
     into = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
     at, other = np.repeat(meets, count), np.repeat(first, count) + into
     keep = ~probe[other] & (image[other] != image[at])
-    at, other = at[keep], other[keep]
-    keep = _within(hashes, image[at], image[other], keys[at])
-    a, b = image[at[keep]], image[other[keep]]
+    a, b, s = image[at[keep]], image[other[keep]], slot[other[keep]]
+    # The pairing that met: the prober's whole hash against the home's hash.
+    close = np.bitwise_count(hashes[a, 0] ^ hashes[b, s]) <= near_duplicates.THRESHOLD
+    a, b = a[close], b[close]
     pairs = np.sort(np.minimum(a, b) * images + np.maximum(a, b))
     return pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs, oversized
 
 
 _VERIFY_CHUNK = 1 << 14  # candidates whose hashes are gathered at once (in cache)
-
-
-def _within(hashes: np.ndarray, probers, homes, keys) -> np.ndarray:
-    """``near_duplicates.meets`` of each (prober, home, key) on arrays."""
-    bits = near_duplicates.BAND_BITS
-    offsets = np.array(near_duplicates.band_offsets(), np.uint64)
-    kept = np.zeros(len(probers), bool)
-    for low in range(0, len(probers), _VERIFY_CHUNK):
-        part = np.arange(low, min(low + _VERIFY_CHUNK, len(probers)))
-        home = hashes[homes[part]]
-        close = np.bitwise_count(hashes[probers[part], :1] ^ home) <= near_duplicates.THRESHOLD
-        # The band of the few with a hash within the threshold only: most are not.
-        some = np.flatnonzero(close.any(axis=1))
-        home, close, key = home[some], close[some], keys[part[some]]
-        offset = offsets[(key >> np.uint64(bits)).astype(np.int64)][:, None]
-        back = (np.uint64(near_duplicates.HASH_BITS) - offset) % np.uint64(64)  # offset 0: no wrap
-        ring = ((home >> offset) | (home << back)) & np.uint64((1 << bits) - 1)
-        kept[part[some]] = ((ring == (key & np.uint64((1 << bits) - 1))[:, None]) & close).any(1)
-    return kept
 
 
 def _verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
