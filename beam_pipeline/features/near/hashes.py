@@ -422,7 +422,7 @@ def flip_masks(band_bits: int = BAND_BITS, flips: int = PROBE_FLIPS) -> np.ndarr
 
 class KnownKeys:
     """A set of keys below ``2**bits``, one bit a key (the local search's index of
-    which band keys some hash has, or some probe looks up): 16 MB at 27 bits,
+    band keys some hash has): 16 MB at 27 bits,
     and a lookup in it stays in cache far more often than a bool a key."""
 
     def __init__(self, bits: np.ndarray):

@@ -129,7 +129,7 @@ def found_of(pairs: Iterable[near_search.Pair], oversized, untextured: int = 0) 
 
 def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     """The search in one process, its memory bounded by one band's two key sets
-    (16 MB each at 27 bits) and one partition of its keys.
+    (16 MB and 128 MB at 27 bits, ``_write_runs``) and one partition of its keys.
 
     The same pairs and oversized buckets as :func:`bucket` over every band
     key (the Beam graph's), on arrays, a band at a time: a pair's distance
