@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from typing import ClassVar
 
 from PIL import Image, UnidentifiedImageError
 
@@ -71,6 +72,7 @@ class ImageSpec:
     these declarations).
     """
 
+    recorded_in: ClassVar[str] = "image"  # imagerecords.json's block of these settings
     resize: str = settings.decides(flags.Table.resize, recorded=True)
     size: int = settings.decides(flags.Table.image_size, recorded=True)
     upscale: bool = settings.decides(flags.Table.upscale, recorded=True)

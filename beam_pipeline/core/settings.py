@@ -40,7 +40,8 @@ class Setting:
             the new limit would have rejected, so that is refused.
         nested: The field is itself a config (of this class) whose fields are declared.
         recorded: As declared: where imagerecords.json records it (False: not
-            at all; True: in the config's own block; a name: in that block).
+            at all; True: in the config's own block, its class's ``recorded_in``
+            or the top level; a name: in that block, inside the config's).
             :func:`declared` resolves it to ``info``.
         key: Its key in that block, where it is not the field's name (a part);
             a field that holds a conversion of its flag's value records the
@@ -60,7 +61,7 @@ class Setting:
 
     def resolved(self, field_name: str, prefix: str = "") -> Setting:
         """The setting with its name and place filled in, for field ``field_name``
-        of a config recorded under ``prefix`` (``"image."``)."""
+        of a config whose settings are recorded under ``prefix`` (``"image."``)."""
         if self.nested:
             return self
         flag = self.flag
@@ -135,36 +136,44 @@ def parts(*declared: Setting) -> dataclasses.Field:
 
 
 def nested(config_type: type) -> dataclasses.Field:
-    """A field that is a ``config_type`` (its default one) with its own declared
-    fields, recorded in the block of this field's name."""
+    """A field that is a ``config_type`` (its default one) with its own declared fields."""
     return dataclasses.field(
         default=config_type(), metadata={_KEY: (Setting(True, nested=config_type),)}
     )
 
 
-def declaration(field: dataclasses.Field, prefix: str = "") -> tuple[Setting, ...]:
-    """The settings declared on ``field``, resolved; () when it has none."""
+def _prefix(config_type) -> str:
+    """Where a config's recorded settings go: ``"image."`` for a config whose class
+    says ``recorded_in = "image"``, else the top level."""
+    block = getattr(config_type, "recorded_in", "")
+    return f"{block}." if block else ""
+
+
+def declaration(field: dataclasses.Field, config_type=None) -> tuple[Setting, ...]:
+    """The settings declared on ``field`` (of ``config_type``), resolved; () when it
+    has none."""
+    prefix = _prefix(config_type)
     return tuple(s.resolved(field.name, prefix) for s in field.metadata.get(_KEY, ()))
 
 
-def declared(config_type, prefix: str = "") -> Iterator[tuple[dataclasses.Field, Setting]]:
+def declared(config_type) -> Iterator[tuple[dataclasses.Field, Setting]]:
     """``(field, setting)`` of every setting a config class declares, nested ones
-    included (with the field they are nested in), in field order."""
+    included (with the field they are declared on), in field order."""
     for field in dataclasses.fields(config_type):
-        for setting in declaration(field, prefix):
+        for setting in declaration(field, config_type):
             if setting.nested:
-                yield from declared(setting.nested, f"{prefix}{field.name}.")
+                yield from declared(setting.nested)
             else:
                 yield field, setting
 
 
-def _walk(config, prefix: str = "") -> Iterator[tuple[Setting, object]]:
+def _walk(config) -> Iterator[tuple[Setting, object]]:
     """``(setting, value)`` of every declared setting of ``config``, nested ones
     included, in field order."""
     for field in dataclasses.fields(config):
-        for setting in declaration(field, prefix):
+        for setting in declaration(field, type(config)):
             if setting.nested:
-                yield from _walk(getattr(config, field.name), f"{prefix}{field.name}.")
+                yield from _walk(getattr(config, field.name))
             else:
                 yield setting, setting.read(config, field.name)
 
