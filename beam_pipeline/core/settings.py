@@ -90,7 +90,7 @@ def _field(setting: Setting, default) -> dataclasses.Field:
     flag = setting.flag
     if default is dataclasses.MISSING and flag and not flag.required:
         default = flag.field_value(flag.default)
-    if isinstance(default, (dict, list)):
+    if isinstance(default, (dict, list)):  # dataclasses refuse a shared mutable default
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
