@@ -209,8 +209,8 @@ def test_dedupe_near_leaves_no_picture_in_two_splits_on_every_engine(
     folder,
     tmp_path,
     capsys,
-    dask_cluster,
-    grouped,  # noqa: F811 (the fixture)
+    dask_cluster,  # noqa: F811 (the fixture imported above)
+    grouped,
 ):
     root, drawn = folder
     common = ["--input", root, "--quiet", *NEAR_DROPS_OK]
