@@ -47,7 +47,7 @@ def test_near_conflicts_are_the_runs_only_under_dedupe_near(dedupe, kinds):
         assert found[1] == ("near", (C, B), C)  # both in train: the smallest ID
 
 
-def test_an_identical_copy_kept_then_dropped_as_near_names_the_one_written():
+def test_an_identical_copy_kept_then_dropped_as_near_names_the_onewritten_splits():
     """--dedupe keeps A over B (the smallest ID), then --dedupe near drops A, in test,
     as a near copy of D, in train: D is what the run writes of the picture."""
     a, b, d = (
@@ -136,7 +136,7 @@ def test_a_dataset_without_conflicts_has_no_block(tmp_path):
 
 
 @pytest.mark.e2e
-def test_near_conflicts_of_a_grouped_run_name_both_ids_and_the_copy_written(tmp_path, capsys):
+def test_near_conflicts_of_a_grouped_run_name_both_ids_and_the_copywritten_splits(tmp_path, capsys):
     """Near copies in two classes whose groups put them in other splits, and an
     identical copy --dedupe keeps that the near search then drops: the list and the
     summary name every member, and the copy kept is the one the shards hold."""
@@ -150,10 +150,10 @@ def test_near_conflicts_of_a_grouped_run_name_both_ids_and_the_copy_written(tmp_
     printed = capsys.readouterr().out
     info = contract.load_info(out)
     block = info["label_conflicts"]
-    written = test_near_splits._written(out)
+    written = test_near_splits.written_splits(out)
     near = [
         g
-        for g in test_near_splits._lists(out, "near_duplicates.jsonl")
+        for g in test_near_splits.listed_groups(out, "near_duplicates.jsonl")
         if len({m["label"] for m in g}) > 1
     ]
     listed_near = [c for c in block["listed"] if c["kind"] == "near"]

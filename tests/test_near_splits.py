@@ -17,6 +17,7 @@ from PIL import Image, ImageEnhance
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.core import groups, keys
+from beam_pipeline.core.elements import RejectKind
 from imagerecords import RecordSource
 from tests import contract, near_fixtures
 from tests.test_dask import dask_cluster  # noqa: F401 (its cluster fixture, by name)
@@ -98,7 +99,7 @@ def folder(tmp_path_factory) -> tuple[str, dict[str, str]]:
     return root, grouped_near_folder(root)
 
 
-def _written(out: str) -> dict[str, str]:
+def written_splits(out: str) -> dict[str, str]:
     """image ID -> the split whose shards hold its record, read with RecordSource."""
     found = {}
     for split in contract.load_info(out)["splits"]:
@@ -113,7 +114,10 @@ def _written(out: str) -> dict[str, str]:
     return found
 
 
-def _lists(out: str, name: str) -> list[list[dict]]:
+LISTS = ("near_duplicates.jsonl", "duplicates.jsonl")
+
+
+def listed_groups(out: str, name: str) -> list[list[dict]]:
     path = os.path.join(out, name)
     if not os.path.exists(path):
         return []
@@ -140,10 +144,11 @@ def _components(found: list[list[str]]) -> list[set[str]]:
     return sorted(joined.values(), key=sorted)
 
 
-DROPS = ("duplicate of ", "near duplicate of ")
+# The reasons of --dedupe's drops; what follows is the ID of the copy kept.
+DROPS = (RejectKind.DUPLICATE.prefix, RejectKind.NEAR_DUPLICATE.prefix)
 
 
-def _kept_by(image_id: str, rejects: dict[str, dict], written: dict[str, str]) -> str:
+def kept_in_the_end(image_id: str, rejects: dict[str, dict], written: dict[str, str]) -> str:
     """The written record a dropped image's reason leads to (a copy --dedupe kept may
     itself be a near copy the search dropped: follow the reasons)."""
     seen = []
@@ -151,33 +156,36 @@ def _kept_by(image_id: str, rejects: dict[str, dict], written: dict[str, str]) -
         assert image_id not in seen, f"a cycle of drops: {seen}"
         seen.append(image_id)
         reason = rejects[image_id]["reason"]
-        prefix = next(p for p in sorted(DROPS, key=len, reverse=True) if reason.startswith(p))
+        prefix = next(p for p in DROPS if reason.startswith(p))
         image_id = reason[len(prefix) :]
     return image_id
+
+
+def kept_of(row: dict, prefix: str) -> str | None:
+    """The ID a drop's reason names as kept, for drops of that ``prefix``."""
+    reason = row["reason"]
+    return reason[len(prefix) :] if reason.startswith(prefix) else None
 
 
 def check_one_split_per_picture(out: str, images: int) -> dict:
     """Every found group of copies (identical and near, joined) has exactly one member
     written, the others are rejects naming it; returns what was checked."""
     info = contract.load_info(out)
-    written = _written(out)
+    written = written_splits(out)
     rejects = {r["id"]: r for r in contract.read_rejects(out)}
     assert len(written) + len(rejects) == images
     # Rejects are counted: per split, in imagerecords.json as in rejects.jsonl.
     counted = collections.Counter(r["split"] for r in rejects.values())
     assert info["rejected"]["count"] == len(rejects)
     assert {k: v for k, v in info["rejected"]["by_split"].items() if v} == dict(counted)
-    near = _lists(out, "near_duplicates.jsonl")
-    exact = _lists(out, "duplicates.jsonl")
+    near, exact = (listed_groups(out, name) for name in LISTS)
     assert len(near) == info["near_duplicates"]["groups"]
-    spans = []
     for component in _components([[m["id"] for m in g] for g in near + exact]):
         kept = sorted(i for i in component if i in written)
         assert len(kept) == 1, f"{sorted(component)}: written {kept}"
         for image_id in component - set(kept):
             assert rejects[image_id]["reason"].startswith(DROPS), rejects[image_id]
-            assert _kept_by(image_id, rejects, written) == kept[0]
-        spans.append({written[i] for i in kept})
+            assert kept_in_the_end(image_id, rejects, written) == kept[0]
     # --dedupe near keeps the member in the first split (train, then val, then test).
     order = list(SPLITS)
     for group in near:
@@ -189,16 +197,12 @@ def check_one_split_per_picture(out: str, images: int) -> dict:
 def _cross_split(out: str) -> int:
     """Found groups of copies (identical and near, joined) whose members lie in more
     than one split, as listed (before any drop)."""
-    by_id = {
-        m["id"]: m["split"]
-        for g in _lists(out, "near_duplicates.jsonl") + _lists(out, "duplicates.jsonl")
-        for m in g
-    }
-    found = [[m["id"] for m in g] for name in LISTS for g in _lists(out, name)]
+    listed = [g for name in LISTS for g in listed_groups(out, name)]
+    by_id = {m["id"]: m["split"] for g in listed for m in g}
+    found = [[m["id"] for m in g] for g in listed]
     return sum(len({by_id[i] for i in c}) > 1 for c in _components(found))
 
 
-LISTS = ("near_duplicates.jsonl", "duplicates.jsonl")
 # Most of the folder is copies: the near drops count towards --max_reject_fraction.
 NEAR_DROPS_OK = ("--max_reject_fraction", "0.6")
 
@@ -218,7 +222,7 @@ def test_dedupe_near_leaves_no_picture_in_two_splits_on_every_engine(
         common += ["--group_by", GROUP_BY]
     # Without --dedupe the copies are listed across splits: the check below means something.
     assert main([*common, "--output", str(tmp_path / "listed")]) == 0
-    listed = _written(str(tmp_path / "listed"))
+    listed = written_splits(str(tmp_path / "listed"))
     if grouped:
         assert listed == drawn  # each group in the split its name draws
     assert _cross_split(str(tmp_path / "listed")) >= 2
@@ -232,8 +236,10 @@ def test_dedupe_near_leaves_no_picture_in_two_splits_on_every_engine(
     for name in ("direct", "dask"):
         assert contract.all_files(str(tmp_path / name)) == local, name
     checked = check_one_split_per_picture(str(tmp_path / "local"), len(drawn))
-    # The search found copies across splits, and a near drop behind an identical one.
-    near_spans = [g for g in checked["near"] if len({m["split"] for m in g}) > 1]
-    assert near_spans
-    assert any(r["reason"].startswith("near duplicate of ") for r in checked["rejects"].values())
-    assert any(r["reason"].startswith("duplicate of ") for r in checked["rejects"].values())
+    # The search found copies across splits, and dropped both kinds.
+    assert any(len({m["split"] for m in g}) > 1 for g in checked["near"])
+    kinds = {p for r in checked["rejects"].values() for p in DROPS if r["reason"].startswith(p)}
+    assert kinds == set(DROPS)
+    if grouped:  # the identical copy --dedupe kept (in test) went as a near copy of train's
+        rejects = checked["rejects"]
+        assert any(kept_of(r, DROPS[0]) in rejects for r in rejects.values())

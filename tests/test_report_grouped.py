@@ -37,8 +37,8 @@ def dataset(tmp_path_factory) -> str:
 
 def _expected(out: str) -> dict[str, list[list[dict]]]:
     """Each section's groups as the lists hold them, in their order."""
-    near = test_near_splits._lists(out, "near_duplicates.jsonl")
-    exact = test_near_splits._lists(out, "duplicates.jsonl")
+    near = test_near_splits.listed_groups(out, "near_duplicates.jsonl")
+    exact = test_near_splits.listed_groups(out, "duplicates.jsonl")
 
     def spread(group, key):
         return len({m[key] for m in group}) > 1
@@ -67,7 +67,7 @@ def test_the_grouped_report_shows_each_group_its_members_and_the_copy_kept(datas
     page_file = tmp_path / "report.html"
     assert inspect_tool.main([dataset, "--report", str(page_file), "--no_shuffle_check"]) == 0
     page = check_in_browser(page_file, tmp_path)  # renders, every image decodes, no fetch
-    written = test_near_splits._written(dataset)
+    written = test_near_splits.written_splits(dataset)
     rejects = {r["id"]: r for r in contract.read_rejects(dataset)}
     distance = _distances(dataset)
     expected = _expected(dataset)
@@ -91,7 +91,7 @@ def test_the_grouped_report_shows_each_group_its_members_and_the_copy_kept(datas
                     assert figure["class"] == "dropped" and figure["img"] is None
                     assert f"dropped: {rejects[member['id']]['reason']}" in said
             drops = [m["id"] for m in group if m["id"] not in written]
-            [survivor] = {test_near_splits._kept_by(i, rejects, written) for i in drops}
+            [survivor] = {test_near_splits.kept_in_the_end(i, rejects, written) for i in drops}
             where = (
                 "" if survivor in {m["id"] for m in group} else " (a near copy, not in this group)"
             )
