@@ -21,6 +21,7 @@ from tests import contract, test_near_splits
 from tests.test_report import check_in_browser, members
 
 NEAR, ACROSS_CLASSES, IDENTICAL = "near-across-splits", "identical-across-classes", "identical"
+NEAR_WITHIN = "near-within-split"
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def _expected(out: str) -> dict[str, list[list[dict]]]:
         NEAR: [g for g in near if spread(g, "split")],
         ACROSS_CLASSES: [g for g in exact if spread(g, "label")],
         IDENTICAL: [g for g in exact if not spread(g, "label")],
+        NEAR_WITHIN: [g for g in near if not spread(g, "split")],
     }
 
 
@@ -73,7 +75,8 @@ def test_the_grouped_report_shows_each_group_its_members_and_the_copy_kept(datas
     expected = _expected(dataset)
     # The input makes every kind of group, and one identical copy that --dedupe kept
     # and the near search dropped, so its group's survivor is outside the group.
-    assert len(expected[NEAR]) >= 2 and len(expected[ACROSS_CLASSES]) >= 2 and expected[IDENTICAL]
+    assert len(expected[NEAR]) >= 2 and len(expected[ACROSS_CLASSES]) >= 2
+    assert expected[IDENTICAL] and expected[NEAR_WITHIN]
     assert any(not any(m["id"] in written for m in g) for g in expected[ACROSS_CLASSES])
     for section, groups in expected.items():
         shown = members(page, section)
@@ -82,7 +85,7 @@ def test_the_grouped_report_shows_each_group_its_members_and_the_copy_kept(datas
             for member, figure in zip(group, figures, strict=True):
                 said = figure["text"].replace("\n", "")
                 assert member["id"] in said and f"{member['split']} · {member['label']}" in said
-                if section == NEAR:
+                if section in (NEAR, NEAR_WITHIN):
                     assert f"distance {distance[member['id']]}" in said
                 if member["id"] in written:  # written: its own thumbnail
                     assert figure["class"] == "kept" and figure["img"]["alt"] == member["id"]
