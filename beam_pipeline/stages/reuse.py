@@ -267,9 +267,10 @@ def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str
     the new label and class name (:func:`relabel`) and, for a record of
     format 2 or of an earlier fingerprint scheme (``old.refingerprint``: its
     fingerprint is not read), the fingerprint of its own stored JPEG (never
-    of the source, which would cost a conversion): the bytes a conversion would write either
-    way, read and checked here (:func:`read_record`). None when OLD's record
-    is of another image or another source: the image is converted.
+    of the source, which would cost a conversion): the bytes a conversion
+    would write either way, read and checked here (:func:`read_record`).
+    None when OLD's record is of another image or another source: the image
+    is converted.
 
     Raises:
         OldDatasetChanged: the record is not the one the scan checked.
