@@ -14,6 +14,6 @@ PUBLIC_MODULES = (
     "beam_pipeline.storage.discovery",  # discover(): the layout found before work starts
     "beam_pipeline.engines.progress",  # Reporter: the live progress line
     "beam_pipeline.stages.staging",  # write_staged_shard(): the Beam graph's shard writer
-    "beam_pipeline.stages.near",  # find_local(): the local engine's near-duplicate search
+    "beam_pipeline.features.*",  # e.g. near.stage.find_local(): the local near-duplicate search
     "beam_pipeline.core.*",
 )

@@ -282,7 +282,8 @@ def _verify(ds: Path):
 
 
 def _reuse(ds: Path):
-    from beam_pipeline.stages import reuse, reuse_scan
+    from beam_pipeline.features.reuse import scan as reuse_scan
+    from beam_pipeline.features.reuse import stage as reuse
 
     old = reuse.open_old(str(ds))
     index = reuse_scan.build_index(old.shards)

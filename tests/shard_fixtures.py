@@ -35,7 +35,8 @@ from collections.abc import Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
-from beam_pipeline.core import images, metadata, near_search, tfds_metadata
+from beam_pipeline.core import images, metadata, tfds_metadata
+from beam_pipeline.features.near import search as near_search
 from imagerecords import codec
 
 # Far apart in RGB, so a decoded image's mean colour names its class.

@@ -14,7 +14,7 @@ from beam_pipeline.__main__ import main, run
 from beam_pipeline.cli import dryrun, estimates, forecast
 from beam_pipeline.core import groups, keys
 from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind, ShardEntry
-from beam_pipeline.stages import near
+from beam_pipeline.features.near import stage as near
 from beam_pipeline.stages.job_config import JobConfig
 from tests import contract, near_fixtures
 from tests.image_factory import add_bad_files, make_class_folders

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from beam_pipeline.core import duplicates
-from beam_pipeline.core.duplicates import Member
+from beam_pipeline.features.dedupe import duplicates
+from beam_pipeline.features.dedupe.duplicates import Member
 
 CLASSES = ("cat", "dog")
 

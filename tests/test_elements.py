@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from beam_pipeline.core import books, duplicates, images
+from beam_pipeline.core import books, images
 from beam_pipeline.core.elements import (
     Converted,
     ImageRef,
@@ -20,6 +20,7 @@ from beam_pipeline.core.elements import (
     ShardEntry,
     SpillLocation,
 )
+from beam_pipeline.features.dedupe import duplicates
 from beam_pipeline.stages import convert, plan
 
 

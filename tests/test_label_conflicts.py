@@ -10,8 +10,9 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
-from beam_pipeline.core import duplicates, near_search
-from beam_pipeline.core.duplicates import Member
+from beam_pipeline.features.dedupe import duplicates
+from beam_pipeline.features.dedupe.duplicates import Member
+from beam_pipeline.features.near import search as near_search
 from tests import contract, near_fixtures
 
 A, B, C = (

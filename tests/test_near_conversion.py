@@ -15,10 +15,12 @@ import pytest
 from PIL import Image
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.core import counters, images, metadata, near_duplicates, near_search, spill
-from beam_pipeline.core.duplicates import Member
+from beam_pipeline.core import counters, images, metadata, spill
 from beam_pipeline.core.elements import RecordBatch, ShardEntry
-from beam_pipeline.stages import near
+from beam_pipeline.features.dedupe.duplicates import Member
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near import stage as near
 from imagerecords import codec
 from tests import contract
 
@@ -119,7 +121,7 @@ def _assert_the_beam_graph_finds(batches: list[RecordBatch], local: near.Found) 
     import apache_beam as beam
     from apache_beam.testing.util import assert_that
 
-    from beam_pipeline.engines.near_graph import FindNearDuplicates
+    from beam_pipeline.features.near.beam import FindNearDuplicates
 
     def same(found):
         assert list(found) == [local], found

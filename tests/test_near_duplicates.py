@@ -1,4 +1,4 @@
-"""near_duplicates.py: hashes of real photos, band keys, verification, groups."""
+"""features/near/hashes.py: hashes of real photos, band keys, verification, groups."""
 
 import itertools
 import random
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
-from beam_pipeline.core import near_duplicates as nd
-from beam_pipeline.core.near_duplicates import Fingerprint
+from beam_pipeline.features.near import hashes as nd
+from beam_pipeline.features.near.hashes import Fingerprint
 
 skimage = pytest.importorskip("skimage")
 from bench.common import data  # noqa: E402  (needs skimage's photos)
@@ -469,7 +469,7 @@ def test_distances_and_colours_of_arrays_are_each_pair_s():
 
 @pytest.mark.parametrize("size", [(32, 32), (341, 256), (40, 300), (3, 2)])
 def test_the_converter_s_packed_fingerprint_is_the_packed_tuple(size):
-    from beam_pipeline.core import near_search
+    from beam_pipeline.features.near import search as near_search
 
     rng = np.random.default_rng(size[0])
     img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.core import near_duplicates, near_search
-from beam_pipeline.stages import near
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near import stage as near
 from bench.near import texture
 from tests import contract
 
@@ -122,7 +123,7 @@ def test_two_look_alike_photos_meeting_under_one_pairing_alone_do_not_pair():
     ],
 )
 def test_blank_is_the_share_within_two_levels_of_the_median(levels, blank):
-    from beam_pipeline.core import near_texture
+    from beam_pipeline.features.near import texture as near_texture
 
     grey = np.array(levels, dtype=np.float64) * 1000  # thousandths, as the base's
     assert near_texture.blank(grey) is blank
@@ -140,7 +141,7 @@ def test_blank_is_the_share_within_two_levels_of_the_median(levels, blank):
     ],
 )
 def test_the_texture_test_needs_energy_and_steady_coefficients(amplitudes, textured):
-    from beam_pipeline.core import near_texture
+    from beam_pipeline.features.near import texture as near_texture
 
     level = 1000.0 * 2**22 * 256  # one grey level in the products' units
     signs = np.resize([1.0, -1.0], 63)

@@ -17,7 +17,8 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from beam_pipeline.__main__ import main
-from beam_pipeline.core import duplicates, keys, metadata, spill, tfds_metadata
+from beam_pipeline.core import keys, metadata, spill, tfds_metadata
+from beam_pipeline.features.dedupe import duplicates
 from tests import contract, held_run, killed_at
 from tests.image_factory import add_bad_files, make_class_folders
 

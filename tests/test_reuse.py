@@ -28,9 +28,14 @@ from PIL import Image
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
-from beam_pipeline.core import errors, images, metadata, near_search, settings, tfds_metadata
+from beam_pipeline.core import errors, images, metadata, settings, tfds_metadata
 from beam_pipeline.core.elements import ImageRef
-from beam_pipeline.stages import convert, reuse, reuse_scan
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.reuse import feature as reuse_feature
+from beam_pipeline.features.reuse import scan as reuse_scan
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import convert
+from beam_pipeline.storage import reading
 from imagerecords import codec
 from tests import contract
 from tests.image_factory import add_bad_files, jpeg_bytes, make_class_folders, photo
@@ -549,7 +554,8 @@ def test_a_reused_record_is_not_decoded(history, monkeypatch):
     monkeypatch.setattr(images, "convert", no_decoding)
     ref = ImageRef(image_id, str(history.after / image_id), 3, "train")
     classes = ("bird", "cat", "dog", "fish")
-    outcome = convert.convert_ref(ref, images.ImageSpec(size=64), 42, classes, found)
+    spec = images.ImageSpec(size=64)
+    outcome = convert.convert_ref(ref, spec, 42, classes, found, reuse_feature.take_or_convert)
     assert outcome.reused
     entry = outcome.result.entry
     assert codec.is_intact(entry.data)
@@ -562,11 +568,11 @@ def test_a_source_is_hashed_in_place_or_read(tmp_path):
     data = jpeg_bytes(photo(90, 60, seed=3))
     photo_file.write_bytes(data)
     empty.write_bytes(b"")
-    assert convert.hash_source(str(photo_file)) == (
+    assert reading.hash_source(str(photo_file)) == (
         hashlib.sha256(data).hexdigest(),
         len(data),
         None,
     )
-    assert convert.hash_source(str(empty)) == (hashlib.sha256(b"").hexdigest(), 0, b"")
+    assert reading.hash_source(str(empty)) == (hashlib.sha256(b"").hexdigest(), 0, b"")
     with pytest.raises(OSError):
-        convert.hash_source(str(tmp_path / "missing.jpg"))
+        reading.hash_source(str(tmp_path / "missing.jpg"))

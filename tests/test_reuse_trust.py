@@ -300,7 +300,7 @@ def test_old_changing_after_its_scan_stops_the_run_naming_old(
 def test_old_rewritten_after_its_scan_stops_a_beam_run(made, tmp_path, capsys, monkeypatch, engine):
     """On Beam every shard is scanned before any image is converted (the join by ID
     waits for all of them): the shard is rewritten as soon as its scan is done."""
-    from beam_pipeline.stages import reuse_scan
+    from beam_pipeline.features.reuse import scan as reuse_scan
 
     old = _copy_of_old(made, tmp_path)
     shard = _shard_files(old)[0]

@@ -17,7 +17,8 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import arguments
-from beam_pipeline.core import flags, images, metadata, near_search, settings, spill
+from beam_pipeline.core import flags, images, metadata, settings, spill
+from beam_pipeline.features.near import search as near_search
 from beam_pipeline.stages import resume
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery

@@ -20,11 +20,17 @@ from collections.abc import Sequence
 
 from beam_pipeline.cli import arguments, estimates
 from beam_pipeline.cli.forecast import CopiesForecast, RunForecast, SplitEstimate, render
-from beam_pipeline.core import books, duplicates, groups, images, metadata, near_search, settings
+from beam_pipeline.core import books, groups, images, metadata, settings
 from beam_pipeline.core.elements import ImageRef, RecordBatch, Rejection, RejectKind, ShardEntry
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice
-from beam_pipeline.stages import convert, dedupe, list_images, near, plan, reuse, reuse_scan
+from beam_pipeline.features.dedupe import duplicates
+from beam_pipeline.features.dedupe import stage as dedupe
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near import stage as near
+from beam_pipeline.features.reuse import scan as reuse_scan
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import convert, list_images, plan
 from beam_pipeline.storage import discovery, listing, paths, reading
 
 SAMPLE_SIZE = 300

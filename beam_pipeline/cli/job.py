@@ -26,7 +26,8 @@ from beam_pipeline.cli import arguments, summary
 from beam_pipeline.core import errors, metadata, settings, spill
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice, local_engine, local_pool, progress
-from beam_pipeline.stages import convert, resume, reuse
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import convert, resume
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery, gcs, paths, reading
 from beam_pipeline.storage import lock as output_lock

@@ -9,11 +9,20 @@ from __future__ import annotations
 import re
 import resource
 
-from beam_pipeline.core import duplicates, groups, images, near_search, settings
+from beam_pipeline.core import groups, images, settings
 from beam_pipeline.core.counters import CONVERTED, NAMESPACE, NEAR_HASHED, RESUMED
+from beam_pipeline.features.dedupe import feature as dedupe_feature
+from beam_pipeline.features.near import feature as near_feature
 
 # The summary's last line: "counters: bytes_read=288368, images_converted=60, ...".
 COUNTERS_PREFIX = "counters: "
+# The end-of-run lines of imagerecords.json's blocks, in the order they print:
+# each feature's (the dedupe and near ones), then the listing's groups.
+BLOCK_LINES = (
+    dedupe_feature.summary_lines,
+    near_feature.summary_lines,
+    lambda info: groups.report_lines(info.get("groups")),
+)
 
 
 def cpu_seconds() -> float:
@@ -77,12 +86,8 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
             f"skipped {skipped['count']} files that are not images to convert ({reasons}): "
             f"listed in {skipped['file']} in the output folder"
         )
-    first = duplicates.first_split(list(info["splits"]))
-    deduped = bool(info.get("config", {}).get("dedupe"))
-    lines += duplicates.summary_lines(info.get("duplicates") or {}, first, deduped)
-    lines += duplicates.conflict_lines(info.get("label_conflicts"))
-    lines += near_search.summary_lines(info.get("near_duplicates") or {})
-    lines += groups.report_lines(info.get("groups"))
+    for block_lines in BLOCK_LINES:
+        lines += block_lines(info)
     if counted:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(counted.items()))
         lines.append(COUNTERS_PREFIX + shown)

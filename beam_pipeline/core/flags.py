@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from beam_pipeline.core import duplicates, groups, keys, tfds_metadata
+from beam_pipeline.core import dedupe_modes, groups, keys, tfds_metadata
 from beam_pipeline.core.digit_ranges import int_range_regex
 
 RESIZE_MODES = ("shorter", "longer", "crop", "pad", "none")
@@ -378,8 +378,8 @@ class Table:
         "--max_reject_fraction: a near drop is a judgement, not a certainty). Groups "
         "are always reported in duplicates.jsonl and near_duplicates.jsonl (default {default})",
         default="off",
-        check=one_of((*duplicates.DEDUPE_MODES, *BOOLEAN_WORDS)),
-        to_field=lambda value: duplicates.dedupe_mode(value, BOOLEAN_WORDS),
+        check=one_of((*dedupe_modes.DEDUPE_MODES, *BOOLEAN_WORDS)),
+        to_field=lambda value: dedupe_modes.dedupe_mode(value, BOOLEAN_WORDS),
         metavar="MODE",
         const="exact",
         template=Template("Drop duplicates"),

@@ -13,8 +13,10 @@ from typing import ClassVar
 
 from PIL import Image, UnidentifiedImageError
 
-from beam_pipeline.core import colour, flags, jpeg, near_duplicates, near_search, settings
+from beam_pipeline.core import colour, flags, jpeg, settings
 from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import search as near_search
 
 RESIZE_MODES = flags.RESIZE_MODES
 # --resample: the downscaling filter, each Pillow's of its name. Bicubic is the
@@ -328,6 +330,11 @@ def near_fingerprint(image: Image.Image) -> bytes:
     """The near-duplicate fingerprint of ``image`` as stored, packed as the record's
     ``image/near/*`` features carry it."""
     return near_search.pack_image(image)
+
+
+def near_features(packed: bytes) -> tuple[bytes, bytes]:
+    """The record's ``image/near/*`` features of a fingerprint :func:`convert` made."""
+    return near_search.features(packed)
 
 
 # The scale a pass-through JPEG is check-decoded at: the smallest that covers

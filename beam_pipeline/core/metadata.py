@@ -21,6 +21,12 @@ LABELS_FILE = codec.LABELS_FILE
 REJECTS_FILE = codec.REJECTS_FILE
 SKIPPED_FILE = codec.SKIPPED_FILE
 NEAR_DUPLICATES_FILE = codec.NEAR_DUPLICATES_FILE
+# The groups of identical source files, one a line.
+DUPLICATES_FILE = "duplicates.jsonl"
+# imagerecords.json's blocks after the records' own, in the order docs/format.md
+# section 7 gives them (each written by a feature, or by the listing: "groups");
+# a block of another name comes after these.
+BLOCK_ORDER = ("duplicates", "groups", "near_duplicates", "label_conflicts", "reuse")
 # What every stored image is, whatever the settings: dataset_info.json's
 # "image" block ends with these, after the settings (settings.info_values).
 IMAGE_FACTS = {

@@ -14,20 +14,22 @@ from collections import Counter
 from beam_pipeline.core import counters, groups
 from beam_pipeline.core.elements import Converted, ImageRef, RecordBatch, Rejection
 from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.stages import (
-    convert,
-    dedupe,
-    list_images,
-    near,
-    outcomes,
-    plan,
-    reuse,
-    reuse_scan,
-)
-from beam_pipeline.stages.finalize import Finalizer
+from beam_pipeline.features.dedupe import feature as dedupe_feature
+from beam_pipeline.features.near import feature as near_feature
+from beam_pipeline.features.reuse import feature as reuse_feature
+from beam_pipeline.features.reuse import scan as reuse_scan
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import convert, list_images, outcomes, plan
+from beam_pipeline.stages.finalize import Finalizer, groups_block
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import WrittenShard, by_shard, sort_entries, write_shard
 from beam_pipeline.storage import discovery, listing
+
+# The features' steps over the converted batches, in the order they run (hooks.LocalStep).
+STEPS = (
+    dedupe_feature.LOCAL,
+    near_feature.LOCAL,
+)
 
 
 def run(
@@ -47,7 +49,8 @@ def run(
     counted: Counter = Counter()
     books, skipped, census = plan.Books(), [], groups.Census()
     processes = config.conversion_processes
-    converter = pooled.PoolConverter(convert.SpillTask.of(config), processes, pool)
+    task = convert.SpillTask.of(config, reuse_feature.take_or_convert)
+    converter = pooled.PoolConverter(task, processes, pool)
     try:
         # List and Convert, interleaved (listing runs as fast as conversion pulls it)
         old = _read_old(config, converter, shown, counted) if config.reuse else None
@@ -57,19 +60,11 @@ def run(
             phase.set_total(counted[counters.LISTED])  # the exact count, now that listing is done
     finally:
         converter.close()
-    # Duplicates
+    # The features' steps, in order: each takes the batches the one before kept
     shown.step("planning: duplicate groups, the books, the shard plan")
-    duplicates = dedupe.find_groups(batches)
-    if config.dedupe and duplicates:
-        batches, copies = dedupe.drop_all_copies(batches, duplicates)
-        counted[counters.DROPPED_AS_DUPLICATES] += len(copies)
-        rejects += copies
-    # Near duplicates
-    near_found = near.find_local(batches, config.spill_directory)
-    counted[counters.NEAR_PAIRS] += sum(len(g.pairs) for g in near_found.groups)
-    if config.dedupe_near and near_found.groups:
-        batches, copies = near.drop_all_near(batches, near_found)
-        counted[counters.DROPPED_AS_NEAR] += len(copies)
+    results = {}
+    for step in STEPS:
+        batches, copies, results[step.name] = step.run(config, batches, counted)
         rejects += copies
     # Plan
     for batch in batches:
@@ -82,16 +77,9 @@ def run(
     shards = _write_shards(config, batches, plans, counted, shown)
     # Finalize
     shown.step("publishing: the lists, the books, the shards renamed, imagerecords.json last")
-    Finalizer(config).run(
-        shards,
-        rejects,
-        plans.items(),
-        skipped,
-        duplicates,
-        counted[counters.REUSED],
-        census,
-        near_found,
-    )
+    blocks = [groups_block(config, census), *reuse_feature.blocks(config, counted[counters.REUSED])]
+    blocks += [block for step in STEPS for block in step.blocks(config, results)]
+    Finalizer(config).run(shards, rejects, plans.items(), skipped, blocks)
     return {name: value for name, value in counted.items() if value}
 
 

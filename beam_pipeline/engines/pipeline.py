@@ -2,8 +2,7 @@
 
 ListImages      PBegin -> ImageRef ("refs") + listed keys + Skipped + group census
 ConvertImages   ImageRef -> RecordBatch + Rejection; with --reuse MatchOld first
-FindDuplicates  RecordBatch -> groups of identical sources (--dedupe: copies rejected)
-FindNearDuplicates  near-duplicate groups (near_graph.py)
+STEPS           the features' steps over RecordBatch (features/: dedupe, near)
 PlanShards      {RecordBatch, listed, Rejection} -> (split, SplitPlan)
 WriteShards     RecordBatch + plans -> WrittenShard of a temp file
 Finalize        side inputs -> the lists, labels.txt, imagerecords.json (last)
@@ -33,10 +32,14 @@ from beam_pipeline.core.elements import (
     ShardEntry,
 )
 from beam_pipeline.engines import local_pool, pooled, progress
-from beam_pipeline.engines.near_graph import FindNearDuplicates
-from beam_pipeline.stages import dedupe, list_images, outcomes, plan, reuse, reuse_scan
+from beam_pipeline.features.dedupe import beam as dedupe_beam
+from beam_pipeline.features.near import beam as near_beam
+from beam_pipeline.features.reuse import beam as reuse_beam
+from beam_pipeline.features.reuse import feature as reuse_feature
+from beam_pipeline.features.reuse import stage as reuse
+from beam_pipeline.stages import list_images, outcomes, plan
 from beam_pipeline.stages.convert import SpillTask, convert_ref
-from beam_pipeline.stages.finalize import Finalizer
+from beam_pipeline.stages.finalize import Finalizer, groups_block
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.stages.shards import by_shard
 from beam_pipeline.stages.staging import write_staged_shard
@@ -50,6 +53,12 @@ SKIPPED = "skipped"
 _LOG_EVERY_S = 15.0  # progress line per converting worker
 
 log = logging.getLogger(__name__)
+
+# The features' steps over the converted batches, in the order they run (hooks.BeamStep).
+STEPS = (
+    dedupe_beam.BEAM,
+    near_beam.BEAM,
+)
 
 
 def _counter(name: str):
@@ -219,7 +228,7 @@ class _ConvertFn(beam.DoFn):
 
     def process(self, element):
         ref, old = _candidate(element)
-        yield from self._emit(convert_ref(ref, *self._args, old))
+        yield from self._emit(convert_ref(ref, *self._args, old, reuse_feature.take_or_convert))
 
     def _emit(self, outcome: Outcome, how: Origin = Origin.CONVERTED):
         """Counts an outcome; yields a Rejection (tagged) or, when one is full, a batch."""
@@ -269,7 +278,7 @@ class _PooledConvertFn(_ConvertFn):
     ):
         super().__init__(config, shown)
         self._processes = processes
-        self._task = SpillTask.of(config)
+        self._task = SpillTask.of(config, reuse_feature.take_or_convert)
         self._pool = pool  # pickled as a handle: the same Pool in this process
 
     def setup(self):
@@ -302,59 +311,6 @@ class _PooledConvertFn(_ConvertFn):
             converter.close()
 
 
-def _pair_with_old(element):
-    """(image ID, {"ref": [ImageRef], "old": [OldRecord]}) -> reuse.Candidate per ref."""
-    _, found = element
-    olds = list(found["old"])
-    for ref in found["ref"]:
-        yield reuse.Candidate(ref, olds[0] if olds else None)
-
-
-class _ScanOldShard(beam.DoFn):
-    """reuse_scan.OldShard -> (image ID, OldRecord) per record, once the shard passed its
-    check; a shard that failed counts its records as distrusted."""
-
-    def __init__(self):
-        super().__init__()
-        self._distrusted = _counter(counters.OLD_DISTRUSTED)
-
-    def process(self, shard):
-        scanned = reuse_scan.scan_records(reuse_scan.OldShard(*shard))
-        if scanned.distrusted:
-            self._distrusted.inc(scanned.distrusted)
-            reuse_scan.warn(scanned.problem)
-        yield from scanned.records
-
-
-class MatchOld(beam.PTransform):
-    """ImageRef -> reuse.Candidate: each image with --reuse's record of its ID, if any.
-
-    OLD's shards are scanned on the workers, one element per shard (nothing of
-    OLD passes through the launching machine), and joined to the listed
-    images by ID: ~150 bytes an image through the shuffle, not the records,
-    which the conversion step reads from OLD only for the images unchanged.
-    """
-
-    def __init__(self, old: reuse.OldDataset):
-        super().__init__()
-        self._old = old
-
-    def expand(self, refs):
-        old = (
-            refs.pipeline
-            | "OldShards" >> beam.Create(list(self._old.shards), reshuffle=False)
-            | "SpreadShards" >> beam.Reshuffle()
-            # (shard, bytes) -> (image ID, OldRecord) per record
-            | "ScanShard" >> beam.ParDo(_ScanOldShard())
-        )
-        by_id = refs | "ById" >> beam.Map(lambda ref: (ref.image_id, ref))
-        return (
-            {"ref": by_id, "old": old}
-            | "JoinById" >> beam.CoGroupByKey()
-            | "PairWithOld" >> beam.FlatMap(_pair_with_old)
-        )
-
-
 class ConvertImages(beam.PTransform):
     """ImageRef -> RecordBatch, with Rejection on the ``rejected`` output (and, under
     --reuse, per bundle the number of records taken from OLD on ``reused``)."""
@@ -378,57 +334,8 @@ class ConvertImages(beam.PTransform):
             else _ConvertFn(self._config, self._shown)
         )
         if self._config.reuse:
-            refs = refs | "MatchOld" >> MatchOld(reuse.open_again(self._config.reuse))
+            refs = refs | "MatchOld" >> reuse_beam.MatchOld(reuse.open_again(self._config.reuse))
         return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, REUSED, main="batches")
-
-
-# ------------------------------------------------------------------ duplicates
-
-
-class _DropDuplicates(beam.DoFn):
-    """RecordBatch -> RecordBatch without the copies --dedupe drops + a Rejection per copy."""
-
-    def __init__(self):
-        self._dropped = _counter(counters.DROPPED_AS_DUPLICATES)
-
-    def process(self, batch: RecordBatch, drops: dict[str, str]):
-        kept, copies = dedupe.drop_copies(batch, drops)
-        for rejection in copies:
-            self._dropped.inc()
-            yield TaggedOutput(REJECTED, rejection)
-        if kept.entries:
-            yield kept
-
-
-class FindDuplicates(beam.PTransform):
-    """RecordBatch -> groups of identical sources (``groups``); with dedupe, the records kept.
-
-    Outputs ``groups``: (sha256, [Member]) for every hash held by two or more
-    images; ``batches``: the records to plan and write (all of them without
-    dedupe); ``rejected``: the dropped copies (empty without dedupe).
-    """
-
-    def __init__(self, dedupe: bool):
-        super().__init__()
-        self._dedupe = dedupe
-
-    def expand(self, batches):
-        groups = (
-            batches
-            # RecordBatch -> (sha256, Member)
-            | "HashAndMember" >> beam.FlatMap(dedupe.members)
-            | "MembersPerHash" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
-            # (sha256, [Member]) with at least two members
-            | "OnlyDuplicates" >> beam.Filter(dedupe.is_group)
-        )
-        if not self._dedupe:
-            empty = batches.pipeline | "NoDrops" >> beam.Create([], reshuffle=False)
-            return {"groups": groups, "batches": batches, "rejected": empty}
-        drops = groups | "CopiesToDrop" >> beam.FlatMap(dedupe.copies)
-        kept = batches | "DropCopies" >> beam.ParDo(
-            _DropDuplicates(), drops=AsDict(drops)
-        ).with_outputs(REJECTED, main="batches")
-        return {"groups": groups, "batches": kept.batches, "rejected": kept[REJECTED]}
 
 
 # ------------------------------------------------------------------ shard plan
@@ -522,15 +429,19 @@ class WriteShards(beam.PTransform):
 
 class _Finalize(beam.DoFn):
     """None + side inputs -> a JSON line of records per split; publishes the dataset
-    (finalize.Finalizer: idempotent, so a retried Finalize completes what the first try began)."""
+    (finalize.Finalizer: idempotent, so a retried Finalize completes what the first try began).
+
+    ``results``: each step's result by its name (STEPS), for the steps' blocks.
+    """
 
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def process(self, _, shards, rejects, plans, skipped, duplicates, census, near, reused=0):
-        yield Finalizer(self._config).run(
-            shards, rejects, plans, skipped, duplicates, reused, census, near
-        )
+    def process(self, _, shards, rejects, plans, skipped, census, reused=0, **results):
+        config = self._config
+        blocks = [groups_block(config, census), *reuse_feature.blocks(config, reused)]
+        blocks += [block for step in STEPS for block in step.blocks(config, results)]
+        yield Finalizer(config).run(shards, rejects, plans, skipped, blocks)
 
 
 # ----------------------------------------------------------------------- graph
@@ -551,15 +462,16 @@ def build(
     """
     listed = pipeline | "ListImages" >> ListImages(config)
     converted = listed["refs"] | "ConvertImages" >> ConvertImages(config, pool, shown)
-    found = converted.batches | "FindDuplicates" >> FindDuplicates(config.dedupe)
-    near = found["batches"] | "FindNearDuplicates" >> FindNearDuplicates(config.dedupe_near)
-    batches = near["batches"]
-    # Rejection: bad images, then the copies --dedupe dropped, then the near copies
-    rejects = (
-        converted[REJECTED],
-        found["rejected"],
-        near["rejected"],
-    ) | "AllRejections" >> beam.Flatten()
+    # The features' steps, in order: each takes the batches the one before kept.
+    batches, rejected, results = converted.batches, [converted[REJECTED]], {}
+    for step in STEPS:
+        transform = step.transform(config)
+        out = batches | type(transform).__name__ >> transform
+        batches = out["batches"]
+        rejected.append(out["rejected"])
+        results[step.name] = step.side(out[step.result])
+    # Rejection: bad images, then what each step dropped
+    rejects = tuple(rejected) | "AllRejections" >> beam.Flatten()
     plans = {
         "batches": batches,
         "listed": listed["listed"],
@@ -580,9 +492,8 @@ def build(
             rejects=AsList(rejects),
             plans=AsList(plans),
             skipped=AsList(listed[SKIPPED]),
-            duplicates=AsList(found["groups"]),
             census=AsSingleton(listed[GROUPS]),
-            near=AsSingleton(near["found"]),
             **reused,
+            **results,
         )
     )

@@ -8,9 +8,10 @@ Pillow, protobuf and this package's pure modules only.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import NamedTuple
 
-from beam_pipeline.core import deadline, images, keys, near_search, spill
+from beam_pipeline.core import deadline, images, keys, spill
 from beam_pipeline.core.elements import (
     Converted,
     ImageRef,
@@ -20,10 +21,13 @@ from beam_pipeline.core.elements import (
     ShardEntry,
     SpillLocation,
 )
-from beam_pipeline.stages import reuse
 from beam_pipeline.storage import gcs
-from beam_pipeline.storage.reading import hash_source, read_bytes
+from beam_pipeline.storage.reading import read_bytes
 from imagerecords import codec
+
+# A feature's hook for an image it holds a record of already (--reuse):
+# (ref, old, spec, seed, classes) -> the Outcome, taken over or converted.
+Prior = Callable[..., Outcome]
 
 
 class Conversion(NamedTuple):
@@ -89,7 +93,7 @@ def finish(ref: ImageRef, decoded: Conversion, seed: int, classes) -> Outcome:
         classes[label],
         image_id,
         decoded.sha256,
-        near_search.features(converted.near),
+        images.near_features(converted.near),
     )
     framed = codec.frame_record(payload)
     key = keys.order_key(seed, image_id)
@@ -111,55 +115,32 @@ def convert_ref(
     spec: images.ImageSpec,
     seed: int,
     classes: tuple[str, ...],
-    old: reuse.OldRecord | None = None,
+    old=None,
+    prior: Prior | None = None,
 ) -> Outcome:
     """Reads, converts and serializes one image; never raises for a bad image.
 
     Args:
         ref: the listed image.
-        old: ``--reuse``'s record of the same ID: taken over when the source
-            file's SHA-256 is the one it names (:func:`reuse_or_convert`).
+        old: what a feature holds of this image already (``--reuse``'s record of
+            its ID), opaque here: ``prior`` takes it over or converts the source.
     """
     if old is not None:
-        return reuse_or_convert(ref, old, spec, seed, classes)
+        return prior(ref, old, spec, seed, classes)
     return finish(ref, decode_path(ref.path, spec), seed, classes)
 
 
-def reuse_or_convert(ref: ImageRef, old: reuse.OldRecord, spec, seed, classes) -> Outcome:
-    """The record OLD holds for ``ref``'s ID when the source has not changed; else
-    a conversion of the source. Either way the bytes a full conversion would write.
-
-    A reused record is its bytes as :func:`reuse.take` read and checked them,
-    never a reference into OLD's shard: what is copied into the output later
-    is what was checked, whatever happens to OLD meanwhile.
-    """
-    image_id, path, label = ref.image_id, ref.path, ref.label
-    try:
-        sha256, size, data = hash_source(path)
-    except Exception as error:  # an unreadable file is a rejection, as in a full run
-        gcs.raise_if_unreachable(error, path)  # but GCS out of reach stops the run
-        return finish(ref, unreadable(error), seed, classes)
-    taken = reuse.take(old, image_id, sha256, label, classes[label])
-    if taken is not None:
-        key = keys.order_key(seed, image_id)
-        entry = ShardEntry(key, image_id, label, len(taken.framed), taken.framed, path, sha256)
-        entry = entry._replace(near=taken.near)
-        return Outcome(
-            Converted(ref.split, entry), size, False, reused=True, near_hashed=taken.near_hashed
-        )
-    if data is None:  # changed: read it, and hash what is converted (it may change again)
-        return finish(ref, decode_path(path, spec), seed, classes)
-    return finish(ref, decode_data(data, spec, path, sha256), seed, classes)
-
-
-def convert_chunk(refs, spec, seed, classes, olds=None) -> list[Outcome]:
+def convert_chunk(refs, spec, seed, classes, olds=None, prior=None) -> list[Outcome]:
     """Converts a few images in one task (a few per task amortise the IPC, ~15% here).
 
-    ``olds``: ``--reuse``'s record for each ref (or None), when there is one.
+    ``olds``: the ``old`` of each ref (or None), when there is one (:func:`convert_ref`).
     """
     if olds is None:
         return [convert_ref(ref, spec, seed, classes) for ref in refs]
-    return [convert_ref(ref, spec, seed, classes, old) for ref, old in zip(refs, olds, strict=True)]
+    return [
+        convert_ref(ref, spec, seed, classes, old, prior)
+        for ref, old in zip(refs, olds, strict=True)
+    ]
 
 
 class SpillTask(NamedTuple):
@@ -170,14 +151,16 @@ class SpillTask(NamedTuple):
     seed: int
     classes: tuple[str, ...]
     spill_dir: str
+    prior: Prior | None = None  # what takes an image's ``old`` over (convert_ref)
 
     @classmethod
-    def of(cls, config) -> SpillTask:
+    def of(cls, config, prior: Prior | None = None) -> SpillTask:
         """The task of a ``JobConfig`` whose layout is found."""
-        return cls(config.image, config.seed, tuple(config.layout.classes), config.spill_directory)
+        classes = tuple(config.layout.classes)
+        return cls(config.image, config.seed, classes, config.spill_directory, prior)
 
 
-def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Outcome]:
+def spill_chunk(refs, spec, seed, classes, spill_dir: str, prior=None, olds=None) -> list[Outcome]:
     """Runs in a local pool process: converts a few images, appends their records
     (and rejections, so that a resumed run need not decode them again) to this
     process's spill file, and returns references in place of the record bytes.
@@ -187,7 +170,7 @@ def spill_chunk(refs, spec, seed, classes, spill_dir: str, olds=None) -> list[Ou
     ``--reuse``'s dataset is spilled like a converted one: the shard writer
     copies the bytes that were checked, not OLD's shard as it is by then.
     """
-    outcomes = convert_chunk(refs, spec, seed, classes, olds)
+    outcomes = convert_chunk(refs, spec, seed, classes, olds, prior)
     entries = {}  # index in outcomes -> spill entry
     for index, outcome in enumerate(outcomes):
         result = outcome.result

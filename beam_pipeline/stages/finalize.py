@@ -8,21 +8,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 
-from beam_pipeline.core import (
-    books,
-    duplicates,
-    errors,
-    keys,
-    metadata,
-    near_search,
-    settings,
-    tfds_metadata,
-)
-from beam_pipeline.core import groups as split_groups  # "groups" here: of identical sources
+from beam_pipeline.core import books, errors, keys, metadata, settings, tfds_metadata
+from beam_pipeline.core import groups as split_groups
 from beam_pipeline.core.errors import BooksDoNotBalance
+from beam_pipeline.stages.hooks import Block
 from beam_pipeline.stages.job_config import JobConfig, output_path
-from beam_pipeline.stages.near import Found
 from beam_pipeline.stages.shards import WrittenShard, check_shards, place_shards
 from beam_pipeline.storage import listing
 from beam_pipeline.storage import output as output_files
@@ -37,23 +29,11 @@ class Finalizer:
     def __init__(self, config: JobConfig):
         self._config = config
 
-    def run(
-        self,
-        shards,
-        rejects,
-        plans,
-        skipped,
-        groups,
-        reused: int = 0,
-        census=None,
-        near: Found | None = None,
-    ) -> str:
+    def run(self, shards, rejects, plans, skipped, blocks: Sequence[Block] = ()) -> str:
         """Everything the job produced -> a JSON line of records per split.
 
-        ``groups``: the groups of identical sources; ``reused``: records taken from
-        --reuse's dataset (its ``reuse`` block); ``census``: the listing's
-        ``groups.Census`` (the ``groups`` block); ``near``: the near-duplicate
-        search's groups and oversized buckets (the ``near_duplicates`` block).
+        ``blocks``: what the listing and the features publish beside the records
+        (``hooks.Block``), put in imagerecords.json in ``metadata.BLOCK_ORDER``.
 
         Raises:
             BooksDoNotBalance: see :meth:`_check_books`.
@@ -63,38 +43,21 @@ class Finalizer:
             listing.Skipped(path, listing.NOT_IN_CLASS_FOLDER)
             for path in self._config.layout.loose_files
         ]
-        near = near or Found()
+        blocks = sorted(blocks, key=_rank)
         # The lists first: a run that fails its books still leaves them to read.
-        self._write_lists(rejects, skipped, groups, near)
+        self._write_lists(rejects, skipped, blocks)
         kept = self._check_books(plans, list(shards), rejects)
         placed = place_shards(kept, self._config.output)
-        info = self._info(placed, rejects, skipped, groups, census or split_groups.Census())
-        info["near_duplicates"] = near_search.info_block(
-            near.groups, near.oversized, near.untextured
-        )
-        conflicts = self._label_conflicts(groups, near)
-        if conflicts:  # only then: a dataset without one is what it was before the block
-            info["label_conflicts"] = conflicts
-        if self._config.reuse:
-            # Describes the run, not the data: all else is what a full conversion writes.
-            info["reuse"] = {"dataset": self._config.reuse, "images_reused": reused}
+        info, splits = self._info(placed, rejects, skipped)
+        for block in blocks:
+            value = block.info(splits)
+            if value is not None:  # only then: a dataset without one is what it was before
+                info[block.name] = value
         self._publish(info)
         return json.dumps({s: split["num_examples"] for s, split in info["splits"].items()})
 
-    def _label_conflicts(self, groups, near: Found) -> dict | None:
-        """The ``label_conflicts`` block: identical copies in two classes, and near ones
-        under ``--dedupe near`` (the run decides those), with the copy kept."""
-        config = self._config
-        found = duplicates.run_conflicts(
-            [members for _, members in groups],
-            [g.members for g in near.groups],
-            config.dedupe,
-            near_search.keeper,
-        )
-        return duplicates.conflicts_block(found, config.layout.classes)
-
-    def _write_lists(self, rejects, skipped, groups, near: Found) -> None:
-        """rejects.jsonl, labels.txt, duplicates.jsonl, near_duplicates.jsonl, skipped.jsonl."""
+    def _write_lists(self, rejects, skipped, blocks: Sequence[Block]) -> None:
+        """rejects.jsonl, labels.txt, skipped.jsonl and the blocks' files."""
         config = self._config
         output_files.write_atomically(
             output_path(config.output, metadata.REJECTS_FILE),
@@ -108,17 +71,12 @@ class Finalizer:
             metadata.labels_text(config.layout.classes),
         )
         output_files.write_atomically(
-            output_path(config.output, duplicates.DUPLICATES_FILE),
-            duplicates.jsonl(groups, config.layout.classes),
-        )
-        output_files.write_atomically(
-            output_path(config.output, metadata.NEAR_DUPLICATES_FILE),
-            near_search.jsonl(near.groups, config.layout.classes),
-        )
-        output_files.write_atomically(
             output_path(config.output, metadata.SKIPPED_FILE),
             metadata.skipped_jsonl({"path": s.path, "reason": s.reason} for s in skipped),
         )
+        for block in blocks:
+            for name, data in block.files:
+                output_files.write_atomically(output_path(config.output, name), data)
 
     def _check_books(self, plans, shards, rejects) -> list[WrittenShard]:
         """The shards to keep, one per planned shard.
@@ -151,8 +109,9 @@ class Finalizer:
             )
         return kept
 
-    def _info(self, placed, rejects, skipped, groups, census) -> dict:
-        """The imagerecords.json object (docs/format.md section 7).
+    def _info(self, placed, rejects, skipped) -> tuple[dict, list[str]]:
+        """The imagerecords.json object (docs/format.md section 7) but for the blocks,
+        and its splits in order.
 
         The settings in it are those the config declares (settings.info_values).
         """
@@ -173,14 +132,7 @@ class Finalizer:
             skipped_reasons=[s.reason for s in skipped],
             config=declared["config"],
         )
-        info["duplicates"] = duplicates.info_block(
-            [members for _, members in groups], duplicates.first_split(splits)
-        )
-        asked = declared["config"]["splits"]
-        block = split_groups.info_block(census, declared["groups"]["group_by"], splits, asked)
-        if block is not None:
-            info["groups"] = block
-        return info
+        return info, splits
 
     def _publish(self, info: dict) -> None:
         """Deletes the temporary files, writes TFDS's files and imagerecords.json, then
@@ -196,6 +148,21 @@ class Finalizer:
         # Written last: its presence means the dataset is complete.
         output_files.write_atomically(output_path(output, metadata.INFO_FILE), metadata.dumps(info))
         output_files.delete_temp_folder(output)  # what is left: the job's marker
+
+
+def groups_block(config: JobConfig, census: split_groups.Census) -> Block:
+    """The listing's ``groups`` block: who is in which split (left out when no image is in
+    a group and no --group_by was given)."""
+    declared = settings.info_values(config)
+    group_by, asked = declared["groups"]["group_by"], declared["config"]["splits"]
+
+    return Block("groups", lambda splits: split_groups.info_block(census, group_by, splits, asked))
+
+
+def _rank(block: Block) -> int:
+    """A block's place in imagerecords.json: metadata.BLOCK_ORDER's, others after it."""
+    order = metadata.BLOCK_ORDER
+    return order.index(block.name) if block.name in order else len(order)
 
 
 def _names_of(config: JobConfig, wanted: set[int]) -> dict[int, str]:

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from beam_pipeline.core import duplicates, errors, metadata, spill, tfds_metadata
+from beam_pipeline.core import errors, metadata, spill, tfds_metadata
 from beam_pipeline.core.metadata import LOCK
 from beam_pipeline.storage import listing, paths
 
@@ -29,7 +29,7 @@ _FILES = (
     metadata.REJECTS_FILE,
     metadata.SKIPPED_FILE,
     metadata.NEAR_DUPLICATES_FILE,
-    duplicates.DUPLICATES_FILE,
+    metadata.DUPLICATES_FILE,
     *tfds_metadata.FILES,
 )
 OURS = re.compile(

@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from beam_pipeline.core import images, keys
-from beam_pipeline.core import near_duplicates as nd
+from beam_pipeline.features.near import hashes as nd
 from bench.common import data
 from bench.common.settings import RESULTS_DIR
 from bench.near import calibration as near_data
@@ -163,8 +163,8 @@ def _left_spanning(names, split, origin, found) -> dict:
     """What ``--dedupe near`` leaves of the set's true groups (an original and its
     copies) that span splits: of those, how many still do after each found
     group keeps only its keeper (``near_search.keeper``)."""
-    from beam_pipeline.core import near_search
-    from beam_pipeline.core.duplicates import Member
+    from beam_pipeline.features.dedupe.duplicates import Member
+    from beam_pipeline.features.near import search as near_search
 
     members = [Member(n, split[n], 0) for n in names]
     dropped = near_search.dropped(

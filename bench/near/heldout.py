@@ -1,6 +1,6 @@
 """The held-out near-duplicate set: other photos, other tiles, other copies.
 
-Kept apart from tuning: nothing in near_duplicates.py was chosen on it.
+Kept apart from tuning: nothing in features/near/hashes.py was chosen on it.
 ``calibration.py`` tiles scikit-image's and matplotlib's photos; this set
 tiles the photos other packages ship (scikit-learn's ``china.jpg`` and
 ``flower.jpg``, PyWavelets' ``aero`` and ``ascent``, imgaug's

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from beam_pipeline.core import near_duplicates as nd
+from beam_pipeline.features.near import hashes as nd
 
 SIDE = 256
 INVOICE = (

@@ -12,7 +12,7 @@ returns nothing, and a pass-through JPEG's check decoded at 1/8 scale, all the
 check itself needs, rather than at ``images.PASS_THROUGH_CHECK``, the scale
 the fingerprint needs): CPU seconds per image, best of the rounds.
 
-Search (``--search N``): ``stages/near.find_local`` over N fingerprints in a
+Search (``--search N``): ``features/near/stage.find_local`` over N fingerprints in a
 child process (its wall time and peak RSS); the fingerprints are of random
 bits, so the buckets hold what random collisions give, the search's floor
 at that size, not a folder full of copies.
@@ -31,7 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from beam_pipeline.core import images, near_duplicates, near_search
+from beam_pipeline.core import images
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import search as near_search
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache"
 
@@ -84,7 +86,7 @@ def convert_cost(count: int, rounds: int, image_set: str = "web") -> dict:
 
 def _search_child(count: int) -> None:
     from beam_pipeline.core.elements import RecordBatch, ShardEntry
-    from beam_pipeline.stages import near
+    from beam_pipeline.features.near import stage as near
 
     rng = random.Random(1)
     windows = len(near_duplicates.WINDOWS)

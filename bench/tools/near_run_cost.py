@@ -50,7 +50,7 @@ _CHILD = (
     "import json, sys, time\n"
     "from beam_pipeline.__main__ import main\n"
     "from beam_pipeline.core import images\n"
-    "from beam_pipeline.stages import near\n"
+    "from beam_pipeline.features.near import stage as near\n"
     "mode = sys.argv.pop(1)\n"
     "search = near.find_local\n"
     "def timed(batches, work_dir):\n"

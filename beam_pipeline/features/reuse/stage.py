@@ -16,10 +16,11 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from beam_pipeline.core import errors, images, near_search, settings
+from beam_pipeline.core import errors, images, settings
 from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.core.errors import OldDatasetChanged, UsageError
-from beam_pipeline.stages.reuse_scan import OldIndex, OldRecord, OldShard, changed, read_old
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.reuse.scan import OldIndex, OldRecord, OldShard, changed, read_old
 from beam_pipeline.storage import paths, reading
 from imagerecords import codec, storage
 from imagerecords import info as info_lib

@@ -12,9 +12,12 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsList, AsSingleton, TaggedOutput
 
-from beam_pipeline.core import counters, near_search
+from beam_pipeline.core import counters
 from beam_pipeline.core.elements import RecordBatch
-from beam_pipeline.stages import near
+from beam_pipeline.features.near import feature
+from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near import stage as near
+from beam_pipeline.stages.hooks import BeamStep
 
 OVERSIZED = "oversized"
 TWINS = "twins"
@@ -133,3 +136,10 @@ class FindNearDuplicates(beam.PTransform):
             _DropNearFn(), found=AsSingleton(found)
         ).with_outputs(REJECTED, main="batches")
         return {"found": found, "batches": kept.batches, "rejected": kept[REJECTED]}
+
+
+def _transform(config) -> FindNearDuplicates:
+    return FindNearDuplicates(config.dedupe_near)
+
+
+BEAM = BeamStep(feature.NAME, _transform, "found", AsSingleton, feature.blocks)

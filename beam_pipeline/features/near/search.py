@@ -11,9 +11,10 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from beam_pipeline.core import near_duplicates, near_texture
-from beam_pipeline.core.duplicates import Member
 from beam_pipeline.core.elements import RejectKind
+from beam_pipeline.features.dedupe.duplicates import Member
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import texture as near_texture
 from imagerecords import codec
 
 NEAR_FILE = codec.NEAR_DUPLICATES_FILE

@@ -17,10 +17,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from beam_pipeline.core import near_duplicates, near_search
-from beam_pipeline.core.duplicates import Member
 from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind, ShardEntry
-from beam_pipeline.stages import dedupe
+from beam_pipeline.features.dedupe import stage as dedupe
+from beam_pipeline.features.dedupe.duplicates import Member
+from beam_pipeline.features.near import hashes as near_duplicates
+from beam_pipeline.features.near import search as near_search
 
 # A pair as it crosses a Beam shuffle: plain values (a deterministic key for Distinct).
 PairRow = tuple[str, str, int, str, str, int, int]

@@ -2,7 +2,7 @@
 and label conflicts (a picture in two classes, identical or near copies).
 
 A group is every converted image whose source has the same SHA-256; resized or
-re-encoded copies are near duplicates (``near_duplicates.py``). Pure.
+re-encoded copies are near duplicates (``features/near/``). Pure.
 """
 
 from __future__ import annotations
@@ -11,26 +11,12 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from beam_pipeline.core import dedupe_modes, metadata
 from beam_pipeline.core.elements import RejectKind
 
-DUPLICATES_FILE = "duplicates.jsonl"
-# --dedupe: what it drops, besides keeping one of each group. "exact": identical
-# source files; "near": near copies as well (docs/images.md, "Near duplicates").
-DEDUPE_MODES = ("exact", "near")
-
-
-def dedupe_mode(value, switch_words: dict[str, bool]) -> str:
-    """--dedupe's value as the config holds it: "" (off), "exact" or "near".
-
-    A switch's words (``switch_words``: text -> on) stay valid, ``--dedupe=true``
-    being ``exact``, as scripts and Flex Templates passed them before ``near``.
-    """
-    if isinstance(value, bool):
-        return "exact" if value else ""
-    text = str(value).strip().lower()
-    if text in DEDUPE_MODES:
-        return text
-    return "exact" if switch_words.get(text, False) else ""
+DUPLICATES_FILE = metadata.DUPLICATES_FILE
+# --dedupe's modes: declared with the flag (core/dedupe_modes.py).
+DEDUPE_MODES = dedupe_modes.DEDUPE_MODES
 
 
 class Member(NamedTuple):

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from beam_pipeline.core import near_texture
+from beam_pipeline.features.near import texture as near_texture
 
 HASH_BITS = 64
 # Sub-windows hashed besides the whole image, as (left, top, right, bottom)

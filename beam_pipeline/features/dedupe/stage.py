@@ -1,7 +1,7 @@
 """The Duplicates stage: groups of records whose sources share a SHA-256; --dedupe's copies.
 
 The Beam graph's ``FindDuplicates`` runs these as steps, the local engine in one pass;
-who is kept is ``core/duplicates.py``'s rule.
+who is kept is ``duplicates.py``'s rule.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Iterator
 
-from beam_pipeline.core import duplicates
 from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind
+from beam_pipeline.features.dedupe import duplicates
 
 Group = tuple[str, list[duplicates.Member]]  # (sha256, every image with that source)
 

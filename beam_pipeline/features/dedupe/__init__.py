@@ -1,0 +1,1 @@
+"""Exact duplicates: identical source files grouped, and dropped under --dedupe."""

@@ -1,0 +1,1 @@
+"""Near duplicates: the fingerprint, the band search, the report."""

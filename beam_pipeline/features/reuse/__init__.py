@@ -1,0 +1,1 @@
+"""--reuse: records taken over from an earlier dataset (docs/reuse.md)."""
