@@ -1,6 +1,6 @@
-"""The fingerprint's products as phash19-v4 first computed them, kept to check the
-faster ones against (tests/test_fingerprint_identical.py): grey folded into one
-product over the RGB pixels, then the rows' transform, each step its own array."""
+"""The fingerprint as phash19-v4 first computed it, kept to check the faster code
+against (tests/test_fingerprint_identical.py): grey folded into one product over
+the RGB pixels, then the rows' transform, and the texture rule in numpy."""
 
 from __future__ import annotations
 
@@ -37,14 +37,30 @@ class Layout:
         return found.reshape(3 * n, spans + 3)
 
 
+def passes(ac, median, grey_level):
+    t = near_texture
+    units = np.abs(ac) // t._ENERGY_UNIT
+    if units @ units < round(t.TEXTURE_ENERGY * grey_level / t._ENERGY_UNIT) ** 2:
+        return False
+    steady = np.count_nonzero(np.abs(ac - median) > t.TEXTURE_MARGIN * grey_level)
+    return int(steady) >= t.TEXTURE_COEFFICIENTS
+
+
+def blank(grey):
+    middle = grey.size // 2
+    median = np.partition(grey, middle)[middle]
+    near = np.count_nonzero(np.abs(grey - median) <= near_texture.BLANK_LEVELS * 1000)
+    return bool(near > near_texture.BLANK_SHARE * grey.size)
+
+
 def hash_bits(pixels, layout):
     h, w, _ = pixels.shape
     per_row = pixels.reshape(h, 3 * w) @ layout.pixel_transform(w)
     low = (layout.row_transform(h) @ per_row[:, :-3]).ravel().take(layout.take)
     median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
     bits = np.packbits(low > median, axis=1)
-    textured = near_texture.passes(low[0, 1:], float(median[0, 0]), nd._GREY_LEVEL) and not (
-        near_texture.blank((pixels[::2, ::2] @ nd._GREY_WEIGHTS).ravel())
+    textured = passes(low[0, 1:], float(median[0, 0]), nd._GREY_LEVEL) and not (
+        blank((pixels[::2, ::2] @ nd._GREY_WEIGHTS).ravel())
     )
     flag = np.uint8(0x80) if textured else np.uint8(0)
     bits[0, 0] = (bits[0, 0] & np.uint8(0x7F)) | flag

@@ -116,3 +116,45 @@ def test_other_windows_give_phash19_v4s_bits_too(windows):
     for im in itertools.islice(IMAGES, 0, None, 7):
         hashes = b"".join(h.to_bytes(8, "big") for h in nd.fingerprint(im, windows=windows).hashes)
         assert hashes == reference.packed(im, windows)[0]
+
+
+def _at_the_boundaries(rng: np.random.Generator, middle: float, edge: float, unit: float):
+    """Exact integers around ``middle``: some at ``middle +- edge`` exactly, some a
+    unit either side of it, the rest anywhere (the texture rule's ties)."""
+    ties = middle + edge * rng.choice([-1.0, 1.0], 40) + rng.choice([-unit, 0.0, unit], 40)
+    return np.concatenate([ties, middle + np.round(rng.normal(0, 3 * edge, 60))])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_texture_rule_is_phash19_v4s_at_its_ties(seed):
+    from beam_pipeline.core import near_texture as t
+
+    rng = np.random.default_rng(seed)
+    level = float(nd._GREY_LEVEL)
+    # Far enough from 0 that the energy passes, so the steady count decides.
+    median = float(np.round(rng.choice([-1, 1]) * rng.uniform(2, 40) * level))
+    pool = _at_the_boundaries(rng, median, t.TEXTURE_MARGIN * level, 1.0)
+    for count in (20, 23, 24, 25, 30):
+        ac = np.concatenate([rng.choice(pool, count), np.full(63 - count, median)])
+        assert t.passes(ac, median, level) == reference.passes(ac, median, level)
+    grey_median = float(rng.integers(3000, 250_000))
+    pool = _at_the_boundaries(rng, grey_median, t.BLANK_LEVELS * 1000, 1.0)
+    for near_share in (0.90, 0.93, 0.94, 0.96):
+        size = 300
+        near = round(near_share * size)
+        grey = np.concatenate([rng.choice(pool[:40], near), rng.choice(pool[40:], size - near)])
+        grey = np.concatenate([grey, np.full(size, grey_median)])[: 2 * size - 1]
+        assert t.blank(grey) == reference.blank(grey)
+
+
+@pytest.mark.parametrize("tie", [-1.0, 1.0], ids=["below", "above"])
+@pytest.mark.parametrize("past", [0.0, 1.0], ids=["on the margin", "one past it"])
+def test_a_coefficient_on_the_margin_is_not_steady_one_past_it_is(tie, past):
+    from beam_pipeline.core import near_texture as t
+
+    level = float(nd._GREY_LEVEL)
+    median = 5 * level
+    edge = median + tie * (t.TEXTURE_MARGIN * level + past)
+    steady = [median + 3 * level] * (t.TEXTURE_COEFFICIENTS - 1)
+    ac = np.array(steady + [edge] + [median] * (63 - t.TEXTURE_COEFFICIENTS))
+    assert t.passes(ac, median, level) == reference.passes(ac, median, level) == bool(past)

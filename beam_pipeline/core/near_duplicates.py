@@ -213,13 +213,15 @@ def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndar
     flat = pixels.reshape(h * w, 3)
     grey = (flat @ _GREY_WEIGHTS).reshape(h, w)
     low = (layout.row_transform(h) @ (grey @ layout.col_transform(w))).ravel().take(layout.take)
-    # The median of the 63 coefficients after DC is the 32nd smallest.
-    median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
+    # The median of the 63 coefficients after DC is the 32nd smallest; sorted
+    # rather than partitioned, so the texture rule takes the whole image's in order.
+    ranked = np.sort(low[:, 1:], axis=1)
+    median = ranked[:, 31:32]
     bits = np.packbits(low > median, axis=1)
     # The blank test on every other pixel of every other row: a quarter of the
     # cost, the same answer for a page or a photo.
-    textured = near_texture.passes(low[0, 1:], float(median[0, 0]), _GREY_LEVEL) and not (
-        near_texture.blank(grey[::2, ::2].ravel())
+    textured = near_texture.passes(ranked[0], float(median[0, 0]), _GREY_LEVEL) and not (
+        near_texture.blank(grey[::2, ::2])
     )
     if textured:
         bits[0, 0] |= 0x80
