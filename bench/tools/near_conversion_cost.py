@@ -4,26 +4,15 @@
     python -m bench.tools.near_conversion_cost --set small --images 2000
     python -m bench.tools.near_conversion_cost --search 200000
 
-Convert: ``images.convert`` of every image of a bench set (``--set web``, the
-web set; ``small``, the scale part's 32x32 JPEGs) in this process, CPU seconds
-per image. Each round converts the set once as it is (``product``) and once
-with the fingerprint left out (``floor``), in turns (ABBA, so a drifting load
-falls on both alike); the share is the best product over the best floor, with
-the spread of the rounds' own shares, and the load average before and after.
-A third pass a round times the fingerprint inside the conversion by its own
-clock (``in_convert``), and the stored images it was given are timed once
-more outside it (``alone``): both in us per image.
+Convert: ``images.convert`` of a bench set (``web``; ``small``: 32x32 JPEGs), CPU
+per image, as it is (``product``) and without the fingerprint (``floor``: only
+``images.near_fingerprint`` returns nothing and a pass-through check decodes at
+1/8, all it needs itself), in ABBA turns each round; the best-of share, the
+rounds' spread, the load before and after, and the fingerprint's own us per
+image inside the conversion and alone on the images it was given.
 
-The floor is the product minus the fingerprint, nothing else:
-``images.near_fingerprint`` (``near_search.pack_image``: every array, grey
-value and copy the fingerprint makes) returns nothing, and a pass-through
-JPEG's check is decoded at 1/8 scale, all the check itself needs, rather than
-at ``images.PASS_THROUGH_CHECK``, the scale the fingerprint needs.
-
-Search (``--search N``): ``stages/near.find_local`` over N fingerprints in a
-child process (its wall time and peak RSS); the fingerprints are of random
-bits, so the buckets hold what random collisions give, the search's floor
-at that size, not a folder full of copies.
+Search (``--search N``): ``stages/near.find_local`` over N random fingerprints in
+a child process (wall time, peak RSS): the search's floor at that size.
 """
 
 from __future__ import annotations
