@@ -206,9 +206,9 @@ def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndar
     pixels: exact integer products (see above)."""
     h, w, _ = pixels.shape
     # Grey first, then each side's transform: the fewest steps and the smallest
-    # arrays. The fingerprint runs between two large conversions, whose data
-    # has pushed its own out of the caches, so each step costs about twice
-    # what it does run after run, and it is the steps that cost, not the
+    # arrays. The fingerprint runs between two conversions, whose work pushes
+    # numpy's and Pillow's code and state out of the caches, so each step
+    # costs about twice what it does run after run: the steps cost, not the
     # arithmetic (bench/results/2026-12-03-fingerprint-cost.md).
     flat = pixels.reshape(h * w, 3)
     grey = (flat @ _GREY_WEIGHTS).reshape(h, w)
