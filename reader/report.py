@@ -160,10 +160,18 @@ def _group_html(number: int, group: ListedGroup, rejects: Rejects, pics: Picture
         head.append(f" · distance {low}" + (f"–{high}" if high != low else ""))
     if group.digest:
         head.append(f' · SHA-256 <span class="id">{text(group.digest[:16])}…</span>')
-    kept = sorted({kept_of(rejects.of_shown.get(m.id)) for m in group.members} - {None})
-    dropped = sum(kept_of(rejects.of_shown.get(m.id)) is not None for m in group.members)
+    drops = [m.id for m in group.members if kept_of(rejects.of_shown.get(m.id)) is not None]
+    dropped = len(drops)
     if dropped:
-        names = ", ".join(f'<span class="id">{text(k)}</span>' for k in kept[:MEMBERS_SHOWN])
+        # The copy that survived: one an identical member was dropped for may have been
+        # dropped in turn as a near copy of an image outside this group.
+        ids = {m.id for m in group.members}
+        kept = sorted({rejects.survivor(i) for i in drops})
+        names = ", ".join(
+            f'<span class="id">{text(k)}</span>'
+            + ("" if k in ids else " (a near copy, not in this group)")
+            for k in kept[:MEMBERS_SHOWN]
+        )
         head.append(f" · --dedupe kept {names}, dropped {dropped}")
     else:
         head.append(" · every member written")

@@ -229,6 +229,17 @@ class Rejects:
     of_shown: dict = dataclasses.field(default_factory=dict)
     problem: str | None = None
 
+    def survivor(self, image_id: str) -> str:
+        """The image a drop of ``image_id`` leads to in the end (``image_id`` itself when
+        it was not dropped), as far as the shown reasons go: --dedupe near drops
+        identical files first, so the copy an identical one was dropped for (the
+        group's smallest ID, shown first) may itself be a near copy the search dropped."""
+        seen = {image_id}
+        while (kept := kept_of(self.of_shown.get(image_id))) is not None and kept not in seen:
+            seen.add(kept)
+            image_id = kept
+        return image_id
+
 
 def read_rejects(info: info_lib.DatasetInfo, shown_ids: set[str]) -> Rejects:
     out = Rejects()

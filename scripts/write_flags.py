@@ -24,6 +24,12 @@ METADATA = ROOT / "deploy" / "metadata.json"
 FLAGS_PAGE = ROOT / "docs" / "flags.md"
 TABLE_BEGIN = "<!-- flags: made by `make flags` from beam_pipeline/core/flags.py -->"
 TABLE_END = "<!-- /flags -->"
+# A template value's shape where the flag's check gives none: by its kind.
+KIND_REGEX = {
+    "bool": "^(" + "|".join(flags.BOOLEAN_WORDS) + ")$",
+    "int": "^-?[0-9]+$",
+    "float": r"^[0-9]+(\.[0-9]+)?$",
+}
 
 
 # ------------------------------------------------ the Flex Template's parameters
@@ -36,9 +42,7 @@ def template_parameters() -> list[dict]:
         if flag.template is None:
             continue
         regex = (
-            flag.template.regex
-            or (flag.check and flag.check.regex)
-            or flags._KIND_REGEX.get(flag.kind)
+            flag.template.regex or (flag.check and flag.check.regex) or KIND_REGEX.get(flag.kind)
         )
         entry = {
             "name": flag.name,

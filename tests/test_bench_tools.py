@@ -32,6 +32,7 @@ TOOLS = [
     "progress_cost",
     "crop_costs",
     "interleave",
+    "codebase_stats",
 ]
 
 

@@ -355,3 +355,48 @@ def test_the_dry_run_warns_when_near_drops_would_pass_the_reject_limit(copies, t
     assert "rejected (near drops included) is above --max_reject_fraction 0.2" in printed
     assert "the job would fail" in printed
     assert main(["--input", copies, "--output", out, "--quiet", *flags]) != 0
+
+
+@pytest.fixture(scope="module")
+def grouped_copies(tmp_path_factory):
+    """Class folders with near and identical copies in --group_by groups drawn into
+    other splits (tests/test_near_splits.py's), and a bad file in a group."""
+    from tests import test_near_splits
+
+    root = str(tmp_path_factory.mktemp("grouped-copies") / "images")
+    drawn = test_near_splits.grouped_near_folder(root)
+    group = next(i for i, s in drawn.items() if s == "val").split("/")[1].split("_")[0]
+    with open(os.path.join(root, "a", f"{group}_broken.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff not a JPEG after all")
+    return root, test_near_splits.GROUP_BY
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["exact", "near"])
+def test_a_grouped_dry_run_of_the_whole_input_forecasts_what_dedupe_writes(
+    grouped_copies, tmp_path, capsys, mode
+):
+    root, group_by = grouped_copies
+    out = str(tmp_path / "o")
+    flags = ["--dedupe", mode, "--group_by", group_by, "--max_reject_fraction", "0.6"]
+    flags += ["--target_shard_mb", "0.05"]
+    estimate = run(["--input", root, "--output", out, "--dry_run", *flags])
+    printed = capsys.readouterr().out
+    assert estimate["whole"] and estimate["sampled"] == estimate["images"]
+    assert "the sample is the whole input: records, rejects and drops per split" in printed
+    assert main(["--input", root, "--output", out, "--quiet", *flags]) == 0
+    info = contract.load_info(out)
+    bad, dropped = _rejects_by_split(out)
+    # Copies in every split are dropped (the groups put them there), and the bad file.
+    assert len(dropped) == 3 and sum(bad.values()) == 1
+    for name, split in info["splits"].items():
+        guess = estimate["splits"][name]
+        assert guess["records"] == split["num_examples"], name
+        assert (guess["rejects"], guess["drops"]) == (bad[name], dropped[name]), name
+        assert (guess["bytes"], guess["shards"]) == (split["num_bytes"], len(split["shards"]))
+    blocks = estimate["duplicates"]
+    assert blocks["exact"] == info["duplicates"]
+    assert blocks["near"] == info["near_duplicates"]
+    assert blocks["conflicts"] == info["label_conflicts"]
+    line = next(s for s in printed.splitlines() if s.startswith(f"--dedupe {mode} drops"))
+    assert line.startswith(f"--dedupe {mode} drops {sum(dropped.values())} copies")

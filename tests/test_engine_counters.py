@@ -134,7 +134,10 @@ def test_every_counter_agrees_when_resuming(folders, tmp_path, capsys, monkeypat
 
 
 # imagerecords.json's field of the same name (docs/format.md), not the counter.
-_FORMAT_FIELDS = {("features/reuse/feature.py", counters.REUSED), ("cli/summary.py", counters.REUSED)}
+_FORMAT_FIELDS = {
+    ("features/reuse/feature.py", counters.REUSED),
+    ("cli/summary.py", counters.REUSED),
+}
 
 
 def test_no_module_but_the_table_spells_a_counters_name():

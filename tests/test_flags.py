@@ -6,6 +6,7 @@ scripts/write_flags.py); these tests fail when one of them is written out by
 hand again, or disagrees with the table.
 """
 
+import ast
 import dataclasses
 import importlib.util
 import io
@@ -16,7 +17,7 @@ import pytest
 
 from beam_pipeline.__main__ import main
 from beam_pipeline.cli import arguments, dryrun
-from beam_pipeline.core import digit_ranges, flags, images, keys
+from beam_pipeline.core import digit_ranges, flags, images, keys, settings
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.stages.job_config import JobConfig
 from tests.image_factory import make_class_folders
@@ -59,7 +60,8 @@ def test_the_flag_table_has_one_row_per_flag():
 
 def test_the_core_renders_no_document():
     """The table's renderings live in scripts/write_flags.py, not in the product."""
-    rendered = [name for name in ("template_parameters", "readme_table") if hasattr(flags, name)]
+    names = ("template_parameters", "readme_table", "KIND_REGEX", "_KIND_REGEX")
+    rendered = [name for name in names if hasattr(flags, name)]
     assert rendered == []
 
 
@@ -110,30 +112,33 @@ def _value(flag, text):
         return _BAD
 
 
-def _config_fields():
-    found = {f.name: f for f in dataclasses.fields(JobConfig)}
-    found.update({f"image.{f.name}": f for f in dataclasses.fields(images.ImageSpec)})
+def _filled():
+    """(config class, field, flag) of every config field a flag fills."""
+    found = []
+    for config_type in (JobConfig, images.ImageSpec):
+        for field in dataclasses.fields(config_type):
+            flag = settings.flag_of(field)
+            if flag is not None:
+                found.append((config_type, field, flag))
     return found
 
 
 def test_every_flag_fills_a_config_field_or_a_run_option():
-    fields = _config_fields()
-    for flag in flags.FLAGS:
-        if flag.field:
-            assert flag.field in fields, f"--{flag.name} fills no field {flag.field}"
-    run_flags = [f.name for f in flags.FLAGS if f.field is None]
+    filled = [flag.name for _, _, flag in _filled()]
+    assert len(filled) == len(set(filled)), "a flag fills two fields"
+    run_flags = [f.name for f in flags.FLAGS if f.name not in filled]
     assert sorted(f.name for f in dataclasses.fields(arguments.RunOptions)) == sorted(run_flags)
 
 
 def test_a_field_filled_by_a_flag_takes_its_default_from_the_flag():
-    for name, field in _config_fields().items():
-        flag = flags.BY_FIELD.get(name)
-        if flag is None or flag.required or name == "splits":
+    for config_type, field, flag in _filled():
+        if flag.required:
+            assert field.default is dataclasses.MISSING, field.name
             continue
-        assert field.metadata.get("imagerecords.flag") == flag.name, (
-            f"{name}: declare it with flags.field({flag.name!r}) (its default and check)"
-        )
-        assert field.default == flag.field_value(flag.default), name
+        default = field.default
+        if default is dataclasses.MISSING:
+            default = field.default_factory()
+        assert default == flag.field_value(flag.default), f"{config_type.__name__}.{field.name}"
 
 
 def test_the_help_shows_each_declared_default():
@@ -187,12 +192,12 @@ def test_the_command_line_and_a_config_built_in_code_refuse_alike(name, text, tm
         arguments.parse_args(argv)
     flag = flags.BY_NAME[name]
     value = flag.field_value(_value(flag, text))
-    block, _, field = flag.field.rpartition(".")
+    config_type, field, _ = next(found for found in _filled() if found[2] is flag)
     with pytest.raises(ValueError) as built:
-        if block == "image":
-            images.ImageSpec(**{field: value})
+        if config_type is images.ImageSpec:
+            images.ImageSpec(**{field.name: value})
         else:
-            JobConfig(layout=None, output="o", splits={"train": 1.0}, **{field: value})
+            JobConfig(layout=None, output="o", splits={"train": 1.0}, **{field.name: value})
     assert str(cli.value) == str(built.value)
 
 
@@ -231,3 +236,23 @@ def test_a_capped_local_processes_is_what_the_config_gets(tmp_path, capsys):
 def test_a_typo_still_gets_its_suggestion(tmp_path, capsys):
     assert main(["--input", str(tmp_path), "--output", str(tmp_path / "o"), "--jpeg_qualty=9"]) == 2
     assert "did you mean --jpeg_quality?" in capsys.readouterr().err
+
+
+def test_the_help_shows_a_required_flag_as_required(capsys):
+    with pytest.raises(SystemExit) as done:
+        arguments.parse_args(["--help"])
+    assert done.value.code == 0
+    usage = " ".join(capsys.readouterr().out.split("\n\n")[0].split())
+    assert " --output OUTPUT " in usage and "[--output" not in usage
+
+
+def test_the_command_line_patches_no_argparse_internals():
+    """argparse's public API only: no private attribute read or set (``_actions``),
+    no parser's ``__class__`` swapped."""
+    tree = ast.parse((ROOT / "beam_pipeline" / "cli" / "arguments.py").read_text())
+    private = [
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+    ]
+    assert private == []

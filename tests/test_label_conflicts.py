@@ -42,9 +42,29 @@ def test_a_group_in_two_classes_is_a_conflict(groups, kept_by, expected):
 def test_near_conflicts_are_the_runs_only_under_dedupe_near(dedupe, kinds):
     found = duplicates.run_conflicts([[B, A]], [[A, C], [C, B]], dedupe, near_search.keeper)
     assert [c.kind for c in found] == kinds
-    assert found[0].kept == (A if dedupe else None)
+    # Under --dedupe near, A (kept over B) is then a near copy of C, in train: C is written.
+    assert found[0].kept == {"": None, "exact": A, "near": C}[dedupe]
     if dedupe == "near":
         assert found[1] == ("near", (C, B), C)  # both in train: the smallest ID
+
+
+def test_an_identical_copy_kept_then_dropped_as_near_names_the_onewritten_splits():
+    """--dedupe keeps A over B (the smallest ID), then --dedupe near drops A, in test,
+    as a near copy of D, in train: D is what the run writes of the picture."""
+    a, b, d = (
+        Member("cat/a.jpg", "test", 0),
+        Member("dog/b.jpg", "val", 1),
+        Member("z.jpg", "train", 1),
+    )
+    found = duplicates.run_conflicts([[b, a]], [[a, d]], "near", near_search.keeper)
+    assert found == [("exact", (a, b), d), ("near", (a, d), d)]
+    block = duplicates.conflicts_block(found, ["cat", "dog"])
+    assert [(r["kept"], r["why"]) for r in block["listed"]] == [
+        ("z.jpg", duplicates.KEPT_AFTER_NEAR),
+        ("z.jpg", duplicates.KEPT_BECAUSE["near", True]),
+    ]
+    # Without --dedupe near, A is written.
+    assert duplicates.run_conflicts([[b, a]], [[a, d]], "exact", near_search.keeper)[0].kept == a
 
 
 def test_the_block_lists_both_ids_and_why(tmp_path):
@@ -114,3 +134,45 @@ def test_a_dataset_without_conflicts_has_no_block(tmp_path):
     assert main(["--input", root, "--quiet", "--output", str(tmp_path / "o")]) == 0
     info = contract.load_info(str(tmp_path / "o"))
     assert info["duplicates"]["groups"] == 1 and "label_conflicts" not in info
+
+
+@pytest.mark.e2e
+def test_near_conflicts_of_a_grouped_run_name_both_ids_and_the_copywritten_splits(tmp_path, capsys):
+    """Near copies in two classes whose groups put them in other splits, and an
+    identical copy --dedupe keeps that the near search then drops: the list and the
+    summary name every member, and the copy kept is the one the shards hold."""
+    from tests import test_near_splits
+
+    root = str(tmp_path / "images")
+    test_near_splits.grouped_near_folder(root)
+    out = str(tmp_path / "o")
+    argv = ["--input", root, "--output", out, "--group_by", test_near_splits.GROUP_BY]
+    assert main([*argv, "--dedupe", "near", *test_near_splits.NEAR_DROPS_OK]) == 0
+    printed = capsys.readouterr().out
+    info = contract.load_info(out)
+    block = info["label_conflicts"]
+    written = test_near_splits.written_splits(out)
+    near = [
+        g
+        for g in test_near_splits.listed_groups(out, "near_duplicates.jsonl")
+        if len({m["label"] for m in g}) > 1
+    ]
+    listed_near = [c for c in block["listed"] if c["kind"] == "near"]
+    assert len(near) >= 2 and block["near"] == len(near)
+    assert [c["members"] for c in listed_near] == near  # both IDs, splits and classes
+    for conflict in block["listed"]:
+        assert conflict["kept"] in written, conflict  # the copy kept is in the shards
+        [survivor] = [m for m in conflict["members"] if m["id"] in written] or [
+            {"id": conflict["kept"]}
+        ]
+        assert survivor["id"] == conflict["kept"]
+        if conflict["kind"] == "near":
+            assert conflict["why"] == duplicates.KEPT_BECAUSE["near", True]
+    # An identical pair whose kept copy went as a near copy says so.
+    assert any(c["why"] == duplicates.KEPT_AFTER_NEAR for c in block["listed"])
+    # The summary names each conflict it shows, with the copy kept and why.
+    shown = duplicates.conflict_lines(block)[1:]
+    assert any(" = " in line and "--dedupe near keeps" in line for line in shown)
+    for conflict in block["listed"][: duplicates.CONFLICTS_SHOWN]:
+        who = " = ".join(f"{m['id']} ({m['label']}, {m['split']})" for m in conflict["members"])
+        assert f"  {who}: kept {conflict['kept']} ({conflict['why']})" in printed

@@ -319,17 +319,18 @@ def _exact_products(pixels: np.ndarray) -> np.ndarray:
     # numpy's int64 products do not go through BLAS: exact, in a fixed order.
     layout = nd._DEFAULT_LAYOUT
     h, w, _ = pixels.shape
-    rows = layout.row_transform(h).astype(np.int64)
-    per_row = pixels.reshape(h, 3 * w).astype(np.int64) @ layout.pixel_transform(w).astype(np.int64)
-    return np.concatenate([(rows @ per_row[:, :-3]).ravel(), per_row[:, -3:].sum(axis=0)])
+    whole = pixels.astype(np.int64)
+    grey = whole @ nd._GREY_WEIGHTS.astype(np.int64)
+    low = layout.row_transform(h).astype(np.int64) @ grey @ layout.col_transform(w).astype(np.int64)
+    return np.concatenate([low.ravel(), whole.reshape(-1, 3).sum(axis=0)])
 
 
 def _products(pixels: np.ndarray) -> np.ndarray:
     layout = nd._DEFAULT_LAYOUT
     h, w, _ = pixels.shape
-    per_row = pixels.reshape(h, 3 * w) @ layout.pixel_transform(w)
-    low = layout.row_transform(h) @ per_row[:, :-3]
-    return np.concatenate([low.ravel(), per_row[:, -3:].sum(axis=0)])
+    grey = pixels @ nd._GREY_WEIGHTS
+    low = layout.row_transform(h) @ (grey @ layout.col_transform(w))
+    return np.concatenate([low.ravel(), layout.ones(h * w) @ pixels.reshape(-1, 3)])
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,22 @@ def test_reason_kind_and_kept(reason, kind, kept):
 
 
 @pytest.mark.parametrize(
+    "of_shown, image_id, survivor",
+    [
+        ({}, "a", "a"),  # not dropped
+        ({"b": "duplicate of a"}, "b", "a"),
+        # --dedupe kept b over c, then the near search dropped b for a
+        ({"c": "duplicate of b", "b": "near duplicate of a"}, "c", "a"),
+        ({"c": "duplicate of b"}, "c", "b"),  # b's reason not read: as far as known
+        ({"a": "duplicate of b", "b": "near duplicate of a"}, "a", "b"),  # a hostile cycle ends
+        ({"b": "corrupt image: x"}, "b", "b"),  # rejected, not for a copy
+    ],
+)
+def test_the_survivor_follows_the_drops(of_shown, image_id, survivor):
+    assert report_lists.Rejects(of_shown=of_shown).survivor(image_id) == survivor
+
+
+@pytest.mark.parametrize(
     "value, shown",
     [
         ("<script>x</script>", "&lt;script&gt;x&lt;/script&gt;"),

@@ -30,6 +30,7 @@ from beam_pipeline.__main__ import main
 from beam_pipeline.cli import summary
 from beam_pipeline.core import errors, images, metadata, settings, tfds_metadata
 from beam_pipeline.core.elements import ImageRef
+from beam_pipeline.features.near import search as near_search
 from beam_pipeline.features.reuse import feature as reuse_feature
 from beam_pipeline.features.reuse import scan as reuse_scan
 from beam_pipeline.features.reuse import stage as reuse
@@ -285,6 +286,101 @@ def test_the_dry_run_warns_of_a_refusal(history, tmp_path, capsys):
     assert "warning: the real run would stop before starting: --reuse" in capsys.readouterr().out
 
 
+# ------------------------------------------- an OLD of an earlier fingerprint scheme
+
+
+def _with_scheme(history: History, where: Path, scheme: str) -> Path:
+    """A copy of OLD that records ``scheme``, its records' fingerprints zeroed (so a run
+    that kept them would be seen): the layout is the same, only the shards' SHA-256 change."""
+    shutil.copytree(history.old, where)
+    info_path = where / metadata.INFO_FILE
+    info = json.loads(info_path.read_text())
+    info["image"]["near_scheme"] = info["near_duplicates"]["scheme"] = scheme
+    for split in info["splits"].values():
+        for shard in split["shards"]:
+            path = where / shard["file"]
+            with open(path, "rb") as f:
+                records = [codec.parse_example(data) for data in codec.iter_records(f)]
+            for record in records:
+                for key in codec.NEAR_FEATURES:
+                    record[key] = bytes(len(record[key]))
+            data = b"".join(codec.frame_record(codec.make_example(r)) for r in records)
+            assert len(data) == shard["num_bytes"]
+            path.write_bytes(data)
+            shard["sha256"] = hashlib.sha256(data).hexdigest()
+    info_path.write_text(metadata.dumps(info).decode())
+    return where
+
+
+def _records(folder: Path) -> dict[str, dict]:
+    """Every record of a dataset, all its features, by image ID."""
+    rows = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".tfrecord"):
+            with open(folder / name, "rb") as f:
+                for data in codec.iter_records(f):
+                    record = codec.parse_example(data)
+                    rows[record["image/filename"].decode()] = record
+    return rows
+
+
+@pytest.mark.e2e
+def test_an_old_of_an_earlier_scheme_is_reused_its_fingerprints_made_anew(
+    history, tmp_path, capsys
+):
+    from reader import load_info, verify
+
+    earlier = near_search.EARLIER_SCHEMES[-1]  # the one before SCHEME
+    old = _with_scheme(history, tmp_path / "old", earlier)
+    outputs = {}
+    for name, engine in (("local", []), ("beam", DIRECT)):
+        capsys.readouterr()
+        new = tmp_path / name
+        assert _convert(history.after, new, "--reuse", str(old), *engine) == 0
+        out = capsys.readouterr().out
+        counted = summary.read_counters(out)
+        assert counted["images_reused"] == history.reused
+        assert counted["images_near_hashed"] == history.reused + history.converted
+        assert f"{history.reused} fingerprinted from their stored JPEG" in out
+        assert verify.verify(load_info(str(new))) == []
+        outputs[name] = contract.all_files(str(new))
+    assert outputs["beam"] == outputs["local"]
+    # Each reused record (its JPEG OLD's) holds its stored JPEG's fingerprint, not
+    # OLD's zeros; each converted one a conversion's, as in the full run.
+    olds, full, new = _records(old), _records(history.full), _records(tmp_path / "local")
+    reused = [i for i in new if i in olds and olds[i]["image/encoded"] == new[i]["image/encoded"]]
+    assert len(reused) == history.reused
+    for image_id, record in new.items():
+        near = record["image/near/phash"] + record["image/near/colour"]
+        if image_id in reused:
+            assert near == images.near_of_stored(record["image/encoded"]) != bytes(len(near))
+        else:
+            assert record == full[image_id]
+    argv = ["--input", history.after, "--output", tmp_path / "dry", "--reuse", old]
+    assert main([*map(str, argv), *COMMON, "--dry_run"]) == 0
+    assert (
+        f"({history.reused} of scheme {earlier}, fingerprinted from their stored JPEG)"
+    ) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("scheme", ["newer", "dhash-v1", "phash19-v0", "phash19"])
+def test_an_old_of_a_newer_or_foreign_scheme_is_refused(history, tmp_path, capsys, scheme):
+    if scheme == "newer":
+        name, version = near_search.SCHEME.rsplit("-v", 1)
+        scheme = f"{name}-v{int(version) + 95}"
+    old = tmp_path / "old"
+    shutil.copytree(history.old, old)
+    info = json.loads((old / metadata.INFO_FILE).read_text())
+    info["image"]["near_scheme"] = scheme
+    (old / metadata.INFO_FILE).write_text(metadata.dumps(info).decode())
+    line = _refused(
+        capsys, "--input", history.after, "--output", tmp_path / "new", "--reuse", old, *COMMON
+    )
+    assert line.startswith(f"error: --reuse {old} was made with other image settings")
+    assert f"(near_scheme {scheme} -> {near_search.SCHEME})" in line
+    assert not (tmp_path / "new").exists()
+
+
 # ------------------------------------------------------------------ the parts
 
 
@@ -427,6 +523,12 @@ def test_an_index_of_many_records_grows_its_maps():
         ({"image_size": 32}, "image_size 32 -> 64"),
         ({"image_size": 64, "resample": None}, "resample not recorded -> bicubic"),
         ({"image_size": 64, "jpeg_quality": 95}, "jpeg_quality 95 -> 90"),
+        ({"near_scheme": None}, ""),  # format 2: fingerprinted anew
+        ({"near_scheme": near_search.EARLIER_SCHEMES[0]}, ""),  # so is an earlier scheme
+        ({"near_scheme": near_search.EARLIER_SCHEMES[-1]}, ""),
+        ({"near_scheme": "phash19-v99"}, f"near_scheme phash19-v99 -> {near_search.SCHEME}"),
+        ({"near_scheme": "dhash-v1"}, f"near_scheme dhash-v1 -> {near_search.SCHEME}"),
+        ({"near_scheme": ["phash19-v3"]}, "near_scheme"),  # not even a string
     ],
 )
 def test_refusal_names_each_image_setting_that_differs(old_image, why):

@@ -7,6 +7,7 @@ field is added without a declaration, or when a reader of the settings
 misses one.
 """
 
+import ast
 import dataclasses
 import json
 import re
@@ -28,13 +29,7 @@ FORMAT_MD = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read
 CONFIGS = (images.ImageSpec, JobConfig)
 
 
-def _declared(config_type):
-    for field in dataclasses.fields(config_type):
-        for setting in settings.declaration(field):
-            if setting.nested:
-                yield from _declared(setting.nested)
-            else:
-                yield field, setting
+_declared = settings.declared
 
 
 @pytest.mark.parametrize("config_type", CONFIGS, ids=lambda c: c.__name__)
@@ -96,7 +91,7 @@ def _other_image_value(field: dataclasses.Field):
     without a flag (the near-duplicate scheme, fixed by the code) another scheme."""
     if field.name == "near_scheme":
         return "another-scheme-v9"
-    return _another_value(flags.BY_FIELD[f"image.{field.name}"])
+    return _another_value(settings.flag_of(field))
 
 
 # Another valid value of each ImageSpec field that decides the bytes.
@@ -264,3 +259,81 @@ def test_both_engines_record_and_summarise_the_same_settings(small, tmp_path, ca
     assert outputs["local"] == outputs["beam"]
     info = contract.load_info(str(tmp_path / "local"))
     assert info["image"]["resample"] == "lanczos" and info["image"]["size"] == 24
+
+
+# The modules that declare the settings, the flags, and route the values between them.
+DECLARING = (
+    "beam_pipeline/core/flags.py",
+    "beam_pipeline/core/settings.py",
+    "beam_pipeline/core/images.py",
+    "beam_pipeline/stages/job_config.py",
+    "beam_pipeline/cli/arguments.py",
+)
+
+
+def _setting_names() -> set[str]:
+    """Every name a setting goes by: its flag's, its field's, its resume name, its key."""
+    names = {flag.name for flag in flags.FLAGS}
+    for field, setting in _declared(JobConfig):
+        names |= {field.name, setting.name}
+        if setting.info:
+            names.add(setting.info.rpartition(".")[2])
+    return names
+
+
+def test_no_setting_is_named_by_a_hand_written_string_twice():
+    """A flag is an attribute (flags.Table.image_size), a field names its Flag object,
+    and the other names derive from those: a string that names a setting is written
+    at most once (a part of the layout: "input", recorded as "source")."""
+    names = _setting_names()
+    written = []
+    for path in DECLARING:
+        tree = ast.parse((Path(__file__).resolve().parent.parent / path).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names:
+                written.append(f"{node.value!r} ({path}:{node.lineno})")
+    repeated = [
+        w for w in written if [x.split(" (")[0] for x in written].count(w.split(" (")[0]) > 1
+    ]
+    assert repeated == [], "a setting named by hand twice: " + ", ".join(repeated)
+
+
+def test_each_field_that_a_flag_fills_names_the_flag_object_of_the_table():
+    filled = [
+        settings.flag_of(field)
+        for config_type in CONFIGS
+        for field in dataclasses.fields(config_type)
+        if settings.flag_of(field)
+    ]
+    assert all(any(flag is declared for declared in flags.FLAGS) for flag in filled)
+    assert len({id(flag) for flag in filled}) == len(filled), "a flag fills two fields"
+
+
+@pytest.mark.parametrize(
+    "field, name, info",
+    [
+        ("size", "image_size", "image.size"),  # the flag's name; the field's in the file
+        ("resample", "resample", "image.resample"),
+        ("near_scheme", near_search.SCHEME_SETTING, "image.near_scheme"),  # no flag
+        ("timeout_s", "image_timeout_s", None),
+        ("seed", "seed", "seed"),
+        ("group_by", "group_by", "groups.group_by"),
+        # The field holds bytes; the flag's value (MB) is recorded, under its name.
+        ("target_shard_bytes", "target_shard_mb", "config.target_shard_mb"),
+        ("conversion_processes", "local_processes", None),
+        ("dedupe", "dedupe", "config.dedupe"),
+    ],
+)
+def test_a_setting_s_name_and_place_derive_from_its_declaration(field, name, info):
+    found = {(f.name, s.name): s for f, s in _declared(JobConfig)}
+    assert found[(field, name)].info == info
+
+
+def test_the_layout_parts_keep_their_recorded_places():
+    parts = [(s.name, s.info) for f, s in _declared(JobConfig) if f.name == "layout"]
+    assert parts == [("input", "source"), ("layout", "config.layout"), ("classes", "classes")]
+
+
+def test_a_converted_field_is_read_as_its_flag_s_value(tmp_path):
+    config = dataclasses.replace(_config(tmp_path), target_shard_bytes=3 * 2**20)
+    assert settings.info_values(config)["config"]["target_shard_mb"] == 3.0

@@ -12,7 +12,7 @@ import os
 import sys
 
 from beam_pipeline.beam_internals import beam_options, beam_private
-from beam_pipeline.core import flags, images
+from beam_pipeline.core import flags, images, settings
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.core.flags import MAX_PROCESSES_PER_CORE
 from beam_pipeline.engines import choice
@@ -123,9 +123,24 @@ def program_name(argv0: str) -> str:
     return name
 
 
+class _ArgumentError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line, no usage dump
+        raise _ArgumentError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    return _build(argparse.ArgumentParser, require=True)
+
+
+def _build(parser_class: type[argparse.ArgumentParser], require: bool):
+    """The parser of our flags; ``require=False``: one that leaves the check of
+    the required flags to its caller (:func:`parse_args`)."""
     prog = program_name(sys.argv[0] if sys.argv else "")
-    parser = argparse.ArgumentParser(
+    parser = parser_class(
         prog=prog,
         description="Convert an image-folder dataset into shuffled, split TFRecord shards. "
         "Any other flag is an Apache Beam pipeline option (--runner, --project, ...).",
@@ -140,21 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             flag.option,
             default=flag.default,
-            required=flag.required,
+            required=flag.required and require,
             help=flag.help_text,
             **kind,
             **named,
         )
     return parser
-
-
-class _ArgumentError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line, no usage dump
-        raise _ArgumentError(message)
 
 
 def _require_dask(beam: beam_options.BeamFlags) -> None:
@@ -184,7 +190,7 @@ def _check_beam_args(beam_args: list[str]) -> beam_options.BeamFlags:
     return beam
 
 
-_OWN_FLAGS = {opt for a in build_parser()._actions for opt in a.option_strings}
+_OWN_FLAGS = {"-h", "--help", *(flag.option for flag in flags.FLAGS)}
 
 
 def parse_args(argv: list[str]) -> Command:
@@ -195,31 +201,29 @@ def parse_args(argv: list[str]) -> Command:
     process is forked. Beam's flags come back read (:class:`beam_options.BeamFlags`):
     whatever depends on one reads it there, never from the command line again.
     """
-    parser = build_parser()
-    parser.__class__ = _Parser
     # A required flag is checked after the unknown ones: `--ouput x` is a typo
     # to name, not a missing --output. (--help still shows it as required.)
     asks_help = bool({"-h", "--help"} & set(argv))
-    required = [action for action in parser._actions if action.required and not asks_help]
-    for action in required:
-        action.required = False
     try:
-        args, beam_args = parser.parse_known_args(argv)
+        args, beam_args = _build(_Parser, require=asks_help).parse_known_args(argv)
     except _ArgumentError as error:
         raise UsageError(str(error)) from None
+    given = vars(args)  # flag name -> value
     try:  # every value as given, before any is converted (--target_shard_mb to bytes)
-        flags.check_values(vars(args))
+        flags.check_values(given)
     except ValueError as error:
         raise UsageError(str(error)) from None
     beam = _check_beam_args(beam_args)
-    missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
+    missing = [f.option for f in flags.FLAGS if f.required and given[f.name] is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
+    # A location is made a place where it enters (paths.place), which every
+    # later step joins and compares as it is.
     given = {
-        name: paths.place(value, f"--{name}") if name in _PLACES and value else value
-        for name, value in vars(args).items()
+        name: paths.place(value, f"--{name}") if flags.BY_NAME[name].location and value else value
+        for name, value in given.items()
     }
-    options = RunOptions(**{f.name: given[f.name] for f in flags.FLAGS if f.field is None})
+    options = RunOptions(**{f.name: given[f.name] for f in dataclasses.fields(RunOptions)})
     cpus = os.cpu_count() or 1
     notes = []
     if options.local_processes is not None:
@@ -234,22 +238,11 @@ def parse_args(argv: list[str]) -> Command:
     return Command(_config(given, beam, options), options, beam)
 
 
-# The flags that name a location: made places where they enter (paths.place),
-# which every later step joins and compares as they are.
-_PLACES = ("input", "manifest", "output", "reuse")
-
-
 def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> JobConfig:
-    """The JobConfig of the flags' values, each in the field its flag fills (core/flags.py)."""
-    values, image = {}, {}
+    """The JobConfig of the flags' values, each in the field that names its flag."""
     try:
-        for flag in flags.FLAGS:
-            if flag.field is None:
-                continue
-            value = flag.field_value(given[flag.name])
-            block, _, name = flag.field.rpartition(".")
-            (image if block == "image" else values)[name] = value
-        spec = images.ImageSpec(**image)
+        spec = images.ImageSpec(**settings.flag_values(images.ImageSpec, given))
+        values = settings.flag_values(JobConfig, given)
     except ValueError as error:
         raise UsageError(str(error)) from None
     _, processes = choice.with_local_defaults(beam, options.local_processes)

@@ -10,7 +10,7 @@ import re
 import resource
 
 from beam_pipeline.core import groups, images, settings
-from beam_pipeline.core.counters import NAMESPACE, RESUMED
+from beam_pipeline.core.counters import CONVERTED, NAMESPACE, NEAR_HASHED, RESUMED
 from beam_pipeline.features.dedupe import feature as dedupe_feature
 from beam_pipeline.features.near import feature as near_feature
 
@@ -66,9 +66,18 @@ def format_summary(info: dict, seconds: float, counted: dict[str, int], cpu: flo
         lines.append(f"images stored with {settings.describe(stored)}")
     reused = info.get("reuse")
     if reused:
+        # Of the fingerprints computed, those not of a conversion: of reused records.
+        anew = counted.get(NEAR_HASHED, 0) - counted.get(CONVERTED, 0)
         lines.append(
             f"reused {reused['images_reused']} records of {reused['dataset']} "
-            "(their sources unchanged); the others were converted"
+            "(their sources unchanged"
+            + (
+                f"; {anew} fingerprinted from their stored JPEG, as that dataset's "
+                "are of format 2 or an earlier scheme"
+                if anew > 0
+                else ""
+            )
+            + "); the others were converted"
         )
     skipped = info.get("skipped", {})
     if skipped.get("count"):

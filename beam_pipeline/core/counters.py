@@ -43,7 +43,7 @@ MEANING = {
     BAD_PROFILE: "converted images with an unusable colour profile (pixels kept as they are)",
     DROPPED_AS_DUPLICATES: "copies --dedupe turned into rejections",
     NEAR_HASHED: "near-duplicate fingerprints computed by this run (a resume, or --reuse of "
-    "a format 3 dataset, takes them from the records)",
+    "a dataset of this fingerprint scheme, takes them from the records)",
     NEAR_PAIRS: "near-duplicate pairs the search verified",
     DROPPED_AS_NEAR: "near copies --dedupe near turned into rejections",
     BYTES_READ: "source bytes read by this run (to convert, or to check a reused record)",

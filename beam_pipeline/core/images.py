@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from typing import ClassVar
 
 from PIL import Image, UnidentifiedImageError
 
@@ -63,11 +64,6 @@ class Rejected(Exception):
     """An input that cannot become a record; ``str()`` is the reason."""
 
 
-def _setting(flag: str, declared: dict):
-    """A field filled by ``--flag`` (its default and check: core/flags.py)."""
-    return flags.field(flag, declared, prefix="image.")
-
-
 @dataclasses.dataclass(frozen=True)
 class ImageSpec:
     """How every image is stored (``--resize``, ``--image_size``, ...).
@@ -78,35 +74,27 @@ class ImageSpec:
     these declarations).
     """
 
-    resize: str = _setting("resize", settings.decides("resize", info="image.resize"))
-    size: int = _setting("image_size", settings.decides("image_size", info="image.size"))
-    upscale: bool = _setting("upscale", settings.decides("upscale", info="image.upscale"))
-    jpeg_quality: int = _setting(
-        "jpeg_quality", settings.decides("jpeg_quality", info="image.jpeg_quality")
-    )
-    resample: str = _setting("resample", settings.decides("resample", info="image.resample"))
+    recorded_in: ClassVar[str] = "image"  # imagerecords.json's block of these settings
+    resize: str = settings.decides(flags.Table.resize, recorded=True)
+    size: int = settings.decides(flags.Table.image_size, recorded=True)
+    upscale: bool = settings.decides(flags.Table.upscale, recorded=True)
+    jpeg_quality: int = settings.decides(flags.Table.jpeg_quality, recorded=True)
+    resample: str = settings.decides(flags.Table.resample, recorded=True)
     # Every record holds its near-duplicate fingerprint, made by this scheme.
-    near_scheme: str = dataclasses.field(
-        default=near_search.SCHEME,
-        metadata=settings.decides(
-            near_search.SCHEME_SETTING, info=f"image.{near_search.SCHEME_SETTING}"
-        ),
-    )
+    near_scheme: str = settings.decides(recorded=True, default=near_search.SCHEME)
     # Not part of how images are stored, but it travels with them to every
     # converting process: the per-image time limit (--image_timeout_s; 0: none).
-    timeout_s: float = _setting(
-        "image_timeout_s",
-        settings.does_not_decide(
-            "it decides only which images are given up on, which depends on the machine's "
-            "load as much as on the image: a timed-out image is retried by a resumed run",
-            name="image_timeout_s",
-            limit=True,
-        ),
+    timeout_s: float = settings.does_not_decide(
+        "it decides only which images are given up on, which depends on the machine's "
+        "load as much as on the image: a timed-out image is retried by a resumed run",
+        flag=flags.Table.image_timeout_s,
+        limit=True,
     )
 
     def __post_init__(self):
         # No size to check when images keep theirs.
-        flags.check_fields(self, skip=frozenset({"size"} if self.resize == "none" else ()))
+        skip = (flags.Table.image_size,) if self.resize == "none" else ()
+        settings.check_flags(self, skip)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,11 +6,15 @@ values and what the dry run and summary print derive from it. Pure.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from beam_pipeline.core.text import printable
+
+if TYPE_CHECKING:
+    from beam_pipeline.core.flags import Flag
 
 _KEY = "imagerecords.setting"
 
@@ -22,81 +26,198 @@ class Setting:
     Attributes:
         decides: It decides a record's bytes, split or label: part of the
             resume key, compared for equality.
-        name: Its name in the resume key, in messages and on the command line
-            (``--name``); None for a field that has no name of its own.
+        flag: The flag that fills the field (its default and check are the field's).
+        name: Its name in the resume key, in messages and on the command line:
+            the flag's; where no flag fills it, the field's (or the part's).
         info: Where imagerecords.json records it (``"image.size"``,
             ``"config.min_shards"``, ``"seed"``), or None.
         value: Its value, from the config that holds the field (default: the
-            field's value).
+            flag's value, which is the field's unless the flag converts it).
         why: For a setting that does not decide: why a resumed run may change it.
         limit: A time limit that decides only which images are given up on
             (a transient rejection, retried on resume): part of the resume
             key, but a rerun may raise it; lowering it could keep records that
             the new limit would have rejected, so that is refused.
         nested: The field is itself a config (of this class) whose fields are declared.
+        recorded: As declared: where imagerecords.json records it (False: not
+            at all; True: in the config's own block, its class's ``recorded_in``
+            or the top level; a name: in that block, inside the config's).
+            :func:`declared` resolves it to ``info``.
+        key: Its key in that block, where it is not the field's name (a part);
+            a field that holds a conversion of its flag's value records the
+            flag's value under the flag's name (``config.target_shard_mb``).
     """
 
     decides: bool
+    flag: Flag | None = None
     name: str | None = None
     info: str | None = None
     value: Callable[[Any], object] | None = None
     why: str = ""
     limit: bool = False
     nested: type | None = None
+    recorded: bool | str = False
+    key: str | None = None
+
+    def resolved(self, field_name: str, prefix: str = "") -> Setting:
+        """The setting with its name and place filled in, for field ``field_name``
+        of a config whose settings are recorded under ``prefix`` (``"image."``)."""
+        if self.nested:
+            return self
+        flag = self.flag
+        key = self.key or (flag.name if flag and flag.from_field else field_name)
+        info = None
+        if self.recorded is not False:
+            block = "" if self.recorded is True else f"{self.recorded}."
+            info = f"{prefix}{block}{key}"
+        name = self.name or (flag.name if flag else self.key or field_name)
+        return dataclasses.replace(self, name=name, info=info)
+
+    def read(self, config, field_name: str):
+        """Its value in ``config``."""
+        if self.value:
+            return self.value(config)
+        value = getattr(config, field_name)
+        if self.flag and self.flag.from_field:
+            return self.flag.from_field(value)
+        return value
 
 
-def decides(name: str, *, info: str | None = None, value=None) -> dict:
-    """Field metadata: this setting decides a record's bytes, split or label."""
-    return {_KEY: (Setting(True, name, info, value),)}
+def _field(setting: Setting, default) -> dataclasses.Field:
+    """The dataclass field of ``setting``: its default ``default``, else its flag's
+    (converted to the field's value); none for a required flag."""
+    metadata = {_KEY: (setting,)}
+    flag = setting.flag
+    if default is dataclasses.MISSING and flag and not flag.required:
+        default = flag.field_value(flag.default)
+    if isinstance(default, (dict, list)):  # dataclasses refuse a shared mutable default
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-def does_not_decide(why: str, *, name=None, info=None, value=None, limit=False) -> dict:
-    """Field metadata: a rerun may change this setting and still reuse the records."""
+def decides(
+    flag: Flag | None = None,
+    *,
+    recorded: bool | str = False,
+    name: str | None = None,
+    value=None,
+    default=dataclasses.MISSING,
+) -> dataclasses.Field:
+    """A config field whose setting decides a record's bytes, split or label;
+    filled by ``flag`` if given, which is then its name, default and check."""
+    return _field(Setting(True, flag, name, value=value, recorded=recorded), default)
+
+
+def does_not_decide(
+    why: str,
+    *,
+    flag: Flag | None = None,
+    recorded: bool | str = False,
+    name: str | None = None,
+    value=None,
+    limit: bool = False,
+    default=dataclasses.MISSING,
+) -> dataclasses.Field:
+    """A config field a rerun may change and still reuse the records."""
     if not why:
         raise ValueError("say why the setting does not decide the records")
-    return {_KEY: (Setting(False, name, info, value, why, limit),)}
+    setting = Setting(False, flag, name, value=value, why=why, limit=limit, recorded=recorded)
+    return _field(setting, default)
 
 
-def parts(*declared: dict) -> dict:
-    """Field metadata for a field that stands for several settings (the input's layout)."""
-    return {_KEY: tuple(s for d in declared for s in d[_KEY])}
+def part(name: str, *, value, recorded: bool | str, key: str | None = None) -> Setting:
+    """One setting of a field that stands for several (the input's layout)."""
+    return Setting(True, name=name, value=value, recorded=recorded, key=key or name)
 
 
-def nested(config_type: type) -> dict:
-    """Field metadata: the field is a ``config_type`` with its own declared fields."""
-    return {_KEY: (Setting(True, nested=config_type),)}
+def parts(*declared: Setting) -> dataclasses.Field:
+    """A field that stands for several settings, each deciding the records; no default."""
+    return dataclasses.field(metadata={_KEY: declared})
 
 
-def declaration(field: dataclasses.Field) -> tuple[Setting, ...]:
-    """The settings declared on ``field``; () when it has none."""
-    return field.metadata.get(_KEY, ())
+def nested(config_type: type) -> dataclasses.Field:
+    """A field that is a ``config_type`` (its default one) with its own declared fields."""
+    return dataclasses.field(
+        default=config_type(), metadata={_KEY: (Setting(True, nested=config_type),)}
+    )
+
+
+def _prefix(config_type) -> str:
+    """Where a config's recorded settings go: ``"image."`` for a config whose class
+    says ``recorded_in = "image"``, else the top level."""
+    block = getattr(config_type, "recorded_in", "")
+    return f"{block}." if block else ""
+
+
+def declaration(field: dataclasses.Field, config_type=None) -> tuple[Setting, ...]:
+    """The settings declared on ``field`` (of ``config_type``), resolved; () when it
+    has none."""
+    prefix = _prefix(config_type)
+    return tuple(s.resolved(field.name, prefix) for s in field.metadata.get(_KEY, ()))
+
+
+def declared(config_type) -> Iterator[tuple[dataclasses.Field, Setting]]:
+    """``(field, setting)`` of every setting a config class declares, nested ones
+    included (with the field they are declared on), in field order."""
+    for field in dataclasses.fields(config_type):
+        for setting in declaration(field, config_type):
+            if setting.nested:
+                yield from declared(setting.nested)
+            else:
+                yield field, setting
 
 
 def _walk(config) -> Iterator[tuple[Setting, object]]:
     """``(setting, value)`` of every declared setting of ``config``, nested ones
     included, in field order."""
     for field in dataclasses.fields(config):
-        for setting in declaration(field):
-            value = setting.value(config) if setting.value else getattr(config, field.name)
+        for setting in declaration(field, type(config)):
             if setting.nested:
-                yield from _walk(value)
+                yield from _walk(getattr(config, field.name))
             else:
-                yield setting, value
+                yield setting, setting.read(config, field.name)
+
+
+def _declared(config_type) -> Iterator[Setting]:
+    """Every setting a config class declares, nested ones included, in field order."""
+    return (setting for _, setting in declared(config_type))
+
+
+def flag_of(field: dataclasses.Field) -> Flag | None:
+    """The flag that fills ``field``, or None."""
+    return next((s.flag for s in field.metadata.get(_KEY, ()) if s.flag), None)
+
+
+def flag_values(config_type, given: Mapping[str, object]) -> dict:
+    """field name -> value of each field of ``config_type`` (not nested) that a flag
+    fills, from ``given`` (flag name -> the flag's value); raises ValueError where
+    the flag refuses the value (``Flag.field_value``)."""
+    found = {}
+    for field in dataclasses.fields(config_type):
+        flag = flag_of(field)
+        if flag is not None:
+            found[field.name] = flag.field_value(given[flag.name])
+    return found
+
+
+def check_flags(config, skip: Collection[Flag] = ()) -> None:
+    """Raises ValueError naming the first field of ``config`` whose flag's check
+    refuses its value (a flag of ``skip`` is not checked)."""
+    for field in dataclasses.fields(config):
+        flag = flag_of(field)
+        if flag is None or flag in skip or flag.checked_as_given:
+            continue  # checked_as_given: by field_value, on its way in
+        value = getattr(config, field.name)
+        if flag.from_field is not None:
+            value = flag.from_field(value)
+        problem = flag.problem(value)
+        if problem:
+            raise ValueError(problem)
 
 
 def resume_key(config) -> dict:
     """name -> value of the settings an unfinished run must share to be resumed."""
     return {s.name: v for s, v in _walk(config) if s.decides or s.limit}
-
-
-def _declared(config_type) -> Iterator[Setting]:
-    """Every setting a config class declares, nested ones included, in field order."""
-    for field in dataclasses.fields(config_type):
-        for setting in declaration(field):
-            if setting.nested:
-                yield from _declared(setting.nested)
-            else:
-                yield setting
 
 
 def _is_lower(old, new) -> bool:

@@ -24,7 +24,7 @@ def fixed(name: str, info: dict | None, files: tuple[tuple[str, bytes], ...] = (
 
 
 class LocalStep(NamedTuple):
-    """A feature's step over every converted batch, in the local engine (and the dry run).
+    """A feature's step over every converted batch, in the local engine.
 
     ``run(config, batches, counted)`` -> (the batches kept, a Rejection per record
     dropped, the feature's result); ``blocks(config, results)`` -> its Blocks, from

@@ -13,14 +13,14 @@ from beam_pipeline.core import flags, images, keys, settings, spill, tfds_metada
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.storage import discovery, paths
 
-_field = dataclasses.field
-
 
 def _splits(config: JobConfig):
     """--splits, or None where the layout's own folders are the splits."""
     return None if config.layout.kind == "presplit" else config.splits
 
 
+# The block of imagerecords.json that records most of the job's settings.
+_CONFIG = "config"
 _RECORDS_ALREADY_MADE = "it acts on the records once they are made"
 _TFDS_ONLY = "it names the dataset in TFDS's metadata files, not in any record"
 
@@ -36,105 +36,78 @@ class JobConfig:
 
     # The input as discovery found it; None in the config parsing gives, before
     # the job looks at the input (arguments.discover fills it).
-    layout: discovery.Layout | None = _field(
-        metadata=settings.parts(
-            settings.decides(
-                "input", info="source", value=lambda c: c.layout.manifest or c.layout.root
-            ),
-            settings.decides("layout", info="config.layout", value=lambda c: c.layout.kind),
-            settings.decides("classes", info="classes", value=lambda c: list(c.layout.classes)),
-        )
+    layout: discovery.Layout | None = settings.parts(
+        settings.part(
+            "input", key="source", recorded=True, value=lambda c: c.layout.manifest or c.layout.root
+        ),
+        settings.part("layout", recorded=_CONFIG, value=lambda c: c.layout.kind),
+        settings.part("classes", recorded=True, value=lambda c: list(c.layout.classes)),
     )
-    output: str = _field(
-        metadata=settings.does_not_decide("where the dataset goes: the run it resumes is there")
+    output: str = settings.does_not_decide(
+        "where the dataset goes: the run it resumes is there", flag=flags.Table.output
     )
-    splits: dict[str, float] = _field(
-        metadata=settings.decides("splits", info="config.splits", value=_splits)
-    )
-    seed: int = flags.field("seed", settings.decides("seed", info="seed"))
+    splits: dict[str, float] = settings.decides(flags.Table.splits, recorded=_CONFIG, value=_splits)
+    seed: int = settings.decides(flags.Table.seed, recorded=True)
     # --group_by: a regex whose first capture group of an image ID names its group,
     # whose split it takes (core/groups.py); recorded in the "groups" block.
-    group_by: str | None = flags.field(
-        "group_by", settings.decides("group_by", info="groups.group_by")
+    group_by: str | None = settings.decides(flags.Table.group_by, recorded="groups")
+    image: images.ImageSpec = settings.nested(images.ImageSpec)
+    target_shard_bytes: int = settings.does_not_decide(
+        "it only decides how the same records are cut into shards",
+        flag=flags.Table.target_shard_mb,
+        recorded=_CONFIG,
     )
-    image: images.ImageSpec = _field(
-        default=images.ImageSpec(), metadata=settings.nested(images.ImageSpec)
+    min_shards: int = settings.does_not_decide(
+        "it only decides how the same records are cut into shards",
+        flag=flags.Table.min_shards,
+        recorded=_CONFIG,
     )
-    target_shard_bytes: int = flags.field(
-        "target_shard_mb",
-        settings.does_not_decide(
-            "it only decides how the same records are cut into shards",
-            name="target_shard_mb",
-            info="config.target_shard_mb",
-            value=lambda c: c.target_shard_bytes / 2**20,
-        ),
-    )
-    min_shards: int = flags.field(
-        "min_shards",
-        settings.does_not_decide(
-            "it only decides how the same records are cut into shards",
-            name="min_shards",
-            info="config.min_shards",
-        ),
-    )
-    max_reject_fraction: float = flags.field(
-        "max_reject_fraction",
-        settings.does_not_decide(
-            "it only decides whether the books are accepted",
-            name="max_reject_fraction",
-            info="config.max_reject_fraction",
-        ),
+    max_reject_fraction: float = settings.does_not_decide(
+        "it only decides whether the books are accepted",
+        flag=flags.Table.max_reject_fraction,
+        recorded=_CONFIG,
     )
     # Also write <shard>.idx: "offset length" per record (NVIDIA DALI's format).
-    index_files: bool = flags.field(
-        "index_files",
-        settings.does_not_decide(_RECORDS_ALREADY_MADE, name="index_files"),
+    index_files: bool = settings.does_not_decide(
+        _RECORDS_ALREADY_MADE, flag=flags.Table.index_files
     )
     # >1: convert in that many local processes, which spill the records to
     # local disk (one machine: in-process or multi_processing DirectRunner).
-    conversion_processes: int = _field(
+    # (--local_processes is a run option: the engine decides this from it.)
+    conversion_processes: int = settings.does_not_decide(
+        "the same records come out of any number of processes",
+        name=flags.Table.local_processes.name,
         default=1,
-        metadata=settings.does_not_decide(
-            "the same records come out of any number of processes", name="local_processes"
-        ),
     )
     # Where the local processes spill; default spill.default_dir(output).
-    spill_dir: str | None = _field(
-        default=None, metadata=settings.does_not_decide("where records wait, not what they are")
+    spill_dir: str | None = settings.does_not_decide(
+        "where records wait, not what they are", default=None
     )
     # Keep one image of each group of duplicates (--dedupe): "" (off), "exact"
     # (identical source files) or "near" (near copies as well).
-    dedupe: str = flags.field(
-        "dedupe",
-        settings.does_not_decide(
-            _RECORDS_ALREADY_MADE + ": the copies are dropped after conversion",
-            name="dedupe",
-            info="config.dedupe",
-            # imagerecords.json: false when off, else the mode.
-            value=lambda config: config.dedupe or False,
-        ),
+    dedupe: str = settings.does_not_decide(
+        _RECORDS_ALREADY_MADE + ": the copies are dropped after conversion",
+        flag=flags.Table.dedupe,
+        recorded=_CONFIG,
+        # imagerecords.json: false when off, else the mode.
+        value=lambda config: config.dedupe or False,
     )
 
     # The dataset's name and version in TFDS's metadata files (tfds_metadata.py).
     # Not the output folder's name by default: the same input and settings give
     # the same bytes wherever they are written.
-    tfds_name: str = flags.field(
-        "tfds_name",
-        settings.does_not_decide(_TFDS_ONLY, name="tfds_name", info="config.tfds_name"),
+    tfds_name: str = settings.does_not_decide(
+        _TFDS_ONLY, flag=flags.Table.tfds_name, recorded=_CONFIG
     )
-    tfds_version: str = flags.field(
-        "tfds_version",
-        settings.does_not_decide(_TFDS_ONLY, name="tfds_version", info="config.tfds_version"),
+    tfds_version: str = settings.does_not_decide(
+        _TFDS_ONLY, flag=flags.Table.tfds_version, recorded=_CONFIG
     )
     # --reuse: a finished dataset whose records of unchanged images are copied
     # (reuse.py); the output is the same bytes a full conversion writes.
-    reuse: str | None = flags.field(
-        "reuse",
-        settings.does_not_decide(
-            "a reused record is the bytes a conversion would write: it decides how "
-            "records are made, not what they are",
-            name="reuse",
-        ),
+    reuse: str | None = settings.does_not_decide(
+        "a reused record is the bytes a conversion would write: it decides how "
+        "records are made, not what they are",
+        flag=flags.Table.reuse,
     )
 
     def __post_init__(self):
@@ -147,7 +120,7 @@ class JobConfig:
         if abs(sum(fractions) - 1.0) > keys.FRACTION_TOLERANCE:
             raise UsageError(f"--splits: fractions must sum to 1, got {sum(fractions):g}")
         try:
-            flags.check_fields(self)  # each flag's own check (core/flags.py)
+            settings.check_flags(self)  # each flag's own check (core/flags.py)
         except ValueError as error:
             raise UsageError(str(error)) from None
         if self.conversion_processes < 1:

@@ -40,7 +40,7 @@ _CHECK_RETRY_TIMEOUT_S = 30.0
 # 503s, a zonal hiccup: the client's own default is 120 s per request) with
 # room to spare, and still ends a run whose connection is gone for good while
 # someone is likely to be watching; a rerun resumes what was converted.
-DEFAULT_TIMEOUT_S = flags.default("gcs_timeout_s")
+DEFAULT_TIMEOUT_S = flags.Table.gcs_timeout_s.default
 # The CLI passes the value to every process of the run (forked conversion
 # processes, DirectRunner's workers) in this environment variable.
 TIMEOUT_ENV = "IMAGERECORDS_GCS_TIMEOUT_S"

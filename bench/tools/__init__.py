@@ -20,4 +20,6 @@ Each is runnable on its own and writes only under the gitignored
   step by step, and the resizes it could use, per image.
 * ``python -m bench.tools.interleave OLD [NEW]`` - two commits' converter and
   reader ratios, their own benchmarks in alternating rounds.
+* ``python -m bench.tools.codebase_stats`` - lines per package, the longest
+  modules and functions, and the project files a local run enters.
 """

@@ -1,34 +1,34 @@
 """What near-duplicate detection adds to a conversion, with a same-run baseline.
 
-    python -m bench.tools.near_conversion_cost            # 300 web images, 5 rounds
+    python -m bench.tools.near_conversion_cost            # 300 web images, 7 rounds
     python -m bench.tools.near_conversion_cost --set small --images 2000
     python -m bench.tools.near_conversion_cost --search 200000
 
-Convert: ``images.convert`` of every image of a bench set (``--set web``, the
-web set; ``small``, the scale part's 32x32 JPEGs), in this process, rounds
-alternating between the conversion as it is and the same conversion with the
-fingerprint left out (``images.near_fingerprint`` replaced by a function that
-returns nothing, and a pass-through JPEG's check decoded at 1/8 scale, all the
-check itself needs, rather than at ``images.PASS_THROUGH_CHECK``, the scale
-the fingerprint needs): CPU seconds per image, best of the rounds.
+Convert: ``images.convert`` of a bench set (``web``; ``small``: 32x32 JPEGs), CPU
+per image, as it is (``product``) and without the fingerprint (``floor``: only
+``images.near_fingerprint`` returns nothing and a pass-through check decodes at
+1/8, all it needs itself), in ABBA turns each round; the best-of share, the
+rounds' spread, the load before and after, and the fingerprint's own us per
+image inside the conversion and alone on the images it was given.
 
-Search (``--search N``): ``features/near/stage.find_local`` over N fingerprints in a
-child process (its wall time and peak RSS); the fingerprints are of random
-bits, so the buckets hold what random collisions give, the search's floor
-at that size, not a folder full of copies.
+Search (``--search N``): ``features/near/stage.find_local`` over N random fingerprints in
+a child process (wall time, peak RSS): the search's floor at that size.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from beam_pipeline.core import images
@@ -58,30 +58,97 @@ def _set_files(name: str, count: int) -> list[Path]:
     return data.list_images(data.ensure_image_set("web", count, CACHE, f"near-cost-{count}").path)
 
 
-def convert_cost(count: int, rounds: int, image_set: str = "web") -> dict:
+@contextlib.contextmanager
+def _converting_with(fingerprint: Callable | None, check: tuple[int, int]) -> Iterator[None]:
+    """``images.convert`` with ``fingerprint`` as its fingerprint (None: none) and
+    ``check`` as the pass-through check's scale, for the block's duration."""
+    saved = images.near_fingerprint, images.PASS_THROUGH_CHECK
+    images.near_fingerprint = fingerprint or (lambda image: b"")
+    images.PASS_THROUGH_CHECK = check
+    try:
+        yield
+    finally:
+        images.near_fingerprint, images.PASS_THROUGH_CHECK = saved
+
+
+def variants(fingerprint: Callable = images.near_fingerprint) -> dict[str, tuple]:
+    """The passes a round makes: name -> (fingerprint, pass-through check scale)."""
+    return {"product": (fingerprint, images.PASS_THROUGH_CHECK), "floor": (None, (1, 1))}
+
+
+def _spread(values: list[float], digits: int = 1) -> dict:
+    return {
+        "min": round(min(values), digits),
+        "median": round(statistics.median(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+def _fingerprint_us(datas: list[bytes], spec: images.ImageSpec, fingerprint: Callable):
+    """(us per image inside the conversion, the images it was given)."""
+    taken: list = []
+    spent = [0.0]
+
+    def timed(image):
+        start = time.thread_time()
+        packed = fingerprint(image)
+        spent[0] += time.thread_time() - start
+        taken.append(image)
+        return packed
+
+    with _converting_with(timed, images.PASS_THROUGH_CHECK):
+        _cpu_per_image(datas, spec)
+    return spent[0] / len(datas) * 1e6, taken
+
+
+def _alone_us(stored: list, fingerprint: Callable) -> float:
+    start = time.thread_time()
+    for image in stored:
+        fingerprint(image)
+    return (time.thread_time() - start) / max(1, len(stored)) * 1e6
+
+
+def convert_cost(
+    count: int, rounds: int, image_set: str = "web", passes: dict[str, tuple] | None = None
+) -> dict:
+    """The costs above; ``passes`` (``variants()`` and any more, each measured like
+    the product) is for comparing fingerprints in one run."""
     datas = [p.read_bytes() for p in _set_files(image_set, count)]
     spec = images.ImageSpec()
-    hashed, check = images.near_fingerprint, images.PASS_THROUGH_CHECK
-    with_near, without = [], []
+    passes = passes or variants()
+    load_before = os.getloadavg()
     _cpu_per_image(datas[:20], spec)  # warm caches (the DCT transforms, Pillow's plugins)
-    for _ in range(rounds):
-        with_near.append(_cpu_per_image(datas, spec))
-        images.near_fingerprint = lambda image: b""
-        images.PASS_THROUGH_CHECK = (1, 1)
-        try:
-            without.append(_cpu_per_image(datas, spec))
-        finally:
-            images.near_fingerprint, images.PASS_THROUGH_CHECK = hashed, check
-    best, base = min(with_near), min(without)
-    return {
+    cpu: dict[str, list[float]] = {name: [] for name in passes}
+    inside: dict[str, list[float]] = {name: [] for name in passes if passes[name][0]}
+    alone: dict[str, list[float]] = {name: [] for name in inside}
+    for round_ in range(rounds):
+        order = list(passes) if round_ % 2 == 0 else list(reversed(passes))
+        for name in order:
+            with _converting_with(*passes[name]):
+                cpu[name].append(_cpu_per_image(datas, spec))
+        for name in inside:
+            us, stored = _fingerprint_us(datas, spec, passes[name][0])
+            inside[name].append(us)
+            alone[name].append(_alone_us(stored, passes[name][0]))
+    floor = cpu["floor"]
+    result: dict = {
         "set": image_set,
         "images": len(datas),
         "rounds": rounds,
-        "cpu_s_per_image_with_near": round(best, 6),
-        "cpu_s_per_image_without": round(base, 6),
-        "added_fraction": round(best / base - 1, 4),
-        "load_average": os.getloadavg()[0],
+        "load_average_before": [round(x, 2) for x in load_before],
+        "cpu_us_per_image_floor": round(min(floor) * 1e6, 1),
     }
+    for name in inside:
+        shares = [with_ / without - 1 for with_, without in zip(cpu[name], floor, strict=True)]
+        result[name] = {
+            "cpu_us_per_image": round(min(cpu[name]) * 1e6, 1),
+            "share_of_convert": round(min(cpu[name]) / min(floor) - 1, 4),
+            "round_shares": _spread(shares, 4),
+            "fingerprint_us_in_convert": _spread(inside[name]),
+            "fingerprint_us_alone": _spread(alone[name]),
+        }
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    return result
 
 
 def _search_child(count: int) -> None:
@@ -130,7 +197,7 @@ def _search_child(count: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--set", choices=("web", "small"), default="web", dest="image_set")
     parser.add_argument("--search", type=int, default=0, help="fingerprints to search (0: none)")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)

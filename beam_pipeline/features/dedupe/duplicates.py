@@ -141,6 +141,11 @@ KEPT_BECAUSE = {
     ("near", True): "--dedupe near keeps the member in the first split, then the smallest ID",
     ("exact", False): "without --dedupe every copy is written",
 }
+# An identical group's kept copy that --dedupe near then dropped: the copy written
+# is the near copy it was dropped for, which is not a member of the group.
+KEPT_AFTER_NEAR = (
+    "--dedupe keeps the smallest ID, which --dedupe near then dropped as a near copy of this one"
+)
 
 
 class Conflict(NamedTuple):
@@ -171,6 +176,10 @@ def run_conflicts(exact, near, dedupe: str, near_keeper) -> list[Conflict]:
     the copy each keeps by ``keeper`` or ``near_keeper`` (``near_search.keeper``)."""
     found = label_conflicts(exact, "exact", keeper if dedupe else None)
     if dedupe == "near":
+        # Identical files are dropped first; the copy kept may then be a near copy
+        # the search drops, and the one written is its near group's keeper.
+        written = {m: near_keeper(group) for group in near for m in group}
+        found = [c._replace(kept=written.get(c.kept, c.kept)) for c in found]
         found += label_conflicts(near, "near", near_keeper)
     return found
 
@@ -188,7 +197,9 @@ def conflicts_block(conflicts: Sequence[Conflict], classes: Sequence[str]) -> di
                 {"id": m.image_id, "split": m.split, "label": classes[m.label]} for m in c.members
             ],
             "kept": c.kept.image_id if c.kept else None,
-            "why": KEPT_BECAUSE[c.kind, c.kept is not None],
+            "why": KEPT_AFTER_NEAR
+            if c.kept is not None and c.kept not in c.members
+            else KEPT_BECAUSE[c.kind, c.kept is not None],
         }
 
     kinds = [c.kind for c in conflicts]

@@ -137,8 +137,10 @@ def _area_matrix(low: float, high: float, n_in: int, n_out: int) -> np.ndarray:
 # The products run on integers held in float64: the base's grey values
 # (below 2**18), the transforms scaled by 2**_SCALE_BITS and rounded. Every
 # partial sum stays below 2**53 (a transform row's absolute sum is at most
-# 32 units of scale and half a unit per pixel: 2**(18 + 2 * 16) with room), so each product and sum is exact and the result is the
-# same whatever order a BLAS build or CPU adds in: the same bits everywhere.
+# 32 units of scale and half a unit per pixel: 2**(18 + 2 * 16) with room), so
+# each product and sum is exact and the result is the same whatever order a
+# BLAS build or CPU adds in, or however the products are grouped: the same bits
+# everywhere.
 _SCALE_BITS = 11
 _GREY_WEIGHTS = np.array([299.0, 587.0, 114.0])  # ITU-R 601 in thousandths, Pillow's "L" unrounded
 
@@ -167,7 +169,8 @@ class _Layout:
         rows_at = (row_of[:, None] * 8 + k)[:, :, None] * (len(self.cols) * 8)
         self.take = (rows_at + (col_of[:, None] * 8 + k)[:, None, :]).reshape(len(windows), 64)
         self._rows: dict[int, np.ndarray] = {}
-        self._pixels: dict[int, np.ndarray] = {}
+        self._cols: dict[int, np.ndarray] = {}
+        self._ones: dict[int, np.ndarray] = {}
 
     def row_transform(self, n: int) -> np.ndarray:
         """``(8 * row spans, n)``: the transform of a column of ``n`` grey values."""
@@ -176,21 +179,19 @@ class _Layout:
             found = self._rows[n] = _side_transform(n, self.rows)
         return found
 
-    def pixel_transform(self, n: int) -> np.ndarray:
-        """``(3 * n, 8 * column spans + 3)``: a row of ``n`` RGB pixels (raveled) to
-        its grey values' column transform, then the row's sum of each channel.
-
-        The grey weights are folded in (grey is linear), so one product takes
-        the pixels to both what the hashes need and what the colour needs.
-        """
-        found = self._pixels.get(n)
+    def col_transform(self, n: int) -> np.ndarray:
+        """``(n, 8 * column spans)``: the transform of a row of ``n`` grey values."""
+        found = self._cols.get(n)
         if found is None:
-            cols = _side_transform(n, self.cols).T  # (n, 8 * spans)
-            spans = cols.shape[1]
-            found = np.zeros((n, 3, spans + 3))
-            found[:, :, :spans] = cols[:, None, :] * _GREY_WEIGHTS[None, :, None]
-            found[:, np.arange(3), spans + np.arange(3)] = 1
-            found = self._pixels[n] = found.reshape(3 * n, spans + 3)
+            found = self._cols[n] = np.ascontiguousarray(_side_transform(n, self.cols).T)
+        return found
+
+    def ones(self, n: int) -> np.ndarray:
+        """``(n,)`` ones: a product with them sums ``n`` pixels' channels (numpy's
+        strided sum over the pixel axis costs several times more)."""
+        found = self._ones.get(n)
+        if found is None:
+            found = self._ones[n] = np.ones(n)
         return found
 
 
@@ -204,21 +205,29 @@ def _hash_bits(pixels: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndar
     bit its texture flag), and the ``(3,)`` channel sums, of ``(h, w, 3)``
     pixels: exact integer products (see above)."""
     h, w, _ = pixels.shape
-    # Every partial sum is one the grey-first order makes too, regrouped:
-    # integers below 2**53 either way, so the same exact values.
-    per_row = pixels.reshape(h, 3 * w) @ layout.pixel_transform(w)
-    low = (layout.row_transform(h) @ per_row[:, :-3]).ravel().take(layout.take)
-    # The median of the 63 coefficients after DC is the 32nd smallest.
-    median = np.partition(low[:, 1:], 31, axis=1)[:, 31:32]
+    # Grey first, then each side's transform: the fewest steps and the smallest
+    # arrays. The fingerprint runs between two conversions, whose work pushes
+    # numpy's and Pillow's code and state out of the caches, so each step
+    # costs about twice what it does run after run: the steps cost, not the
+    # arithmetic (bench/results/2026-12-03-fingerprint-cost.md).
+    flat = pixels.reshape(h * w, 3)
+    grey = (flat @ _GREY_WEIGHTS).reshape(h, w)
+    low = (layout.row_transform(h) @ (grey @ layout.col_transform(w))).ravel().take(layout.take)
+    # The median of the 63 coefficients after DC is the 32nd smallest; sorted
+    # rather than partitioned, so the texture rule takes the whole image's in order.
+    ranked = np.sort(low[:, 1:], axis=1)
+    median = ranked[:, 31:32]
     bits = np.packbits(low > median, axis=1)
     # The blank test on every other pixel of every other row: a quarter of the
     # cost, the same answer for a page or a photo.
-    textured = near_texture.passes(low[0, 1:], float(median[0, 0]), _GREY_LEVEL) and not (
-        near_texture.blank((pixels[::2, ::2] @ _GREY_WEIGHTS).ravel())
+    textured = near_texture.passes(ranked[0], float(median[0, 0]), _GREY_LEVEL) and not (
+        near_texture.blank(grey[::2, ::2])
     )
-    flag = np.uint8(0x80) if textured else np.uint8(0)
-    bits[0, 0] = (bits[0, 0] & np.uint8(0x7F)) | flag
-    return bits, per_row[:, -3:].sum(axis=0)
+    if textured:
+        bits[0, 0] |= 0x80
+    else:
+        bits[0, 0] &= 0x7F
+    return bits, layout.ones(h * w) @ flat
 
 
 # One grey level of a coefficient in the products' units (``near_texture``):

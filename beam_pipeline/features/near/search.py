@@ -26,6 +26,11 @@ NEAR_FILE = codec.NEAR_DUPLICATES_FILE
 SCHEME = "phash19-v5"
 # Its name among the image settings (the resume key, imagerecords.json's image block).
 SCHEME_SETTING = "near_scheme"
+# The schemes this project wrote before SCHEME (its name, each lower version): a
+# --reuse of a dataset made with one recomputes its fingerprints; any other
+# (a newer version, another name) is refused.
+_NAME, _VERSION = SCHEME.rsplit("-v", 1)
+EARLIER_SCHEMES = tuple(f"{_NAME}-v{n}" for n in range(1, int(_VERSION)))
 # The values the scheme stands for, recorded beside its name in imagerecords.json.
 SCHEME_VALUES = {
     "hash": near_duplicates.DEFAULT_KIND,

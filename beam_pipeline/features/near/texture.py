@@ -9,6 +9,8 @@ without it is never searched. Pure: numpy only.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 # Calibrated by bench/near/texture.py on the low-texture cases and the photo
@@ -37,18 +39,32 @@ _ENERGY_UNIT = 2.0**27
 
 def passes(ac: np.ndarray, median: float, grey_level: float) -> bool:
     """Whether a whole image's 63 AC coefficients (exact integers, ``grey_level``
-    of them to one grey level) have the energy and the steady coefficients."""
-    units = np.abs(ac) // _ENERGY_UNIT
-    if units @ units < round(TEXTURE_ENERGY * grey_level / _ENERGY_UNIT) ** 2:
+    of them to one grey level, any order) have the energy and the steady coefficients."""
+    # On a sorted list rather than in numpy: between two conversions each numpy
+    # step costs several microseconds (near_duplicates._hash_bits), a loop over
+    # 63 numbers no more, and the fingerprint hands them over already sorted.
+    values = sorted(ac.tolist())
+    energy = 0.0
+    for value in values:
+        units = abs(value) // _ENERGY_UNIT
+        energy += units * units
+    if energy < round(TEXTURE_ENERGY * grey_level / _ENERGY_UNIT) ** 2:
         return False
-    steady = np.count_nonzero(np.abs(ac - median) > TEXTURE_MARGIN * grey_level)
-    return int(steady) >= TEXTURE_COEFFICIENTS
+    # |value - median| > margin, counted on the sorted values: exact, as the
+    # values, the median and the margin are integers below 2**53.
+    margin = TEXTURE_MARGIN * grey_level
+    below = bisect.bisect_left(values, median - margin)
+    above = len(values) - bisect.bisect_right(values, median + margin)
+    return below + above >= TEXTURE_COEFFICIENTS
 
 
 def blank(grey: np.ndarray) -> bool:
     """Whether more than ``BLANK_SHARE`` of grey values (exact, in thousandths of
-    a level) lie within ``BLANK_LEVELS`` of their median."""
-    middle = grey.size // 2
-    median = np.partition(grey, middle)[middle]
-    near = np.count_nonzero(np.abs(grey - median) <= BLANK_LEVELS * 1000)
-    return bool(near > BLANK_SHARE * grey.size)
+    a level; any shape) lie within ``BLANK_LEVELS`` of their median."""
+    values = np.sort(grey, axis=None).tolist()
+    median = values[len(values) // 2]
+    within = BLANK_LEVELS * 1000
+    near = bisect.bisect_right(values, median + within) - bisect.bisect_left(
+        values, median - within
+    )
+    return near > BLANK_SHARE * len(values)

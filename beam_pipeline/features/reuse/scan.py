@@ -38,6 +38,7 @@ class OldRecord(NamedTuple):
     offset: int  # of the framed record in the shard
     size: int  # of the framed record
     crc: int  # its data CRC as the scan read it (the frame's last 4 bytes, little-endian)
+    refingerprint: bool = False  # its fingerprint is not this run's scheme's (OldShard's)
 
 
 class OldShard(NamedTuple):
@@ -47,6 +48,9 @@ class OldShard(NamedTuple):
     num_bytes: int
     num_examples: int
     sha256: str
+    # OLD recorded no fingerprint scheme or an earlier one (reuse.open_old): a record's
+    # fingerprint is made again from its stored JPEG (reuse.take), never trusted.
+    refingerprint: bool = False
 
 
 class _Windows:
@@ -146,7 +150,13 @@ def _shard_problem(shard: OldShard, files: storage.Files | None, found: list) ->
         found.append(
             (
                 image_id,
-                OldRecord(shard.path, offset, stream.position - offset, codec.frame_crc(footer)),
+                OldRecord(
+                    shard.path,
+                    offset,
+                    stream.position - offset,
+                    codec.frame_crc(footer),
+                    shard.refingerprint,
+                ),
             )
         )
     found_sha256 = stream.digest.hexdigest()
@@ -208,6 +218,7 @@ class ShardScan(NamedTuple):
     crcs: array  # "I": each record's data CRC as scanned
     distrusted: int = 0  # the shard failed its check: records not taken
     problem: str = ""  # and why (Scanned.problem)
+    refingerprint: bool = False  # OldShard's
 
 
 def scan_shard(shard: OldShard) -> ShardScan:
@@ -219,7 +230,16 @@ def scan_shard(shard: OldShard) -> ShardScan:
         offsets.append(old.offset)
         sizes.append(old.size)
         crcs.append(old.crc)
-    return ShardScan(shard.path, hashes, offsets, sizes, crcs, scanned.distrusted, scanned.problem)
+    return ShardScan(
+        shard.path,
+        hashes,
+        offsets,
+        sizes,
+        crcs,
+        scanned.distrusted,
+        scanned.problem,
+        shard.refingerprint,
+    )
 
 
 class _Column:
@@ -269,11 +289,13 @@ class OldIndex:
 
     def __init__(self, scans: Iterable[ShardScan]):
         self._shards: list[str] = []
+        self._refingerprint: list[bool] = []  # per shard, as its scan says
         self._columns = {name: _Column(kind) for name, kind in self._KINDS.items()}
         self.distrusted = 0
         c = self._columns
         for number, scan in enumerate(scans):  # one at a time: only one scan is held
             self._shards.append(scan.shard)
+            self._refingerprint.append(scan.refingerprint)
             self.distrusted += scan.distrusted
             warn(scan.problem)
             c["hashes"].append(scan.hashes.tobytes())
@@ -300,11 +322,13 @@ class OldIndex:
         if at == len(hashes) or hashes[at] != wanted:
             return None
         v = self._v
+        shard = int(v["shard_of"][at])
         return OldRecord(
-            self._shards[v["shard_of"][at]],
+            self._shards[shard],
             int(v["offsets"][at]),
             int(v["sizes"][at]),
             int(v["crcs"][at]),
+            self._refingerprint[shard],
         )
 
     def close(self) -> None:

@@ -96,12 +96,16 @@ def open_old(path: paths.Place) -> OldDataset:
             f"{os.path.basename(info_path)} lists, or holds them cut short (e.g. "
             f"{missing[0]}): restore them, or convert without --reuse"
         )
+    image = settings.image_settings_from_info(info, images.ImageSpec)
+    # Fingerprints of no recorded scheme (format 2) or an earlier one are made
+    # again (take()); refusal() refuses any other scheme than these and this one.
+    stale = image.get(near_search.SCHEME_SETTING) != near_search.SCHEME
     return OldDataset(
         path=old,
         info_path=info_path,
-        image=settings.image_settings_from_info(info, images.ImageSpec),
+        image=image,
         created_by=str(info.get("created_by", "")),
-        shards=tuple(shards),
+        shards=tuple(shard._replace(refingerprint=stale) for shard in shards),
         records=sum(shard.num_examples for shard in shards),
     )
 
@@ -187,8 +191,10 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
         )
     differ = []
     for name, value in image_settings.items():
-        if name == near_search.SCHEME_SETTING and name not in old.image:
-            continue  # format 2: take() fingerprints each record from its stored JPEG
+        if name == near_search.SCHEME_SETTING and (
+            name not in old.image or old.image[name] in near_search.EARLIER_SCHEMES
+        ):
+            continue  # format 2, or an earlier scheme: take() fingerprints each record anew
         if name not in old.image:
             differ.append(f"{name} not recorded -> {settings.show(value)}")
         elif old.image[name] != value:
@@ -250,7 +256,7 @@ class Taken(NamedTuple):
     framed: bytes
     unchanged: bool  # OLD's bytes as they are (not rebuilt)
     near: bytes  # its near-duplicate fingerprint (near_search.pack)
-    near_hashed: bool  # computed here, from the stored JPEG (a record of format 2)
+    near_hashed: bool  # computed here, from the stored JPEG (OldRecord.refingerprint, format 2)
     relabelled: bool  # OLD gave it another label or class name
 
 
@@ -260,10 +266,12 @@ def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str
     The record as it is when its ID, source hash, label and class name are
     the image's and it holds a fingerprint (``unchanged``); else rebuilt with
     the new label and class name (:func:`relabel`) and, for a record of
-    format 2, the fingerprint of its own stored JPEG (never of the source,
-    which would cost a conversion): the bytes a conversion would write either
-    way, read and checked here (:func:`read_record`). None when OLD's record
-    is of another image or another source: the image is converted.
+    format 2 or of an earlier fingerprint scheme (``old.refingerprint``: its
+    fingerprint is not read), the fingerprint of its own stored JPEG (never
+    of the source, which would cost a conversion): the bytes a conversion
+    would write either way, read and checked here (:func:`read_record`).
+    None when OLD's record is of another image or another source: the image
+    is converted.
 
     Raises:
         OldDatasetChanged: the record is not the one the scan checked.
@@ -275,7 +283,7 @@ def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str
         features, "image/key/sha256"
     ) != sha256.encode("ascii"):
         return None
-    near = codec.near_of(codec.payload(framed))
+    near = None if old.refingerprint else codec.near_of(codec.payload(framed))
     hashed = near is None
     if hashed:
         try:
@@ -336,7 +344,8 @@ class Forecast:
     unchanged: int  # of checked, the same bytes: reused
     relabelled: int  # of unchanged, with another label: rewritten, not decoded
     check_cpu_s: float  # CPU seconds per image checked (source hashed, record read)
-    # Of unchanged, records of format 2: fingerprinted from their stored JPEG.
+    # Of unchanged, records of format 2 or an earlier scheme: fingerprinted from
+    # their stored JPEG.
     fingerprinted: int = 0
 
     @property
@@ -370,7 +379,8 @@ class Forecast:
             f"reused {approx}{self.reused:,.0f} unchanged"
             + (f" ({approx}{relabelled:,.0f} with a new label)" if self.relabelled else "")
             + (
-                f" ({approx}{fingerprinted:,.0f} of format 2, fingerprinted from their stored JPEG)"
+                f" ({approx}{fingerprinted:,.0f} of {_scheme_of(old)}, fingerprinted from "
+                "their stored JPEG)"
                 if self.fingerprinted
                 else ""
             )
@@ -380,6 +390,12 @@ class Forecast:
         if not self.exact:
             text += f" (from {self.checked:,} of {self.in_old:,} sources hashed)"
         return text
+
+
+def _scheme_of(old: OldDataset) -> str:
+    """Why OLD's fingerprints are made again: its format, or the scheme it names."""
+    scheme = old.image.get(near_search.SCHEME_SETTING)
+    return "format 2" if scheme is None else f"scheme {settings.show(scheme)}"
 
 
 def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> Taken | None:
