@@ -282,10 +282,12 @@ def _verify(ds: Path):
 
 
 def _reuse(ds: Path):
+    from beam_pipeline.core import images
+    from beam_pipeline.features.near.feature import PIXELS
     from beam_pipeline.features.reuse import scan as reuse_scan
     from beam_pipeline.features.reuse import stage as reuse
 
-    old = reuse.open_old(str(ds))
+    old = reuse.open_old(str(ds), images.ImageSpec(pixels=PIXELS))
     index = reuse_scan.build_index(old.shards)
     found = len(index)
     index.close()

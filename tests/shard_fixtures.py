@@ -37,6 +37,7 @@ from PIL import Image, ImageDraw
 
 from beam_pipeline.core import images, metadata, tfds_metadata
 from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near.feature import PIXELS
 from imagerecords import codec
 
 # Far apart in RGB, so a decoded image's mean colour names its class.
@@ -167,7 +168,9 @@ def write_dataset(
             )
             # Format 3's records hold the stored JPEG's fingerprint, as the converter's do.
             near = (
-                near_search.features(images.near_of_stored(jpeg)) if format_version >= 3 else None
+                near_search.features(images.near_of_stored(jpeg, PIXELS))
+                if format_version >= 3
+                else None
             )
             payload = codec.image_record(
                 jpeg, height, width, label, name, image_id, record.sha256, near

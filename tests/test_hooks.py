@@ -3,17 +3,22 @@ the blocks Finalize publishes, run through the real command line on both engines
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 
 import apache_beam as beam
 import pytest
 from apache_beam.pvalue import AsSingleton, TaggedOutput
 
 from beam_pipeline.__main__ import main
+from beam_pipeline.cli import arguments
+from beam_pipeline.core import images, settings
 from beam_pipeline.core.elements import RecordBatch, Rejection, RejectKind
 from beam_pipeline.engines import local_engine, pipeline
+from beam_pipeline.features.near.feature import PIXELS
 from beam_pipeline.stages import finalize, hooks
-from tests.image_factory import make_class_folders
+from tests.image_factory import make_class_folders, photo
 
 NAME = "threes"
 REASON = "dropped by the threes step"
@@ -101,3 +106,37 @@ def test_a_new_step_is_one_entry_in_each_engines_steps(tmp_path, monkeypatch, ru
     assert dropped == ["cat/batch1/cat_0003.jpg", "dog/batch1/dog_0003.jpg"]
     assert list(info)[-1] == "threes" and info["threes"] == {"kept": written} and written == 14
     assert (output / "threes.txt").read_text() == "14\n"
+
+
+# ------------------------------------------------------------ the pixel hook
+
+
+def _jpeg(side: int) -> bytes:
+    buffer = io.BytesIO()
+    photo(side, side, seed=3).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("size", [256, 48])  # passed through; re-encoded
+def test_the_pixel_hook_travels_pickled_and_gives_the_same_fingerprint(size):
+    """A pool process or a Beam worker gets the spec pickled: the hook's functions
+    arrive by name and fingerprint as in the launching process."""
+    spec = images.ImageSpec(size=size, pixels=PIXELS)
+    travelled = pickle.loads(pickle.dumps(spec))
+    assert travelled == spec and travelled.near_scheme == PIXELS.scheme
+    here, there = images.convert(_jpeg(128), spec), images.convert(_jpeg(128), travelled)
+    assert here.passed_through is (size == 256)
+    assert there == here and len(here.near) == sum(map(len, here.near_features)) > 0
+
+
+def test_without_the_hook_convert_makes_no_fingerprint():
+    stored = images.convert(_jpeg(128), images.ImageSpec(size=256))
+    assert stored.passed_through and stored.near == b"" and stored.near_features is None
+    assert settings.image_settings(images.ImageSpec())[images.SCHEME_SETTING] is None
+
+
+def test_every_run_gets_the_hook_from_the_command_line():
+    command = arguments.parse_args(["--input", "in", "--output", "out"])
+    assert command.config.image.pixels == PIXELS
+    recorded = settings.image_settings(command.config.image)
+    assert recorded[images.SCHEME_SETTING] == PIXELS.scheme

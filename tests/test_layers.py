@@ -46,14 +46,6 @@ LEVEL = {
     "engines": 3,
     "cli": 4,
 }
-# The one import of a feature by the conversion path left: every record holds the
-# near-duplicate fingerprint (docs/format.md, version 3), which images.convert makes
-# and ImageSpec's near_scheme setting names. The next step: a pixel hook the engines
-# give the converter, and the scheme declared in the core (docs/architecture.md, "Features").
-STILL_IMPORTED = {
-    ("beam_pipeline.core.images", "beam_pipeline.features.near.hashes"),
-    ("beam_pipeline.core.images", "beam_pipeline.features.near.search"),
-}
 # Modules the core must never import, at any depth of a function.
 NOT_IN_CORE = ("apache_beam", "google.cloud", "tensorflow", "dask")
 
@@ -119,29 +111,21 @@ def test_no_module_imports_a_higher_layer():
     bad = []
     for name, path in _modules():
         imported = imports_of(path.read_text(), name)
-        bad += violations(name, [i for i in imported if not _excused(name, i)])
+        bad += violations(name, imported)
     assert not bad, "\n".join(bad)
 
 
-def _module_of(name: str) -> str:
-    """``name`` as a module: `a.b.c` when that is a module of the package, else `a.b`."""
-    path = ROOT.joinpath(*name.split("."))
-    return name if path.with_suffix(".py").is_file() or path.is_dir() else name.rpartition(".")[0]
-
-
-def _excused(module: str, name: str) -> bool:
-    """Whether ``module``'s import of ``name`` is one of STILL_IMPORTED (or of its package)."""
-    return any(
-        module == m and (_module_of(name) == t or t.startswith(name + "."))
-        for m, t in STILL_IMPORTED
-    )
-
-
-def test_what_the_conversion_path_still_imports_is_still_there():
-    """An exception left once the import is gone would let it back in unseen."""
-    for module, target in STILL_IMPORTED:
-        path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
-        assert target in {_module_of(i) for i in imports_of(path.read_text(), module)}, target
+def test_reuse_gets_the_fingerprint_through_the_pixel_hook():
+    """--reuse fingerprints a stored JPEG with the run's ImageSpec.pixels, the
+    near-duplicate feature's hook, never by importing that feature."""
+    bad = [
+        f"{name} imports {i}"
+        for name, path in _modules()
+        if name.startswith("beam_pipeline.features.reuse")
+        for i in imports_of(path.read_text(), name)
+        if i.startswith("beam_pipeline.features.near")
+    ]
+    assert not bad, "\n".join(bad)
 
 
 def package_violations(module: str, imported: list[str]) -> list[str]:

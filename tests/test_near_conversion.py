@@ -21,6 +21,7 @@ from beam_pipeline.features.dedupe.duplicates import Member
 from beam_pipeline.features.near import hashes as near_duplicates
 from beam_pipeline.features.near import search as near_search
 from beam_pipeline.features.near import stage as near
+from beam_pipeline.features.near.feature import PIXELS
 from imagerecords import codec
 from tests import contract
 
@@ -162,11 +163,11 @@ def test_a_stored_jpeg_is_hashed_as_its_pass_through_was():
     buffer = io.BytesIO()
     photo.save(buffer, "JPEG", quality=90)
     data = buffer.getvalue()
-    stored = images.convert(data, images.ImageSpec())
+    stored = images.convert(data, images.ImageSpec(pixels=PIXELS))
     assert stored.passed_through and stored.jpeg == data
-    assert stored.near == images.near_of_stored(data)
+    assert stored.near == images.near_of_stored(data, PIXELS)
     # A re-encoded image is hashed before its encode, of the pixels it stores.
-    resized = images.convert(data, images.ImageSpec(size=100))
+    resized = images.convert(data, images.ImageSpec(size=100, pixels=PIXELS))
     assert not resized.passed_through and len(resized.near) == 155
     decoded = Image.open(io.BytesIO(resized.jpeg))
     assert (
@@ -335,7 +336,8 @@ def test_reuse_takes_the_fingerprints_from_old_or_from_its_stored_jpegs(folder, 
     assert counters.CONVERTED not in counted
     records = _records(tmp_path / "from_v2")
     stored = {
-        r["image/filename"].decode(): images.near_of_stored(r["image/encoded"]) for r in records
+        r["image/filename"].decode(): images.near_of_stored(r["image/encoded"], PIXELS)
+        for r in records
     }
     assert [r["image/near/phash"] + r["image/near/colour"] for r in records] == [
         stored[r["image/filename"].decode()] for r in records

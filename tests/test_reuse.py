@@ -31,6 +31,7 @@ from beam_pipeline.cli import summary
 from beam_pipeline.core import errors, images, metadata, settings, tfds_metadata
 from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near.feature import PIXELS
 from beam_pipeline.features.reuse import feature as reuse_feature
 from beam_pipeline.features.reuse import scan as reuse_scan
 from beam_pipeline.features.reuse import stage as reuse
@@ -353,7 +354,9 @@ def test_an_old_of_an_earlier_scheme_is_reused_its_fingerprints_made_anew(
     for image_id, record in new.items():
         near = record["image/near/phash"] + record["image/near/colour"]
         if image_id in reused:
-            assert near == images.near_of_stored(record["image/encoded"]) != bytes(len(near))
+            assert (
+                near == images.near_of_stored(record["image/encoded"], PIXELS) != bytes(len(near))
+            )
         else:
             assert record == full[image_id]
     argv = ["--input", history.after, "--output", tmp_path / "dry", "--reuse", old]
@@ -387,7 +390,7 @@ def test_an_old_of_a_newer_or_foreign_scheme_is_refused(history, tmp_path, capsy
 def _record(label: int, class_name: str, image_id: str = "dog/a.jpg") -> bytes:
     ref = ImageRef(image_id, "unused", label, "train")
     data = jpeg_bytes(photo(120, 80, seed=4))
-    decoded = convert.decode_data(data, images.ImageSpec(size=32))
+    decoded = convert.decode_data(data, images.ImageSpec(size=32, pixels=PIXELS))
     classes = ("ant", "bee", "cat", "dog")[: label + 1]
     classes = classes[:label] + (class_name,)
     return convert.finish(ref, decoded, 42, classes).result.entry.data
@@ -474,14 +477,14 @@ def test_take_checks_the_id_and_the_source_and_relabels(tmp_path):
     old = reuse_scan.scan_records(_old_shard(shard, 1)).records[0][1]
     assert old == reuse.OldRecord(str(shard), 0, len(framed), int.from_bytes(framed[-4:], "little"))
     sha256 = codec.parse_example(codec.payload(framed))["image/key/sha256"].decode()
-    assert reuse.take(old, "dog/a.jpg", sha256, 1, "dog")[:2] == (framed, True)
-    assert reuse.take(old, "dog/a.jpg", sha256, 3, "dog")[:2] == (_record(3, "dog"), False)
-    assert reuse.take(old, "dog/b.jpg", sha256, 1, "dog") is None  # another image's record
-    assert reuse.take(old, "dog/a.jpg", "0" * 64, 1, "dog") is None  # the source changed
+    assert reuse.take(old, "dog/a.jpg", sha256, 1, "dog", PIXELS)[:2] == (framed, True)
+    assert reuse.take(old, "dog/a.jpg", sha256, 3, "dog", PIXELS)[:2] == (_record(3, "dog"), False)
+    assert reuse.take(old, "dog/b.jpg", sha256, 1, "dog", PIXELS) is None  # another image's record
+    assert reuse.take(old, "dog/a.jpg", "0" * 64, 1, "dog", PIXELS) is None  # the source changed
     # Not the record the scan saw: OLD changed under the run, which stops.
     for other in (old._replace(size=len(framed) - 1), old._replace(crc=old.crc ^ 1)):
         with pytest.raises(errors.OldDatasetChanged):
-            reuse.take(other, "dog/a.jpg", sha256, 1, "dog")
+            reuse.take(other, "dog/a.jpg", sha256, 1, "dog", PIXELS)
 
 
 def test_the_index_finds_each_id_and_gives_its_memory_back(tmp_path):
@@ -532,8 +535,8 @@ def test_an_index_of_many_records_grows_its_maps():
     ],
 )
 def test_refusal_names_each_image_setting_that_differs(old_image, why):
-    wanted = settings.image_settings(images.ImageSpec(size=64))
-    recorded = {**wanted, **old_image}
+    wanted = images.ImageSpec(size=64, pixels=PIXELS)
+    recorded = {**settings.image_settings(wanted), **old_image}
     recorded = {k: v for k, v in recorded.items() if v is not None}
     old = reuse.OldDataset("/data/old", "/data/old/imagerecords.json", recorded, "", (), 0)
     problem = reuse.refusal(old, "/data/new", wanted)
@@ -548,13 +551,15 @@ def test_a_reused_record_is_not_decoded(history, monkeypatch):
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded")
 
-    index = reuse_scan.build_index(reuse.open_old(str(history.old)).shards)
+    index = reuse_scan.build_index(
+        reuse.open_old(str(history.old), images.ImageSpec(pixels=PIXELS)).shards
+    )
     image_id = "dog/dog_0001.jpg"
     found = index.get(image_id)
     monkeypatch.setattr(images, "convert", no_decoding)
     ref = ImageRef(image_id, str(history.after / image_id), 3, "train")
     classes = ("bird", "cat", "dog", "fish")
-    spec = images.ImageSpec(size=64)
+    spec = images.ImageSpec(size=64, pixels=PIXELS)
     outcome = convert.convert_ref(ref, spec, 42, classes, found, reuse_feature.take_or_convert)
     assert outcome.reused
     entry = outcome.result.entry

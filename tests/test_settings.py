@@ -19,6 +19,7 @@ from beam_pipeline.__main__ import main
 from beam_pipeline.cli import arguments
 from beam_pipeline.core import flags, images, metadata, settings, spill
 from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near.feature import PIXELS
 from beam_pipeline.stages import resume
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery
@@ -61,7 +62,13 @@ def test_each_image_setting_is_the_flag_of_its_name():
     argv += ["--upscale", "--jpeg_quality", "77", "--resample", "lanczos"]
     argv += ["--image_timeout_s", "5"]
     assert arguments.parse_args(argv).config.image == images.ImageSpec(
-        resize="crop", size=99, upscale=True, jpeg_quality=77, resample="lanczos", timeout_s=5
+        resize="crop",
+        size=99,
+        upscale=True,
+        jpeg_quality=77,
+        resample="lanczos",
+        timeout_s=5,
+        pixels=PIXELS,
     )
 
 
@@ -72,7 +79,7 @@ def _config(tmp_path, **image) -> JobConfig:
         layout=layout,
         output=str(tmp_path / "out"),
         splits={"train": 1.0},
-        image=images.ImageSpec(**image),
+        image=images.ImageSpec(pixels=PIXELS, **image),
     )
 
 
@@ -89,8 +96,8 @@ def _another_value(flag: flags.Flag):
 def _other_image_value(field: dataclasses.Field):
     """Another valid value of an ImageSpec field: from its flag, or for the one
     without a flag (the near-duplicate scheme, fixed by the code) another scheme."""
-    if field.name == "near_scheme":
-        return "another-scheme-v9"
+    if field.name == "pixels":
+        return PIXELS._replace(scheme="another-scheme-v9")
     return _another_value(settings.flag_of(field))
 
 
@@ -237,7 +244,7 @@ def test_the_dry_run_names_every_setting_that_decides_the_bytes(small, tmp_path,
     shown = dict(part.split(" ", 1) for part in line.split(", "))
     deciding = [s.name for f, s in _declared(images.ImageSpec) if s.decides]
     assert list(shown) == deciding
-    asked = images.ImageSpec(size=40, resample="lanczos")
+    asked = images.ImageSpec(size=40, resample="lanczos", pixels=PIXELS)
     assert shown == {k: settings.show(v) for k, v in settings.image_settings(asked).items()}
     assert shown["image_size"] == "40" and shown["resample"] == "lanczos"
 
@@ -251,7 +258,7 @@ def test_both_engines_record_and_summarise_the_same_settings(small, tmp_path, ca
         argv = ["--input", str(small), "--output", str(out), "--quiet", *extra]
         assert main([*argv, "--image_size", "24", "--resample", "lanczos", "--upscale"]) == 0
         summary = capsys.readouterr().out
-        asked = images.ImageSpec(size=24, resample="lanczos", upscale=True)
+        asked = images.ImageSpec(size=24, resample="lanczos", upscale=True, pixels=PIXELS)
         stored = settings.describe(settings.image_settings(asked))
         assert f"images stored with {stored}" in summary
         assert "image_size 24, upscale on" in stored and "resample lanczos" in stored
@@ -314,7 +321,7 @@ def test_each_field_that_a_flag_fills_names_the_flag_object_of_the_table():
     [
         ("size", "image_size", "image.size"),  # the flag's name; the field's in the file
         ("resample", "resample", "image.resample"),
-        ("near_scheme", near_search.SCHEME_SETTING, "image.near_scheme"),  # no flag
+        ("pixels", near_search.SCHEME_SETTING, "image.near_scheme"),  # no flag: the hook's
         ("timeout_s", "image_timeout_s", None),
         ("seed", "seed", "seed"),
         ("group_by", "group_by", "groups.group_by"),

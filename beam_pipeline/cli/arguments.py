@@ -16,6 +16,7 @@ from beam_pipeline.core import flags, images, settings
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.core.flags import MAX_PROCESSES_PER_CORE
 from beam_pipeline.engines import choice
+from beam_pipeline.features.near import feature as near_feature
 from beam_pipeline.stages.job_config import JobConfig
 from beam_pipeline.storage import discovery, paths
 
@@ -241,7 +242,8 @@ def parse_args(argv: list[str]) -> Command:
 def _config(given: dict, beam: beam_options.BeamFlags, options: RunOptions) -> JobConfig:
     """The JobConfig of the flags' values, each in the field that names its flag."""
     try:
-        spec = images.ImageSpec(**settings.flag_values(images.ImageSpec, given))
+        image = settings.flag_values(images.ImageSpec, given)
+        spec = images.ImageSpec(pixels=near_feature.PIXELS, **image)
         values = settings.flag_values(JobConfig, given)
     except ValueError as error:
         raise UsageError(str(error)) from None

@@ -325,7 +325,9 @@ def make_forecast(command, output_problem: str | None, old: reuse.OldDataset = N
     if old is not None:
         index = reuse_scan.build_index(old.shards)
         budget = reuse.FORECAST_BUDGET_S
-        ahead = reuse.forecast(found.refs, index, layout.classes, config.seed, budget)
+        ahead = reuse.forecast(
+            found.refs, index, layout.classes, config.image.pixels, config.seed, budget
+        )
     run_cpu_per_image = ahead.cpu_per_image(cpu_per_image) if ahead else cpu_per_image
     engine, processes, on_beam = local_run(config, command.options, beam)
     total_bytes = sum(s.bytes for s in splits)
@@ -395,8 +397,8 @@ def run(command, check_output) -> dict:
     old = None
     if config.reuse:
         try:
-            old = reuse.open_old(config.reuse)
-            reuse.check(old, output, settings.image_settings(config.image))
+            old = reuse.open_old(config.reuse, config.image)
+            reuse.check(old, output, config.image)
         except UsageError as error:
             problem, old = problem or str(error), None
     return report(command, problem, old=old)

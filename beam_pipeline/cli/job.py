@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from beam_pipeline.beam_internals import beam_options, beam_private
 from beam_pipeline.cli import arguments, summary
-from beam_pipeline.core import errors, metadata, settings, spill
+from beam_pipeline.core import errors, metadata, spill
 from beam_pipeline.core.errors import UsageError
 from beam_pipeline.engines import choice, local_engine, local_pool, progress
 from beam_pipeline.features.reuse import stage as reuse
@@ -74,8 +74,8 @@ def check_reuse(config: JobConfig, say) -> None:
     shards (reuse.py)."""
 
     if config.reuse:
-        old = reuse.open_old(config.reuse)
-        reuse.check(old, config.output, settings.image_settings(config.image))
+        old = reuse.open_old(config.reuse, config.image)
+        reuse.check(old, config.output, config.image)
         note = reuse.version_note(old)
         if note:
             say(note)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, NamedTuple
 
 from PIL import Image, UnidentifiedImageError
 
 from beam_pipeline.core import colour, flags, jpeg, settings
 from beam_pipeline.core.orientation import UPRIGHT_TRANSPOSE
-from beam_pipeline.features.near import hashes as near_duplicates
-from beam_pipeline.features.near import search as near_search
 
 RESIZE_MODES = flags.RESIZE_MODES
 # --resample: the downscaling filter, each Pillow's of its name. Bicubic is the
@@ -64,6 +63,26 @@ class Rejected(Exception):
     """An input that cannot become a record; ``str()`` is the reason."""
 
 
+class PixelHook(NamedTuple):
+    """What a feature makes of each stored image's pixels: the near-duplicate
+    fingerprint every record holds (features/near/feature.py's ``PIXELS``).
+    Module-level functions only: it travels to pool processes and Beam workers."""
+
+    scheme: str  # recorded as the SCHEME_SETTING image setting
+    earlier: tuple[str, ...]  # schemes whose fingerprints --reuse makes anew
+    draft_side: int  # a pass-through JPEG's check decode covers this side
+    fingerprint: Callable[[Image.Image], bytes]  # the image as stored -> packed bytes
+    features: Callable[[bytes], tuple[bytes, bytes]]  # packed -> the record's features
+
+
+# The image setting that names the hook's scheme (the resume key, imagerecords.json).
+SCHEME_SETTING = "near_scheme"
+
+
+def _scheme(spec: ImageSpec) -> str | None:
+    return spec.near_scheme
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageSpec:
     """How every image is stored (``--resize``, ``--image_size``, ...).
@@ -80,8 +99,11 @@ class ImageSpec:
     upscale: bool = settings.decides(flags.Table.upscale, recorded=True)
     jpeg_quality: int = settings.decides(flags.Table.jpeg_quality, recorded=True)
     resample: str = settings.decides(flags.Table.resample, recorded=True)
-    # Every record holds its near-duplicate fingerprint, made by this scheme.
-    near_scheme: str = settings.decides(recorded=True, default=near_search.SCHEME)
+    # What convert computes from the pixels; recorded as its scheme's name (None:
+    # no fingerprint, for tests and benches that need none; every run gives one).
+    pixels: PixelHook | None = settings.decides(
+        recorded=True, key=SCHEME_SETTING, value=_scheme, default=None
+    )
     # Not part of how images are stored, but it travels with them to every
     # converting process: the per-image time limit (--image_timeout_s; 0: none).
     timeout_s: float = settings.does_not_decide(
@@ -90,6 +112,11 @@ class ImageSpec:
         flag=flags.Table.image_timeout_s,
         limit=True,
     )
+
+    @property
+    def near_scheme(self) -> str | None:
+        """The scheme of the fingerprints its records hold (None: they hold none)."""
+        return self.pixels.scheme if self.pixels else None
 
     def __post_init__(self):
         # No size to check when images keep theirs.
@@ -109,8 +136,10 @@ class EncodedImage:
     repaired: bool = False
     # The embedded colour profile was unusable; the pixels were kept as they are.
     bad_profile: bool = False
-    # The near-duplicate fingerprint of the stored image (near_search.pack).
+    # The near-duplicate fingerprint of the stored image (PixelHook.fingerprint),
+    # and the record's features of it (None: no hook).
     near: bytes = b""
+    near_features: tuple[bytes, bytes] | None = None
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -280,7 +309,7 @@ def _decode(image: Image.Image, data: bytes, spec: ImageSpec, orientation: int, 
         # The verdict, and the pixels the fingerprint is hashed from: a
         # DCT-scaled decode still reads every entropy-coded bit, so it sees
         # every warning, for a fraction of the IDCT.
-        request = PASS_THROUGH_CHECK
+        request = pass_through_check(spec.pixels)
     elif spec.resize != "none":
         # DCT-domain downscale while decoding: the cheapest large-JPEG speed-up.
         # The scale keeps both sides >= the request, so the final resize still
@@ -326,24 +355,23 @@ def _pass_through_profile_ok(image: Image.Image) -> bool:
         return False  # re-encode: the stored JPEG then carries no broken profile
 
 
-def near_fingerprint(image: Image.Image) -> bytes:
-    """The near-duplicate fingerprint of ``image`` as stored, packed as the record's
-    ``image/near/*`` features carry it."""
-    return near_search.pack_image(image)
+def pass_through_check(pixels: PixelHook | None) -> tuple[int, int]:
+    """The scale a pass-through JPEG is check-decoded at: the smallest that covers
+    the fingerprint's base, so the check's pixels are the ones hashed and a small
+    image is not decoded twice (the largest scale-down, 1/8, for most)."""
+    side = pixels.draft_side if pixels else 1
+    return side, side
 
 
-def near_features(packed: bytes) -> tuple[bytes, bytes]:
-    """The record's ``image/near/*`` features of a fingerprint :func:`convert` made."""
-    return near_search.features(packed)
+def _near(image: Image.Image, pixels: PixelHook | None) -> dict:
+    """The EncodedImage fields of ``image``'s fingerprint (none without a hook)."""
+    if pixels is None:
+        return {}
+    packed = pixels.fingerprint(image)
+    return {"near": packed, "near_features": pixels.features(packed)}
 
 
-# The scale a pass-through JPEG is check-decoded at: the smallest that covers
-# the fingerprint's base, so the check's pixels are the ones hashed and a small
-# image is not decoded twice (the largest scale-down, 1/8, for most).
-PASS_THROUGH_CHECK = (near_duplicates.BASE_SIDE, near_duplicates.BASE_SIDE)
-
-
-def near_of_stored(data: bytes) -> bytes:
+def near_of_stored(data: bytes, pixels: PixelHook) -> bytes:
     """The fingerprint of a stored JPEG, the way a pass-through one is hashed.
 
     Raises:
@@ -351,10 +379,10 @@ def near_of_stored(data: bytes) -> bytes:
     """
     image = _open(data)
     try:
-        draft = jpeg.decode(data, image, PASS_THROUGH_CHECK).image
+        draft = jpeg.decode(data, image, pass_through_check(pixels)).image
     except (jpeg.CorruptData, ValueError) as error:
         raise Rejected(f"corrupt stored image: {error}") from None
-    return near_fingerprint(draft)
+    return pixels.fingerprint(draft)
 
 
 def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
@@ -371,9 +399,9 @@ def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
         )
         loaded, repaired = _decode(image, data, spec, orientation, passthrough)
         if passthrough and not repaired:
-            # Hashed from the check's pixels (PASS_THROUGH_CHECK): one decode, never at full size.
-            near = near_fingerprint(loaded)
-            return EncodedImage(data, image.height, image.width, passed_through=True, near=near)
+            # Hashed from the check's pixels (pass_through_check): one decode, never at full size.
+            near = _near(loaded, spec.pixels)
+            return EncodedImage(data, image.height, image.width, passed_through=True, **near)
         if passthrough:  # the pixels came from a scaled check: decode them properly
             loaded, _ = _decode(image, data, spec, orientation, False)
         if image.format == "TIFF":
@@ -396,7 +424,7 @@ def convert(data: bytes, spec: ImageSpec) -> EncodedImage:
             image.width,
             repaired=repaired,
             bad_profile=bad_profile,
-            near=near_fingerprint(image),
+            **_near(image, spec.pixels),
         )
     except Rejected:
         raise

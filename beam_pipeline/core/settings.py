@@ -102,10 +102,13 @@ def decides(
     name: str | None = None,
     value=None,
     default=dataclasses.MISSING,
+    key: str | None = None,
 ) -> dataclasses.Field:
     """A config field whose setting decides a record's bytes, split or label;
-    filled by ``flag`` if given, which is then its name, default and check."""
-    return _field(Setting(True, flag, name, value=value, recorded=recorded), default)
+    filled by ``flag`` if given, which is then its name, default and check
+    (``key``: its name and key where no flag names it and the field's name is not it)."""
+    setting = Setting(True, flag, name, value=value, recorded=recorded, key=key)
+    return _field(setting, default)
 
 
 def does_not_decide(

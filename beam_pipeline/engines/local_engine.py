@@ -107,7 +107,7 @@ def _read_old(
 ) -> reuse_scan.OldIndex:
     """--reuse's dataset, scanned on the pool (a process per shard): its records by ID,
     but those of shards that failed their check (counted)."""
-    old = reuse.open_again(config.reuse)
+    old = reuse.open_again(config.reuse, config.image)
     with shown.phase(f"reading {old.path}", len(old.shards), "shards") as phase:
 
         def run(fn, *args):

@@ -334,7 +334,9 @@ class ConvertImages(beam.PTransform):
             else _ConvertFn(self._config, self._shown)
         )
         if self._config.reuse:
-            refs = refs | "MatchOld" >> reuse_beam.MatchOld(reuse.open_again(self._config.reuse))
+            refs = refs | "MatchOld" >> reuse_beam.MatchOld(
+                reuse.open_again(self._config.reuse, self._config.image)
+            )
         return refs | "Convert" >> beam.ParDo(fn).with_outputs(REJECTED, REUSED, main="batches")
 
 

@@ -93,7 +93,7 @@ def finish(ref: ImageRef, decoded: Conversion, seed: int, classes) -> Outcome:
         classes[label],
         image_id,
         decoded.sha256,
-        images.near_features(converted.near),
+        converted.near_features,
     )
     framed = codec.frame_record(payload)
     key = keys.order_key(seed, image_id)

@@ -34,6 +34,7 @@ from PIL import Image
 
 from beam_pipeline.core import images, keys
 from beam_pipeline.features.near import hashes as nd
+from beam_pipeline.features.near.feature import PIXELS
 from bench.common import data
 from bench.common.settings import RESULTS_DIR
 from bench.near import calibration as near_data
@@ -196,7 +197,7 @@ def best_threshold(rows: list[dict], max_false_per_10k: float = 1.0) -> dict:
 def cost(files: list[Path], rounds: int) -> dict:
     """CPU per image: the converter's ``images.convert`` vs the fingerprint of its output."""
     sources = [p.read_bytes() for p in files]
-    spec = images.ImageSpec()
+    spec = images.ImageSpec(pixels=PIXELS)  # as a run converts: fingerprint included
     outputs = [_decoded(images.convert(b, spec).jpeg) for b in sources]
     convert_s, hash_s = [], []
     for _ in range(rounds):

@@ -6,8 +6,8 @@
 
 Convert: ``images.convert`` of a bench set (``web``; ``small``: 32x32 JPEGs), CPU
 per image, as it is (``product``) and without the fingerprint (``floor``: only
-``images.near_fingerprint`` returns nothing and a pass-through check decodes at
-1/8, all it needs itself), in ABBA turns each round; the best-of share, the
+no pixel hook: no fingerprint, and a pass-through check decodes at 1/8, all it
+needs itself), in ABBA turns each round; the best-of share, the
 rounds' spread, the load before and after, and the fingerprint's own us per
 image inside the conversion and alone on the images it was given.
 
@@ -18,7 +18,7 @@ a child process (wall time, peak RSS): the search's floor at that size.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -28,12 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from beam_pipeline.core import images
 from beam_pipeline.features.near import hashes as near_duplicates
 from beam_pipeline.features.near import search as near_search
+from beam_pipeline.features.near.feature import PIXELS
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache"
 
@@ -58,22 +59,20 @@ def _set_files(name: str, count: int) -> list[Path]:
     return data.list_images(data.ensure_image_set("web", count, CACHE, f"near-cost-{count}").path)
 
 
-@contextlib.contextmanager
-def _converting_with(fingerprint: Callable | None, check: tuple[int, int]) -> Iterator[None]:
-    """``images.convert`` with ``fingerprint`` as its fingerprint (None: none) and
-    ``check`` as the pass-through check's scale, for the block's duration."""
-    saved = images.near_fingerprint, images.PASS_THROUGH_CHECK
-    images.near_fingerprint = fingerprint or (lambda image: b"")
-    images.PASS_THROUGH_CHECK = check
-    try:
-        yield
-    finally:
-        images.near_fingerprint, images.PASS_THROUGH_CHECK = saved
+def _converting_with(
+    spec: images.ImageSpec, fingerprint: Callable | None, side: int
+) -> images.ImageSpec:
+    """``spec`` with ``fingerprint`` as its fingerprint (None: no pixel hook) and
+    ``side`` as what the pass-through check's decode covers."""
+    if fingerprint is None:
+        return dataclasses.replace(spec, pixels=None)
+    pixels = PIXELS._replace(fingerprint=fingerprint, draft_side=side)
+    return dataclasses.replace(spec, pixels=pixels)
 
 
-def variants(fingerprint: Callable = images.near_fingerprint) -> dict[str, tuple]:
-    """The passes a round makes: name -> (fingerprint, pass-through check scale)."""
-    return {"product": (fingerprint, images.PASS_THROUGH_CHECK), "floor": (None, (1, 1))}
+def variants(fingerprint: Callable = PIXELS.fingerprint) -> dict[str, tuple]:
+    """The passes a round makes: name -> (fingerprint, pass-through check side)."""
+    return {"product": (fingerprint, PIXELS.draft_side), "floor": (None, 1)}
 
 
 def _spread(values: list[float], digits: int = 1) -> dict:
@@ -96,8 +95,7 @@ def _fingerprint_us(datas: list[bytes], spec: images.ImageSpec, fingerprint: Cal
         taken.append(image)
         return packed
 
-    with _converting_with(timed, images.PASS_THROUGH_CHECK):
-        _cpu_per_image(datas, spec)
+    _cpu_per_image(datas, _converting_with(spec, timed, PIXELS.draft_side))
     return spent[0] / len(datas) * 1e6, taken
 
 
@@ -124,8 +122,7 @@ def convert_cost(
     for round_ in range(rounds):
         order = list(passes) if round_ % 2 == 0 else list(reversed(passes))
         for name in order:
-            with _converting_with(*passes[name]):
-                cpu[name].append(_cpu_per_image(datas, spec))
+            cpu[name].append(_cpu_per_image(datas, _converting_with(spec, *passes[name])))
         for name in inside:
             us, stored = _fingerprint_us(datas, spec, passes[name][0])
             inside[name].append(us)

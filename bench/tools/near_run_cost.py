@@ -13,7 +13,7 @@ local engine, three ways a round, the order turning each round:
   ``near`` benchmark's share of ``images.convert``), but the search is left
   out (in the child, before ``main``, ``near.find_local`` returns no
   groups): the issue's "the search on against without it";
-- ``off``: no fingerprint either (``images.near_fingerprint`` returns
+- ``off``: no fingerprint either (the pixel hook's ``fingerprint`` returns
   nothing, so no band key is cut and the search has nothing to gather or
   pair; the stage's pass over the records stays, so that ratio errs high).
 
@@ -49,7 +49,7 @@ _SEARCH_TAG = "[near-search] "
 _CHILD = (
     "import json, sys, time\n"
     "from beam_pipeline.__main__ import main\n"
-    "from beam_pipeline.core import images\n"
+    "from beam_pipeline.features.near import feature\n"
     "from beam_pipeline.features.near import stage as near\n"
     "mode = sys.argv.pop(1)\n"
     "search = near.find_local\n"
@@ -62,8 +62,10 @@ _CHILD = (
     "near.find_local = timed\n"
     "if mode in ('no-search', 'off'):\n"
     "    near.find_local = lambda batches, work_dir: near.found_of([], [])\n"
+    "def nothing(image):\n"
+    "    return b''\n"
     "if mode == 'off':\n"
-    "    images.near_fingerprint = lambda image: b''\n"
+    "    feature.PIXELS = feature.PIXELS._replace(fingerprint=nothing)\n"
     "sys.exit(main())\n"
 )
 MODES = ("on", "no-search", "off")

@@ -5,12 +5,18 @@ block and the ``label_conflicts`` one (identical copies, and near ones under
 from __future__ import annotations
 
 from beam_pipeline.core import counters
+from beam_pipeline.core.images import PixelHook
 from beam_pipeline.features.dedupe import duplicates
 from beam_pipeline.features.dedupe import feature as dedupe
-from beam_pipeline.features.near import search, stage
+from beam_pipeline.features.near import hashes, search, stage
 from beam_pipeline.stages.hooks import Block, LocalStep, fixed
 
 NAME = "near"
+# What convert computes of every stored image: the fingerprint, from the pixels a
+# pass-through JPEG's check decode covers (the hash's base), and its scheme.
+PIXELS = PixelHook(
+    search.SCHEME, search.EARLIER_SCHEMES, hashes.BASE_SIDE, search.pack_image, search.features
+)
 
 
 def run_local(config, batches, counted):

@@ -26,7 +26,7 @@ def take_or_convert(ref: ImageRef, old: reuse.OldRecord, spec, seed, classes) ->
     except Exception as error:  # an unreadable file is a rejection, as in a full run
         gcs.raise_if_unreachable(error, path)  # but GCS out of reach stops the run
         return finish(ref, unreadable(error), seed, classes)
-    taken = reuse.take(old, image_id, sha256, label, classes[label])
+    taken = reuse.take(old, image_id, sha256, label, classes[label], spec.pixels)
     if taken is not None:
         key = keys.order_key(seed, image_id)
         entry = ShardEntry(key, image_id, label, len(taken.framed), taken.framed, path, sha256)

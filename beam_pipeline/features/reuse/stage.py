@@ -19,7 +19,6 @@ from typing import NamedTuple
 from beam_pipeline.core import errors, images, settings
 from beam_pipeline.core.elements import ImageRef
 from beam_pipeline.core.errors import OldDatasetChanged, UsageError
-from beam_pipeline.features.near import search as near_search
 from beam_pipeline.features.reuse.scan import OldIndex, OldRecord, OldShard, changed, read_old
 from beam_pipeline.storage import paths, reading
 from imagerecords import codec, storage
@@ -47,8 +46,9 @@ class OldDataset:
     records: int  # in all its shards
 
 
-def open_old(path: paths.Place) -> OldDataset:
-    """Reads OLD's metadata (either format version's file name) and checks that
+def open_old(path: paths.Place, spec) -> OldDataset:
+    """Reads OLD's metadata (either format version's file name) for a run of
+    ``spec`` (an ImageSpec: its fingerprints' scheme) and checks that
     every shard it names is there.
 
     Raises:
@@ -97,20 +97,26 @@ def open_old(path: paths.Place) -> OldDataset:
             f"{missing[0]}): restore them, or convert without --reuse"
         )
     image = settings.image_settings_from_info(info, images.ImageSpec)
-    # Fingerprints of no recorded scheme (format 2) or an earlier one are made
-    # again (take()); refusal() refuses any other scheme than these and this one.
-    stale = image.get(near_search.SCHEME_SETTING) != near_search.SCHEME
+    # Fingerprints of no recorded scheme (format 2) or an earlier one than the
+    # run's (spec.pixels) are made again (take()); refusal() refuses any other.
+    again = _made_anew(image.get(images.SCHEME_SETTING), spec.pixels)
     return OldDataset(
         path=old,
         info_path=info_path,
         image=image,
         created_by=str(info.get("created_by", "")),
-        shards=tuple(shard._replace(refingerprint=stale) for shard in shards),
+        shards=tuple(shard._replace(refingerprint=again) for shard in shards),
         records=sum(shard.num_examples for shard in shards),
     )
 
 
-def open_again(path: paths.Place) -> OldDataset:
+def _made_anew(scheme, pixels) -> bool:
+    """Whether OLD's fingerprints, of ``scheme``, are made again by a run of the hook
+    ``pixels``: none recorded (format 2) or an earlier scheme than the run's."""
+    return scheme is None or (pixels is not None and scheme in pixels.earlier)
+
+
+def open_again(path: paths.Place, spec) -> OldDataset:
     """:func:`open_old` inside the run, once the launch checked OLD: a failure now
     means OLD changed since.
 
@@ -118,7 +124,7 @@ def open_again(path: paths.Place) -> OldDataset:
         OldDatasetChanged: OLD is no longer a finished dataset with all its shards.
     """
     try:
-        return open_old(path)
+        return open_old(path, spec)
     except UsageError as error:
         raise OldDatasetChanged(
             f"the --reuse dataset {path} changed since this run started "
@@ -175,12 +181,11 @@ def _missing(old: str, shards: Sequence[OldShard]) -> list[str]:
     return missing
 
 
-def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
-    """Why a run writing ``output`` with ``image_settings`` cannot reuse ``old``; "" if it can.
+def refusal(old: OldDataset, output: str, spec) -> str:
+    """Why a run writing ``output`` with ImageSpec ``spec`` cannot reuse ``old``; "" if it can.
 
     ``output`` and OLD are compared as the places they name (``paths.inside``:
     symbolic links and ``..`` resolved), so no spelling of OLD is written to.
-    ``image_settings``: the run's ``settings.image_settings(spec)``.
     """
     if paths.inside(output, old.path) or paths.inside(old.path, output):
         same = paths.inside(old.path, output) and paths.inside(output, old.path)
@@ -190,10 +195,8 @@ def refusal(old: OldDataset, output: str, image_settings: dict) -> str:
             "dataset to another folder (the old one is only read)"
         )
     differ = []
-    for name, value in image_settings.items():
-        if name == near_search.SCHEME_SETTING and (
-            name not in old.image or old.image[name] in near_search.EARLIER_SCHEMES
-        ):
+    for name, value in settings.image_settings(spec).items():
+        if name == images.SCHEME_SETTING and _made_anew(old.image.get(name), spec.pixels):
             continue  # format 2, or an earlier scheme: take() fingerprints each record anew
         if name not in old.image:
             differ.append(f"{name} not recorded -> {settings.show(value)}")
@@ -220,9 +223,9 @@ def version_note(old: OldDataset) -> str:
     )
 
 
-def check(old: OldDataset, output: str, image_settings: dict) -> None:
+def check(old: OldDataset, output: str, spec) -> None:
     """:func:`refusal` as a UsageError."""
-    problem = refusal(old, output, image_settings)
+    problem = refusal(old, output, spec)
     if problem:
         raise UsageError(problem)
 
@@ -260,7 +263,9 @@ class Taken(NamedTuple):
     relabelled: bool  # OLD gave it another label or class name
 
 
-def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str) -> Taken | None:
+def take(
+    old: OldRecord, image_id: str, sha256: str, label: int, class_name: str, pixels
+) -> Taken | None:
     """OLD's record for an image whose source has the hash ``sha256``, with this label.
 
     The record as it is when its ID, source hash, label and class name are
@@ -287,10 +292,10 @@ def take(old: OldRecord, image_id: str, sha256: str, label: int, class_name: str
     hashed = near is None
     if hashed:
         try:
-            packed = images.near_of_stored(_value(features, "image/encoded"))
+            packed = images.near_of_stored(_value(features, "image/encoded"), pixels)
         except images.Rejected:
             return None  # a stored JPEG this run cannot read: converted from the source
-        near = near_search.features(packed)
+        near = pixels.features(packed)
     packed = b"".join(near)
     relabelled = _value(features, "image/class/label") != label or _value(
         features, "image/class/text"
@@ -394,11 +399,11 @@ class Forecast:
 
 def _scheme_of(old: OldDataset) -> str:
     """Why OLD's fingerprints are made again: its format, or the scheme it names."""
-    scheme = old.image.get(near_search.SCHEME_SETTING)
+    scheme = old.image.get(images.SCHEME_SETTING)
     return "format 2" if scheme is None else f"scheme {settings.show(scheme)}"
 
 
-def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> Taken | None:
+def _check(ref: tuple, old: OldRecord, classes: Sequence[str], pixels) -> Taken | None:
     """OLD's record as the run would take it for one image (None: converted), as a
     conversion process decides."""
     image_id, path, label, _ = ref
@@ -406,7 +411,7 @@ def _check(ref: tuple, old: OldRecord, classes: Sequence[str]) -> Taken | None:
         sha256, _, _ = reading.hash_source(path)
     except Exception:  # unreadable: the run rejects it (converted, in the count)
         return None
-    return take(old, image_id, sha256, label, classes[label])
+    return take(old, image_id, sha256, label, classes[label], pixels)
 
 
 # Wall time the dry run spends hashing sources before it extrapolates.
@@ -417,6 +422,7 @@ def forecast(
     refs: Sequence[tuple[str, str, int, str]],
     index: OldIndex,
     classes: Sequence[str],
+    pixels,
     seed: int,
     budget_s: float,
     threads: int | None = None,
@@ -440,7 +446,7 @@ def forecast(
             if at and time.monotonic() - started > budget_s:
                 break
             part = pairs[at : at + batch]
-            for taken in pool.map(lambda pair: _check(*pair, classes), part):
+            for taken in pool.map(lambda pair: _check(*pair, classes, pixels), part):
                 checked += 1
                 if taken is not None:
                     unchanged += 1
