@@ -331,7 +331,8 @@ def test_an_old_of_an_earlier_scheme_is_reused_its_fingerprints_made_anew(
 ):
     from reader import load_info, verify
 
-    earlier = near_search.EARLIER_SCHEMES[-1]  # the one before SCHEME
+    # The last earlier scheme whose fingerprints differ from SCHEME's.
+    earlier = [s for s in near_search.EARLIER_SCHEMES if s not in near_search.SAME_FINGERPRINT][-1]
     old = _with_scheme(history, tmp_path / "old", earlier)
     outputs = {}
     for name, engine in (("local", []), ("beam", DIRECT)):
@@ -364,6 +365,35 @@ def test_an_old_of_an_earlier_scheme_is_reused_its_fingerprints_made_anew(
     assert (
         f"({history.reused} of scheme {earlier}, fingerprinted from their stored JPEG)"
     ) in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("scheme", near_search.SAME_FINGERPRINT)
+def test_an_old_whose_scheme_changed_only_the_search_keeps_its_records(
+    history, tmp_path, capsys, scheme
+):
+    """An OLD of an earlier scheme with this scheme's fingerprints (only the search
+    changed): reused as it is, the same bytes as a --reuse of an OLD of today's scheme."""
+    old = tmp_path / "old"
+    shutil.copytree(history.old, old)
+    info = json.loads((old / metadata.INFO_FILE).read_text())
+    info["image"]["near_scheme"] = info["near_duplicates"]["scheme"] = scheme
+    (old / metadata.INFO_FILE).write_text(metadata.dumps(info).decode())
+    outputs = {}
+    for name, source in (("earlier", old), ("today", history.old)):
+        capsys.readouterr()
+        new = tmp_path / name
+        assert _convert(history.after, new, "--reuse", str(source)) == 0
+        out = capsys.readouterr().out
+        counted = summary.read_counters(out)
+        assert counted["images_reused"] == history.reused
+        assert counted["images_near_hashed"] == history.converted  # none made anew
+        assert "fingerprinted from their stored JPEG" not in out
+        outputs[name] = contract.all_files(str(new))
+        info = json.loads(outputs[name].pop(metadata.INFO_FILE))
+        assert info["reuse"].pop("dataset") == str(source)
+        outputs[name][metadata.INFO_FILE] = info
+    assert outputs["earlier"] == outputs["today"]
 
 
 @pytest.mark.parametrize("scheme", ["newer", "dhash-v1", "phash19-v0", "phash19"])

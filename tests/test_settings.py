@@ -321,7 +321,7 @@ def test_each_field_that_a_flag_fills_names_the_flag_object_of_the_table():
     [
         ("size", "image_size", "image.size"),  # the flag's name; the field's in the file
         ("resample", "resample", "image.resample"),
-        ("pixels", near_search.SCHEME_SETTING, "image.near_scheme"),  # no flag: the hook's
+        ("pixels", images.SCHEME_SETTING, "image.near_scheme"),  # no flag: the hook's
         ("timeout_s", "image_timeout_s", None),
         ("seed", "seed", "seed"),
         ("group_by", "group_by", "groups.group_by"),

@@ -69,7 +69,8 @@ class PixelHook(NamedTuple):
     Module-level functions only: it travels to pool processes and Beam workers."""
 
     scheme: str  # recorded as the SCHEME_SETTING image setting
-    earlier: tuple[str, ...]  # schemes whose fingerprints --reuse makes anew
+    earlier: tuple[str, ...]  # earlier schemes a --reuse takes
+    same: tuple[str, ...]  # of those, the ones whose fingerprints are this one's
     draft_side: int  # a pass-through JPEG's check decode covers this side
     fingerprint: Callable[[Image.Image], bytes]  # the image as stored -> packed bytes
     features: Callable[[bytes], tuple[bytes, bytes]]  # packed -> the record's features

@@ -2,7 +2,7 @@
 
 ``FindNearDuplicates``: RecordBatch -> the groups, the oversized buckets and how many
 were left out for lack of texture (``found``); with --dedupe near also the batches
-without the copies and a Rejection per copy. The steps are ``stages/near.py``'s,
+without the copies and a Rejection per copy. The steps are ``stage.py``'s,
 gathered with ``GroupByKey``.
 """
 

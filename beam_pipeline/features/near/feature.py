@@ -15,7 +15,12 @@ NAME = "near"
 # What convert computes of every stored image: the fingerprint, from the pixels a
 # pass-through JPEG's check decode covers (the hash's base), and its scheme.
 PIXELS = PixelHook(
-    search.SCHEME, search.EARLIER_SCHEMES, hashes.BASE_SIDE, search.pack_image, search.features
+    search.SCHEME,
+    search.EARLIER_SCHEMES,
+    search.SAME_FINGERPRINT,
+    hashes.BASE_SIDE,
+    search.pack_image,
+    search.features,
 )
 
 

@@ -1,6 +1,6 @@
 """Near duplicates in the conversion: the stored fingerprint, the buckets, the report, the keeper.
 
-What the engines need around ``near_duplicates.py``'s hashes and pair rules, the same
+What the engines need around ``hashes.py``'s fingerprint and pair rules, the same
 for every engine. Pure: no Beam, no storage.
 """
 
@@ -24,13 +24,14 @@ NEAR_FILE = codec.NEAR_DUPLICATES_FILE
 # pair, the threshold or the texture rule (a resume or --reuse with another
 # refuses or redoes).
 SCHEME = "phash19-v5"
-# Its name among the image settings (the resume key, imagerecords.json's image block).
-SCHEME_SETTING = "near_scheme"
 # The schemes this project wrote before SCHEME (its name, each lower version): a
 # --reuse of a dataset made with one recomputes its fingerprints; any other
 # (a newer version, another name) is refused.
 _NAME, _VERSION = SCHEME.rsplit("-v", 1)
 EARLIER_SCHEMES = tuple(f"{_NAME}-v{n}" for n in range(1, int(_VERSION)))
+# Of those, the ones whose records hold this scheme's fingerprint bit for bit (only
+# the search changed): a --reuse of one keeps its records as they are.
+SAME_FINGERPRINT = ("phash19-v4",)
 # The values the scheme stands for, recorded beside its name in imagerecords.json.
 SCHEME_VALUES = {
     "hash": near_duplicates.DEFAULT_KIND,

@@ -112,8 +112,17 @@ def open_old(path: paths.Place, spec) -> OldDataset:
 
 def _made_anew(scheme, pixels) -> bool:
     """Whether OLD's fingerprints, of ``scheme``, are made again by a run of the hook
-    ``pixels``: none recorded (format 2) or an earlier scheme than the run's."""
-    return scheme is None or (pixels is not None and scheme in pixels.earlier)
+    ``pixels``: none recorded (format 2) or an earlier scheme than the run's whose
+    fingerprints differ from its own."""
+    if scheme is None:
+        return True
+    return pixels is not None and scheme in pixels.earlier and scheme not in pixels.same
+
+
+def _taken_as_is(scheme, pixels) -> bool:
+    """Whether OLD's fingerprints, of ``scheme``, are the run's bit for bit, though its
+    scheme's name is another (an earlier scheme that changed only the search)."""
+    return pixels is not None and scheme in pixels.same
 
 
 def open_again(path: paths.Place, spec) -> OldDataset:
@@ -196,8 +205,11 @@ def refusal(old: OldDataset, output: str, spec) -> str:
         )
     differ = []
     for name, value in settings.image_settings(spec).items():
-        if name == images.SCHEME_SETTING and _made_anew(old.image.get(name), spec.pixels):
-            continue  # format 2, or an earlier scheme: take() fingerprints each record anew
+        scheme = old.image.get(name)
+        if name == images.SCHEME_SETTING and (
+            _made_anew(scheme, spec.pixels) or _taken_as_is(scheme, spec.pixels)
+        ):
+            continue  # format 2 or an earlier scheme: take() fingerprints anew, or keeps
         if name not in old.image:
             differ.append(f"{name} not recorded -> {settings.show(value)}")
         elif old.image[name] != value:
