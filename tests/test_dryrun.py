@@ -300,15 +300,7 @@ def test_a_dry_run_of_the_whole_input_forecasts_what_dedupe_writes(copies, tmp_p
     bad, dropped = _rejects_by_split(out)
     assert sum(dropped.values()) >= (2 if mode == "exact" else 6)  # the folder has copies
     assert sum(bad.values()) == 2
-    for name, split in info["splits"].items():
-        guess = estimate["splits"][name]
-        assert guess["records"] == split["num_examples"], name
-        assert (guess["rejects"], guess["drops"]) == (bad[name], dropped[name]), name
-        assert (guess["bytes"], guess["shards"]) == (split["num_bytes"], len(split["shards"]))
-    blocks = estimate["duplicates"]
-    assert blocks["exact"] == info["duplicates"]
-    assert blocks["near"] == info["near_duplicates"]
-    assert blocks["conflicts"] == info["label_conflicts"]  # coffee.jpg in classes a and b
+    _assert_forecast_is_the_run(estimate, info, bad, dropped)  # coffee.jpg in classes a and b
     assert "label conflicts: " in printed
     line = next(s for s in printed.splitlines() if s.startswith(f"--dedupe {mode} drops"))
     assert line.startswith(f"--dedupe {mode} drops {sum(dropped.values())} copies")
@@ -389,6 +381,13 @@ def test_a_grouped_dry_run_of_the_whole_input_forecasts_what_dedupe_writes(
     bad, dropped = _rejects_by_split(out)
     # Copies in every split are dropped (the groups put them there), and the bad file.
     assert len(dropped) == 3 and sum(bad.values()) == 1
+    _assert_forecast_is_the_run(estimate, info, bad, dropped)
+    line = next(s for s in printed.splitlines() if s.startswith(f"--dedupe {mode} drops"))
+    assert line.startswith(f"--dedupe {mode} drops {sum(dropped.values())} copies")
+
+
+def _assert_forecast_is_the_run(estimate: dict, info: dict, bad: dict, dropped: dict) -> None:
+    """The dry run's forecast per split and its three blocks are what the run wrote."""
     for name, split in info["splits"].items():
         guess = estimate["splits"][name]
         assert guess["records"] == split["num_examples"], name
@@ -398,5 +397,3 @@ def test_a_grouped_dry_run_of_the_whole_input_forecasts_what_dedupe_writes(
     assert blocks["exact"] == info["duplicates"]
     assert blocks["near"] == info["near_duplicates"]
     assert blocks["conflicts"] == info["label_conflicts"]
-    line = next(s for s in printed.splitlines() if s.startswith(f"--dedupe {mode} drops"))
-    assert line.startswith(f"--dedupe {mode} drops {sum(dropped.values())} copies")
