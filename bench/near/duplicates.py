@@ -73,7 +73,7 @@ PLANTED = 1000
 DC_BIT = np.uint64(1 << (nd.HASH_BITS - 1))
 
 
-def _load(path: Path, upscale: int = 1) -> Image.Image:
+def load_image(path: Path, upscale: int = 1) -> Image.Image:
     with Image.open(path) as im:
         rgb = im.convert("RGB")
     if upscale == 1:
@@ -98,7 +98,7 @@ def calibrate(
     """Recall and false pairs of one scheme at every threshold in ``THRESHOLDS``,
     of the set's images upscaled ``upscale`` times."""
     names = near.names
-    fps = [nd.fingerprint(_load(near.image_path(n), upscale), kind, windows) for n in names]
+    fps = [nd.fingerprint(load_image(near.image_path(n), upscale), kind, windows) for n in names]
     index = {n: i for i, n in enumerate(names)}
     origin = {n: n for n in near.originals} | {c: o for c, o, _ in near.copies}
     fractions = keys.parse_splits(keys.DEFAULT_SPLITS)
@@ -133,7 +133,7 @@ def calibrate(
                 cross[0] += hit
                 cross[1] += 1
         hits = sum(v[0] for v in per_kind.values())
-        spanning = _left_spanning(names, split, origin, found)
+        spanning = left_spanning(names, split, origin, found)
         rows.append(
             {
                 "threshold": t,
@@ -160,7 +160,7 @@ def calibrate(
     }
 
 
-def _left_spanning(names, split, origin, found) -> dict:
+def left_spanning(names, split, origin, found) -> dict:
     """What ``--dedupe near`` leaves of the set's true groups (an original and its
     copies) that span splits: of those, how many still do after each found
     group keeps only its keeper (``near_search.keeper``)."""

@@ -66,7 +66,14 @@ def _converting_with(
     ``side`` as what the pass-through check's decode covers."""
     if fingerprint is None:
         return dataclasses.replace(spec, pixels=None)
-    pixels = PIXELS._replace(fingerprint=fingerprint, draft_side=side)
+    pixels = images.PixelHook(
+        scheme=PIXELS.scheme,
+        earlier=PIXELS.earlier,
+        same=PIXELS.same,
+        draft_side=side,
+        fingerprint=fingerprint,
+        features=PIXELS.features,
+    )
     return dataclasses.replace(spec, pixels=pixels)
 
 

@@ -113,7 +113,7 @@ def recall(near_set: calibration.NearSet, upscale: int, exact, flips) -> dict:
     """Found, cross-split found, false pairs and groups ``--dedupe near`` leaves
     spanning splits, of one layout on one set (``verify`` as the engines do)."""
     names = near_set.names
-    fps = [nd.fingerprint(bench_near._load(near_set.image_path(n), upscale)) for n in names]
+    fps = [nd.fingerprint(bench_near.load_image(near_set.image_path(n), upscale)) for n in names]
     origin = {n: n for n in near_set.originals} | {c: o for c, o, _ in near_set.copies}
     fractions = keys.parse_splits(keys.DEFAULT_SPLITS)
     split = {n: keys.assign_split(0, n, fractions) for n in names}
@@ -130,7 +130,7 @@ def recall(near_set: calibration.NearSet, upscale: int, exact, flips) -> dict:
         "cross_split": sum(cross) / len(cross),
         "cross_split_of": f"{sum(cross)}/{len(cross)}",
         "false": sum(origin[names[i]] != origin[names[j]] for i, j in found),
-        **bench_near._left_spanning(names, split, origin, found),
+        **bench_near.left_spanning(names, split, origin, found),
     }
 
 
@@ -155,11 +155,11 @@ def local_search(hashes: np.ndarray, colours: np.ndarray, work_dir: str) -> int:
     for band in range(nd.BAND_COUNT):
         runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
         try:
-            near._write_runs(hashes, runs, np.ones(n, bool), band)
+            near.write_runs(hashes, runs, np.ones(n, bool), band)
             for p in range(near.PARTITIONS):
-                entries = np.fromfile(near._run_path(runs, p), dtype=np.uint64)
+                entries = np.fromfile(near.run_path(runs, p), dtype=np.uint64)
                 candidates, _ = near.partition_candidates(entries, hashes, band)
-                pairs += len(near._verified(candidates, n, hashes, colours, members))
+                pairs += len(near.verified(candidates, n, hashes, colours, members))
         finally:
             shutil.rmtree(runs, ignore_errors=True)
     return pairs

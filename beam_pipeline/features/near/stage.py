@@ -129,7 +129,7 @@ def found_of(pairs: Iterable[near_search.Pair], oversized, untextured: int = 0) 
 
 def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     """The search in one process, its memory bounded by one band's two key sets
-    (16 MB and 128 MB at 27 bits, ``_write_runs``) and one partition of its keys.
+    (16 MB and 128 MB at 27 bits, ``write_runs``) and one partition of its keys.
 
     The same pairs and oversized buckets as :func:`bucket` over every band
     key (the Beam graph's), on arrays, a band at a time: a pair's distance
@@ -171,12 +171,12 @@ def find_local(batches: Iterable[RecordBatch], work_dir: str) -> Found:
     for band in range(near_duplicates.BAND_COUNT):
         runs = tempfile.mkdtemp(prefix="near-", dir=work_dir)
         try:
-            _write_runs(hashes, runs, searched, band)
+            write_runs(hashes, runs, searched, band)
             for partition in range(PARTITIONS):
-                entries = np.fromfile(_run_path(runs, partition), dtype=np.uint64)
+                entries = np.fromfile(run_path(runs, partition), dtype=np.uint64)
                 candidates, too_big = partition_candidates(entries, hashes, band)
                 oversized += too_big
-                pairs += _verified(candidates, len(members), hashes, colours, members)
+                pairs += verified(candidates, len(members), hashes, colours, members)
         finally:
             shutil.rmtree(runs, ignore_errors=True)
     return found_of(pairs, oversized, left_out)
@@ -246,7 +246,7 @@ def _first_of_twins(hashes, colours, members) -> tuple[np.ndarray, list[near_sea
     return searched, pairs
 
 
-def _run_path(runs: str, partition: int) -> str:
+def run_path(runs: str, partition: int) -> str:
     return os.path.join(runs, f"{partition:03d}.run")
 
 
@@ -258,7 +258,7 @@ def _chunks(hashes: np.ndarray, searched: np.ndarray) -> Iterator[tuple[int, np.
             yield start, rows
 
 
-def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray, band: int) -> None:
+def write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray, band: int) -> None:
     """One band's entries of every image ``searched`` says, appended to their key's
     partition a chunk of images at a time (what is held is one chunk's entries,
     not every image's): first its probes under keys some hash has, then its
@@ -280,7 +280,7 @@ def _write_runs(hashes: np.ndarray, runs: str, searched: np.ndarray, band: int) 
     )
     probed = np.zeros(1 << near_duplicates.BAND_BITS, bool)
     with contextlib.ExitStack() as stack:
-        files = [stack.enter_context(open(_run_path(runs, p), "ab")) for p in range(PARTITIONS)]
+        files = [stack.enter_context(open(run_path(runs, p), "ab")) for p in range(PARTITIONS)]
         for _, rows in _chunks(hashes, searched):
             probe = near_duplicates.band_rows(hashes[rows, :1], offset) ^ masks
             at = np.nonzero(filed.has(probe))
@@ -370,7 +370,7 @@ def partition_candidates(
 _VERIFY_CHUNK = 1 << 14  # candidates whose hashes are gathered at once (in cache)
 
 
-def _verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
+def verified(candidates, images: int, hashes, colours, members) -> list[near_search.Pair]:
     """The candidates that ``near_duplicates.verify`` accepts, as Pairs."""
     pairs = []
     # The candidates' rows are gathered into the same two buffers each chunk.
